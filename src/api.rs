@@ -1,0 +1,423 @@
+//! The HTTP surface: operator endpoints (status, calendar, health, metrics).
+//!
+//! Architecture invariant: handlers only read the model; they never write it.
+//! Errors are RFC 9457 problem+json with a stable `type`, built in one place
+//! (`Problem`), so a client can branch on `type` and never parses prose.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::{MatchedPath, Path, Query, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use chrono::{NaiveDate, Utc};
+use problem_details::ProblemDetails;
+use serde::{Deserialize, Serialize};
+
+use crate::config::Settings;
+use crate::lsn::Lsn;
+use crate::metrics;
+use crate::model::{NightCounts, ReadModel};
+use crate::stream::StreamStatus;
+use crate::stream::snapshot::SnapshotPhase;
+
+/// What every handler may read.
+#[derive(Clone)]
+pub struct ApiState {
+    pub model: Arc<ReadModel>,
+    pub status: Arc<StreamStatus>,
+    pub settings: Arc<Settings>,
+}
+
+pub fn router(state: ApiState) -> Router {
+    let timeout = Duration::from_millis(state.settings.http.request_timeout_ms);
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
+        .route("/v1/status", get(status))
+        .route("/v1/hotels/{hotel_id}/calendar", get(calendar))
+        .fallback(not_found)
+        .layer(middleware::from_fn(move |req, next| {
+            observe(req, next, timeout)
+        }))
+        .with_state(state)
+}
+
+/// Counts and times every request by matched route (bounded labels), and
+/// bounds its duration.
+async fn observe(req: Request, next: Next, timeout: Duration) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", |p| p.as_str())
+        .to_string();
+    let started = Instant::now();
+    let response = match tokio::time::timeout(timeout, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => Problem::Timeout.into_response(),
+    };
+    metrics::HTTP_DURATION
+        .with_label_values(&[&route])
+        .observe(started.elapsed().as_secs_f64());
+    metrics::HTTP_REQUESTS
+        .with_label_values(&[&route, response.status().as_str()])
+        .inc();
+    response
+}
+
+/// Every error the API answers with. `type` values are stable: clients branch on them.
+#[derive(Debug)]
+pub enum Problem {
+    NotReady { reason: String },
+    InvalidParameter { field: &'static str, detail: String },
+    HotelNotFound(i64),
+    NotFound,
+    Timeout,
+}
+
+impl Problem {
+    fn parts(&self) -> (StatusCode, &'static str, &'static str, String) {
+        match self {
+            Problem::NotReady { reason } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not-ready",
+                "The copy is not ready to answer",
+                reason.clone(),
+            ),
+            Problem::InvalidParameter { field, detail } => (
+                StatusCode::BAD_REQUEST,
+                "invalid-parameter",
+                "A parameter is invalid",
+                format!("{field}: {detail}"),
+            ),
+            Problem::HotelNotFound(id) => (
+                StatusCode::NOT_FOUND,
+                "hotel-not-found",
+                "No such hotel",
+                format!("hotel {id} is not in the copy"),
+            ),
+            Problem::NotFound => (
+                StatusCode::NOT_FOUND,
+                "not-found",
+                "No such resource",
+                String::new(),
+            ),
+            Problem::Timeout => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "timeout",
+                "The request took too long",
+                "try again".to_string(),
+            ),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct ProblemFields {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    field: Option<&'static str>,
+}
+
+impl IntoResponse for Problem {
+    fn into_response(self) -> Response {
+        let (status, slug, title, detail) = self.parts();
+        let field = match &self {
+            Problem::InvalidParameter { field, .. } => Some(*field),
+            _ => None,
+        };
+        let type_uri: axum::http::Uri = format!("/problems/{slug}")
+            .parse()
+            .expect("static slug is a valid URI");
+        let body = ProblemDetails::new()
+            .with_type(type_uri)
+            .with_status(status)
+            .with_title(title)
+            .with_detail(detail)
+            .with_extensions(ProblemFields { field });
+        let mut response = body.into_response();
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
+    }
+}
+
+async fn not_found() -> Problem {
+    Problem::NotFound
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// Ready once a snapshot is loaded, no resnapshot is under way, and the copy
+/// lags less than `http.ready_max_lag_ms`.
+fn readiness(state: &ApiState) -> Result<(), Problem> {
+    let f = &state.model.freshness;
+    if !f.is_loaded() {
+        return Err(Problem::NotReady {
+            reason: "the initial snapshot is not loaded yet".into(),
+        });
+    }
+    if state
+        .status
+        .resnapshotting
+        .load(std::sync::atomic::Ordering::Acquire)
+    {
+        return Err(Problem::NotReady {
+            reason: "the copy is being rebuilt from a new snapshot".into(),
+        });
+    }
+    let lag = f.lag_ms(Utc::now());
+    if lag > state.settings.http.ready_max_lag_ms {
+        return Err(Problem::NotReady {
+            reason: format!("the copy lags {lag} ms behind the owner"),
+        });
+    }
+    Ok(())
+}
+
+async fn readyz(State(state): State<ApiState>) -> Result<&'static str, Problem> {
+    readiness(&state).map(|()| "ready")
+}
+
+#[derive(Serialize)]
+struct StatusBody {
+    snapshot: SnapshotBody,
+    applied_lsn: Lsn,
+    server_wal_end: Lsn,
+    lag_bytes: u64,
+    lag_seconds: f64,
+    seconds_since_last_message: Option<f64>,
+    connected: bool,
+    resnapshotting: bool,
+    ready: bool,
+    slot: SlotBody,
+    last_error: Option<String>,
+    model: ModelBody,
+}
+
+#[derive(Serialize)]
+struct SnapshotBody {
+    phase: SnapshotPhase,
+    rows_loaded: u64,
+    rows_expected: u64,
+    progress: f64,
+}
+
+#[derive(Serialize)]
+struct SlotBody {
+    name: String,
+    publication: String,
+    active: Option<bool>,
+    wal_status: Option<String>,
+    confirmed_flush_lsn: Option<Lsn>,
+    retained_wal_bytes: Option<i64>,
+}
+
+#[derive(Serialize)]
+struct ModelBody {
+    hotels: usize,
+    room_types: usize,
+    calendars: usize,
+    inventory_rows: u64,
+    inventory_bytes: u64,
+}
+
+fn model_body(model: &ReadModel) -> ModelBody {
+    let t = model.read();
+    ModelBody {
+        hotels: t.hotels.len(),
+        room_types: t.room_types.len(),
+        calendars: t.calendars.len(),
+        inventory_rows: t.inventory_rows(),
+        inventory_bytes: t.inventory_bytes(),
+    }
+}
+
+async fn status(State(state): State<ApiState>) -> Json<StatusBody> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let f = &state.model.freshness;
+    let now = Utc::now();
+    let snap = &state.status.snapshot;
+    let slot = state.status.slot();
+    Json(StatusBody {
+        snapshot: SnapshotBody {
+            phase: snap.phase(),
+            rows_loaded: snap.rows_loaded.load(Relaxed),
+            rows_expected: snap.rows_expected.load(Relaxed),
+            progress: snap.fraction(),
+        },
+        applied_lsn: f.applied(),
+        server_wal_end: f.server_wal_end(),
+        lag_bytes: f.lag_bytes(),
+        lag_seconds: f.lag_ms(now) as f64 / 1000.0,
+        seconds_since_last_message: f.seconds_since_last_message(now),
+        connected: state.status.connected.load(Relaxed),
+        resnapshotting: state.status.resnapshotting.load(Relaxed),
+        ready: readiness(&state).is_ok(),
+        slot: SlotBody {
+            name: state.settings.stream.slot.clone(),
+            publication: state.settings.stream.publication.clone(),
+            active: slot.as_ref().map(|s| s.active),
+            wal_status: slot.as_ref().and_then(|s| s.wal_status.clone()),
+            confirmed_flush_lsn: slot.as_ref().and_then(|s| s.confirmed_flush),
+            retained_wal_bytes: slot.as_ref().and_then(|s| s.retained_bytes),
+        },
+        last_error: state.status.last_error(),
+        model: model_body(&state.model),
+    })
+}
+
+async fn metrics_text(State(state): State<ApiState>) -> Response {
+    let f = &state.model.freshness;
+    let now = Utc::now();
+    metrics::LAG_BYTES.set(f.lag_bytes() as i64);
+    metrics::LAG_SECONDS.set(f.lag_ms(now) as f64 / 1000.0);
+    metrics::SECONDS_SINCE_LAST_MESSAGE.set(f.seconds_since_last_message(now).unwrap_or(0.0));
+    metrics::SNAPSHOT_PROGRESS.set(state.status.snapshot.fraction());
+    let m = model_body(&state.model);
+    metrics::MODEL_ENTRIES
+        .with_label_values(&["hotels"])
+        .set(m.hotels as i64);
+    metrics::MODEL_ENTRIES
+        .with_label_values(&["room_types"])
+        .set(m.room_types as i64);
+    metrics::MODEL_ENTRIES
+        .with_label_values(&["inventory"])
+        .set(m.inventory_rows as i64);
+    metrics::MODEL_BYTES.set(m.inventory_bytes as i64);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        metrics::render(),
+    )
+        .into_response()
+}
+
+#[derive(Deserialize)]
+struct CalendarQuery {
+    from: Option<String>,
+    to: Option<String>,
+}
+
+#[derive(Serialize)]
+struct CalendarBody {
+    hotel_id: i64,
+    lsn: Lsn,
+    lag_ms: u64,
+    room_types: Vec<RoomTypeCalendar>,
+}
+
+#[derive(Serialize)]
+struct RoomTypeCalendar {
+    room_type_id: i64,
+    name: String,
+    max_guests: i16,
+    nights: Vec<NightBody>,
+}
+
+#[derive(Serialize)]
+struct NightBody {
+    night: NaiveDate,
+    #[serde(flatten)]
+    counts: NightCounts,
+    free: i32,
+}
+
+fn date_param(field: &'static str, value: Option<&str>) -> Result<NaiveDate, Problem> {
+    let value = value.ok_or(Problem::InvalidParameter {
+        field,
+        detail: "is required (YYYY-MM-DD)".into(),
+    })?;
+    NaiveDate::parse_from_str(value, "%Y-%m-%d").map_err(|_| Problem::InvalidParameter {
+        field,
+        detail: "must be a date like 2027-06-10".into(),
+    })
+}
+
+/// The longest calendar one request may ask for (a two-year horizon and some).
+const MAX_CALENDAR_DAYS: i64 = 800;
+
+/// The copy's raw values for one hotel, with the LSN they reflect.
+async fn calendar(
+    State(state): State<ApiState>,
+    Path(hotel_id): Path<String>,
+    Query(q): Query<CalendarQuery>,
+) -> Result<Response, Problem> {
+    let hotel_id: i64 = hotel_id.parse().map_err(|_| Problem::InvalidParameter {
+        field: "hotel_id",
+        detail: "must be an integer".into(),
+    })?;
+    let from = date_param("from", q.from.as_deref())?;
+    let to = date_param("to", q.to.as_deref())?;
+    if to <= from {
+        return Err(Problem::InvalidParameter {
+            field: "to",
+            detail: "must be after `from`".into(),
+        });
+    }
+    if (to - from).num_days() > MAX_CALENDAR_DAYS {
+        return Err(Problem::InvalidParameter {
+            field: "to",
+            detail: format!("the range may span at most {MAX_CALENDAR_DAYS} days"),
+        });
+    }
+    if !state.model.freshness.is_loaded() {
+        return Err(Problem::NotReady {
+            reason: "the initial snapshot is not loaded yet".into(),
+        });
+    }
+    let body = {
+        let t = state.model.read();
+        if !t.hotels.contains_key(&hotel_id) {
+            return Err(Problem::HotelNotFound(hotel_id));
+        }
+        let mut room_types: Vec<RoomTypeCalendar> = t
+            .room_types
+            .values()
+            .filter(|rt| rt.hotel_id == hotel_id)
+            .map(|rt| {
+                let key = crate::model::CalendarKey {
+                    hotel_id,
+                    room_type_id: rt.id,
+                };
+                let nights = t
+                    .calendars
+                    .get(&key)
+                    .map(|c| {
+                        c.range(from, to)
+                            .map(|(night, counts)| NightBody {
+                                night,
+                                counts,
+                                free: counts.free(),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                RoomTypeCalendar {
+                    room_type_id: rt.id,
+                    name: rt.name.clone(),
+                    max_guests: rt.max_guests,
+                    nights,
+                }
+            })
+            .collect();
+        room_types.sort_by_key(|r| r.room_type_id);
+        CalendarBody {
+            hotel_id,
+            lsn: t.applied,
+            lag_ms: state.model.freshness.lag_ms(Utc::now()),
+            room_types,
+        }
+    };
+    Ok(([(header::CACHE_CONTROL, "max-age=1")], Json(body)).into_response())
+}

@@ -1,0 +1,198 @@
+//! Wiring: start the projector, the heartbeat, the slot watch and the HTTP
+//! server under one shutdown token, and stop them in order.
+//!
+//! `start` takes an already bound listener, so tests and the demo can bind
+//! port 0 and learn the address.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pg_walstream::CancellationToken;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use crate::api::{self, ApiState};
+use crate::config::Settings;
+use crate::metrics;
+use crate::model::ReadModel;
+use crate::owner;
+use crate::stream::{Projector, StreamStatus, slot};
+
+/// A running `vacancy`: its copy, its stream status, and how to stop it.
+pub struct App {
+    pub model: Arc<ReadModel>,
+    pub status: Arc<StreamStatus>,
+    pub addr: std::net::SocketAddr,
+    shutdown: CancellationToken,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("cannot bind {addr}: {source}")]
+    Bind {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Starts every task; returns once the HTTP listener is serving.
+pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError> {
+    metrics::init();
+    let settings = Arc::new(settings);
+    let model = ReadModel::new();
+    let status = Arc::new(StreamStatus::default());
+    let shutdown = CancellationToken::new();
+    let addr = listener.local_addr()?;
+
+    let projector = Projector::new(settings.clone(), model.clone(), status.clone());
+    let mut tasks = vec![tokio::spawn(projector.run(shutdown.clone()))];
+    if settings.stream.heartbeat_interval_ms > 0 {
+        tasks.push(tokio::spawn(heartbeat(settings.clone(), shutdown.clone())));
+    }
+    tasks.push(tokio::spawn(watch_slot(
+        settings.clone(),
+        model.clone(),
+        status.clone(),
+        shutdown.clone(),
+    )));
+
+    let router = api::router(ApiState {
+        model: model.clone(),
+        status: status.clone(),
+        settings: settings.clone(),
+    });
+    let http_shutdown = shutdown.clone();
+    tasks.push(tokio::spawn(async move {
+        let serving = axum::serve(listener, router).with_graceful_shutdown(async move {
+            http_shutdown.cancelled().await;
+        });
+        if let Err(error) = serving.await {
+            tracing::error!(%error, "http server failed");
+        }
+    }));
+    tracing::info!(%addr, "listening");
+    Ok(App {
+        model,
+        status,
+        addr,
+        shutdown,
+        tasks,
+    })
+}
+
+impl App {
+    /// Binds `settings.http.listen` and starts.
+    pub async fn bind_and_start(settings: Settings) -> Result<App, AppError> {
+        let listener = TcpListener::bind(&settings.http.listen)
+            .await
+            .map_err(|source| AppError::Bind {
+                addr: settings.http.listen.clone(),
+                source,
+            })?;
+        start(settings, listener)
+    }
+
+    /// A token that stops everything when cancelled.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Stops every task: the stream sends its final status update, the HTTP
+    /// server drains requests in flight; all bounded by `grace`.
+    pub async fn stop(self, grace: Duration) {
+        self.shutdown.cancel();
+        let all = futures_util::future::join_all(self.tasks);
+        if tokio::time::timeout(grace, all).await.is_err() {
+            tracing::warn!(?grace, "tasks did not stop in time");
+        }
+    }
+
+    /// Waits until the shutdown token is cancelled (by a signal or a caller).
+    pub async fn stopped(&self) {
+        self.shutdown.cancelled().await;
+    }
+}
+
+/// Writes a transactional logical message at an interval, so the copy's lag
+/// is measured from a recent commit even while the owner is idle.
+async fn heartbeat(settings: Arc<Settings>, shutdown: CancellationToken) {
+    let interval = Duration::from_millis(settings.stream.heartbeat_interval_ms);
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut client = None;
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        if client.is_none() {
+            client = owner::connect(&settings.owner.url, settings.connect_timeout())
+                .await
+                .ok();
+        }
+        let Some(c) = &client else { continue };
+        let beat = c.execute(
+            "SELECT pg_logical_emit_message(true, 'vacancy.heartbeat', now()::text)",
+            &[],
+        );
+        match tokio::time::timeout(settings.query_timeout(), beat).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "heartbeat failed");
+                client = None;
+            }
+            Err(_) => client = None,
+        }
+    }
+}
+
+/// Reads the slot's state and the owner's WAL position at an interval.
+async fn watch_slot(
+    settings: Arc<Settings>,
+    model: Arc<ReadModel>,
+    status: Arc<StreamStatus>,
+    shutdown: CancellationToken,
+) {
+    let mut ticker = tokio::time::interval(Duration::from_millis(
+        settings.stream.slot_watch_interval_ms,
+    ));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut client = None;
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        if client.is_none() {
+            client = owner::connect(&settings.owner.url, settings.connect_timeout())
+                .await
+                .ok();
+        }
+        let Some(c) = &client else { continue };
+        let read = async {
+            let info = slot::slot_info(c, &settings.stream.slot).await?;
+            let wal = slot::current_wal_lsn(c).await?;
+            Ok::<_, slot::SlotError>((info, wal))
+        };
+        match tokio::time::timeout(settings.query_timeout(), read).await {
+            Ok(Ok((info, wal))) => {
+                model.freshness.note_server_wal_end(wal);
+                metrics::SLOT_ACTIVE.set(i64::from(info.as_ref().is_some_and(|i| i.active)));
+                metrics::SLOT_RETAINED_WAL
+                    .set(info.as_ref().and_then(|i| i.retained_bytes).unwrap_or(0));
+                status.set_slot(info);
+            }
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "slot watch failed");
+                client = None;
+            }
+            Err(_) => client = None,
+        }
+    }
+}

@@ -1,0 +1,24 @@
+//! `vacancy`: a read copy of a booking site's room inventory that serves guest
+//! search without loading the owner database.
+//!
+//! Layout, in the order a change flows from the owner to a guest:
+//!
+//! - [`owner`]: the owner database (schema, operations, seed, throwaway cluster).
+//! - [`stream`]: publication and slot, the snapshot tied to the slot, the
+//!   replication loop that assembles transactions and acknowledges LSNs.
+//! - [`model`]: the in-memory read model of hotels, room types and nightly
+//!   counts, applied one whole transaction at a time, with its freshness.
+//! - [`api`]: the HTTP surface (status, calendar, health, metrics).
+//! - [`metrics`]: every Prometheus metric, defined in one place.
+//! - [`config`]: settings, layered from `config/default.toml`, a file and `VACANCY_*`.
+//! - [`app`]: wiring: spawn the tasks, one shutdown token, signals.
+//! - [`lsn`]: `Lsn`, a WAL position as PostgreSQL writes it.
+
+pub mod api;
+pub mod app;
+pub mod config;
+pub mod lsn;
+pub mod metrics;
+pub mod model;
+pub mod owner;
+pub mod stream;

@@ -1,0 +1,125 @@
+//! The `vacancy` command: parse the command line, load settings, start logging,
+//! and hand over to the library. Nothing else lives here.
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "vacancy",
+    version,
+    about = "A read copy of a booking site's room inventory for guest search"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the projector and the API against the owner database in the settings.
+    Serve {
+        /// A settings file layered over config/default.toml (then VACANCY_* env wins).
+        #[arg(long)]
+        config: Option<std::path::PathBuf>,
+    },
+    /// Load a deterministic generated dataset into an owner database (through COPY).
+    Seed {
+        /// The owner database to load into.
+        #[arg(long, env = "VACANCY_OWNER_URL")]
+        owner_url: String,
+        #[arg(long, default_value_t = 1000)]
+        hotels: u32,
+        #[arg(long, default_value_t = 8)]
+        room_types: u32,
+        #[arg(long, default_value_t = 365)]
+        nights: u32,
+        /// First night (YYYY-MM-DD); default today.
+        #[arg(long)]
+        start: Option<chrono::NaiveDate>,
+        /// Random seed: the same seed loads the same data.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve { config } => {
+            let settings = vacancy::config::Settings::load(config.as_deref())?;
+            init_logging(&settings.log);
+            let app = vacancy::app::App::bind_and_start(settings)
+                .await
+                .context("cannot start")?;
+            let token = app.shutdown_token();
+            tokio::spawn(async move {
+                wait_for_signal().await;
+                tracing::info!("shutting down");
+                token.cancel();
+            });
+            app.stopped().await;
+            app.stop(std::time::Duration::from_secs(10)).await;
+        }
+        Command::Seed {
+            owner_url,
+            hotels,
+            room_types,
+            nights,
+            start,
+            seed,
+        } => {
+            let options = vacancy::owner::seed::SeedOptions {
+                owner_url,
+                hotels,
+                room_types,
+                nights,
+                start: start.unwrap_or_else(|| chrono::Utc::now().date_naive()),
+                seed,
+                progress: true,
+            };
+            let report = vacancy::owner::seed::run(&options)
+                .await
+                .context("seed failed")?;
+            println!(
+                "seeded {} hotels, {} room types, {} inventory rows in {:.1}s; database size {} MiB",
+                report.hotels,
+                report.room_types,
+                report.inventory_rows,
+                report.elapsed.as_secs_f64(),
+                report.database_bytes / (1024 * 1024)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Structured logs to stderr, text or JSON, filtered by `log.level`
+/// (`RUST_LOG` wins when set).
+fn init_logging(log: &vacancy::config::LogSettings) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&log.level));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match log.format {
+        vacancy::config::LogFormat::Json => builder.json().init(),
+        vacancy::config::LogFormat::Text => builder.init(),
+    }
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn wait_for_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

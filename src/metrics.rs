@@ -1,0 +1,251 @@
+//! Every Prometheus metric `vacancy` exports, defined in one place.
+//!
+//! Names carry the `vacancy_` prefix and their base unit; labels are bounded
+//! (operation, route, status, reason), never a hotel, city or booking id:
+//! per-hotel detail belongs in the API, not in label sets that grow without
+//! limit. Hot paths count per transaction or per batch, not per row.
+
+use std::sync::LazyLock;
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
+};
+
+pub static REGISTRY: LazyLock<Registry> = LazyLock::new(|| {
+    let r = Registry::new();
+    // Resident memory and CPU of this process: the memory figures need them.
+    #[cfg(target_os = "linux")]
+    let _ = r.register(Box::new(
+        prometheus::process_collector::ProcessCollector::for_self(),
+    ));
+    r
+});
+
+fn register<C: prometheus::core::Collector + Clone + 'static>(c: C) -> C {
+    REGISTRY
+        .register(Box::new(c.clone()))
+        .expect("metric names are unique");
+    c
+}
+
+fn counter(name: &str, help: &str) -> IntCounter {
+    register(IntCounter::new(name, help).expect("valid metric"))
+}
+
+fn counter_vec(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    register(IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric"))
+}
+
+fn gauge(name: &str, help: &str) -> IntGauge {
+    register(IntGauge::new(name, help).expect("valid metric"))
+}
+
+fn float_gauge(name: &str, help: &str) -> prometheus::Gauge {
+    register(prometheus::Gauge::new(name, help).expect("valid metric"))
+}
+
+fn histogram(name: &str, help: &str, buckets: Vec<f64>) -> Histogram {
+    register(
+        Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets))
+            .expect("valid metric"),
+    )
+}
+
+// --- stream -----------------------------------------------------------------
+
+pub static STREAM_CONNECTED: LazyLock<IntGauge> = LazyLock::new(|| {
+    gauge(
+        "vacancy_stream_connected",
+        "1 while the replication connection is streaming",
+    )
+});
+pub static CHANGES_APPLIED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "vacancy_stream_changes_applied_total",
+        "Row changes applied to the copy, by operation",
+        &["op"],
+    )
+});
+pub static TRANSACTIONS_APPLIED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "vacancy_stream_transactions_applied_total",
+        "Owner transactions applied to the copy",
+    )
+});
+pub static TRANSACTIONS_SKIPPED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "vacancy_stream_transactions_skipped_total",
+        "Transactions delivered again after a reconnect and skipped (already applied)",
+    )
+});
+pub static APPLY_DURATION: LazyLock<Histogram> = LazyLock::new(|| {
+    histogram(
+        "vacancy_stream_apply_duration_seconds",
+        "Time to apply one transaction to the copy",
+        vec![
+            1e-6, 5e-6, 2e-5, 1e-4, 5e-4, 2e-3, 1e-2, 5e-2, 0.25, 1.0, 5.0,
+        ],
+    )
+});
+pub static LAG_BYTES: LazyLock<IntGauge> = LazyLock::new(|| {
+    gauge(
+        "vacancy_stream_lag_bytes",
+        "WAL bytes between the owner's position and what the copy applied",
+    )
+});
+pub static LAG_SECONDS: LazyLock<prometheus::Gauge> = LazyLock::new(|| {
+    float_gauge(
+        "vacancy_stream_lag_seconds",
+        "How far behind the owner the copy is, in time",
+    )
+});
+pub static SECONDS_SINCE_LAST_MESSAGE: LazyLock<prometheus::Gauge> = LazyLock::new(|| {
+    float_gauge(
+        "vacancy_stream_seconds_since_last_message",
+        "Seconds since the stream last delivered a message",
+    )
+});
+pub static RECONNECTS: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "vacancy_stream_reconnects_total",
+        "Replication sessions that ended in an error and were retried",
+    )
+});
+pub static RESNAPSHOTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "vacancy_resnapshots_total",
+        "Copies rebuilt from a new snapshot, by reason (initial, slot_missing, slot_lost, restart)",
+        &["reason"],
+    )
+});
+pub static SNAPSHOT_ROWS: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "vacancy_snapshot_rows_loaded_total",
+        "Rows read from snapshots",
+    )
+});
+pub static SNAPSHOT_PROGRESS: LazyLock<prometheus::Gauge> = LazyLock::new(|| {
+    float_gauge(
+        "vacancy_snapshot_progress_ratio",
+        "Progress of the current snapshot load, 0 to 1",
+    )
+});
+pub static BUFFERED_CHANGES: LazyLock<IntGauge> = LazyLock::new(|| {
+    gauge(
+        "vacancy_stream_buffered_changes",
+        "Row changes held for transactions that have not committed yet",
+    )
+});
+pub static SLOT_RETAINED_WAL: LazyLock<IntGauge> = LazyLock::new(|| {
+    gauge(
+        "vacancy_slot_retained_wal_bytes",
+        "WAL the owner keeps for the slot (pg_replication_slots)",
+    )
+});
+pub static SLOT_ACTIVE: LazyLock<IntGauge> = LazyLock::new(|| {
+    gauge(
+        "vacancy_slot_active",
+        "1 when the slot has an active walsender",
+    )
+});
+
+// --- read model -------------------------------------------------------------
+
+pub static MODEL_ENTRIES: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    register(
+        IntGaugeVec::new(
+            Opts::new(
+                "vacancy_model_entries",
+                "Entries in the read model, by table",
+            ),
+            &["table"],
+        )
+        .expect("valid metric"),
+    )
+});
+pub static MODEL_BYTES: LazyLock<IntGauge> = LazyLock::new(|| {
+    gauge(
+        "vacancy_model_inventory_bytes",
+        "Bytes of packed nightly counts held",
+    )
+});
+
+// --- http -------------------------------------------------------------------
+
+pub static HTTP_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "vacancy_http_requests_total",
+        "HTTP requests by matched route and status",
+        &["route", "status"],
+    )
+});
+pub static HTTP_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {
+    register(
+        HistogramVec::new(
+            HistogramOpts::new(
+                "vacancy_http_request_duration_seconds",
+                "HTTP request duration by route",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0,
+            ]),
+            &["route"],
+        )
+        .expect("valid metric"),
+    )
+});
+
+pub static BUILD_INFO: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    register(
+        IntGaugeVec::new(
+            Opts::new("vacancy_build_info", "Build metadata; always 1"),
+            &["version"],
+        )
+        .expect("valid metric"),
+    )
+});
+
+/// Touches every metric so each appears in the first scrape, even before
+/// its first event (dashboards and alert tests look for the names).
+pub fn init() {
+    BUILD_INFO
+        .with_label_values(&[env!("CARGO_PKG_VERSION")])
+        .set(1);
+    STREAM_CONNECTED.set(0);
+    for op in ["upsert", "delete", "truncate"] {
+        CHANGES_APPLIED.with_label_values(&[op]);
+    }
+    for reason in ["initial", "slot_missing", "slot_lost"] {
+        RESNAPSHOTS.with_label_values(&[reason]);
+    }
+    for table in ["hotels", "room_types", "inventory"] {
+        MODEL_ENTRIES.with_label_values(&[table]);
+    }
+    LazyLock::force(&TRANSACTIONS_APPLIED);
+    LazyLock::force(&TRANSACTIONS_SKIPPED);
+    LazyLock::force(&APPLY_DURATION);
+    LazyLock::force(&LAG_BYTES);
+    LazyLock::force(&LAG_SECONDS);
+    LazyLock::force(&SECONDS_SINCE_LAST_MESSAGE);
+    LazyLock::force(&RECONNECTS);
+    LazyLock::force(&SNAPSHOT_ROWS);
+    LazyLock::force(&SNAPSHOT_PROGRESS);
+    LazyLock::force(&BUFFERED_CHANGES);
+    LazyLock::force(&SLOT_RETAINED_WAL);
+    LazyLock::force(&SLOT_ACTIVE);
+    LazyLock::force(&MODEL_BYTES);
+    LazyLock::force(&HTTP_REQUESTS);
+    LazyLock::force(&HTTP_DURATION);
+}
+
+/// The text exposition of everything registered.
+pub fn render() -> String {
+    let mut out = Vec::new();
+    let families = REGISTRY.gather();
+    // Encoding into a Vec cannot fail on I/O; a failure here is a bug in a metric.
+    TextEncoder::new()
+        .encode(&families, &mut out)
+        .expect("encode metrics");
+    String::from_utf8(out).unwrap_or_default()
+}

@@ -1,0 +1,266 @@
+//! `Calendar`: the nightly counts of one hotel's room type, packed.
+//!
+//! The copy holds up to tens of millions of nights (5,000 hotels × 20 room
+//! types × 730 nights = 73 million), so a night is four `i32`s in a vector
+//! indexed by day, 16 bytes, with sentinels instead of `Option`s. A night
+//! with no owner row is `total == ABSENT`.
+
+use chrono::NaiveDate;
+use serde::Serialize;
+
+const ABSENT: i32 = i32::MIN;
+const NULL: i32 = i32::MIN;
+
+/// One inventory row's values, as the owner stores them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct NightCounts {
+    pub total: i32,
+    pub taken: i32,
+    pub sell_limit: Option<i32>,
+    pub price_cents: Option<i32>,
+}
+
+impl NightCounts {
+    /// Units a take may still claim: the guide's `coalesce(sell_limit, total) - taken`.
+    pub fn free(&self) -> i32 {
+        self.sell_limit.unwrap_or(self.total) - self.taken
+    }
+
+    /// False when a value collides with a packing marker; such a row is
+    /// refused rather than stored as a wrong count.
+    pub fn is_storable(&self) -> bool {
+        self.total != ABSENT && self.sell_limit != Some(NULL) && self.price_cents != Some(NULL)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Packed {
+    total: i32,
+    taken: i32,
+    sell_limit: i32,
+    price_cents: i32,
+}
+
+impl Packed {
+    const EMPTY: Packed = Packed {
+        total: ABSENT,
+        taken: 0,
+        sell_limit: NULL,
+        price_cents: NULL,
+    };
+
+    fn unpack(self) -> Option<NightCounts> {
+        if self.total == ABSENT {
+            return None;
+        }
+        let opt = |v: i32| (v != NULL).then_some(v);
+        Some(NightCounts {
+            total: self.total,
+            taken: self.taken,
+            sell_limit: opt(self.sell_limit),
+            price_cents: opt(self.price_cents),
+        })
+    }
+
+    fn pack(c: NightCounts) -> Option<Packed> {
+        c.is_storable().then_some(Packed {
+            total: c.total,
+            taken: c.taken,
+            sell_limit: c.sell_limit.unwrap_or(NULL),
+            price_cents: c.price_cents.unwrap_or(NULL),
+        })
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("inventory value {0} cannot be stored (it is reserved as a marker)")]
+pub struct UnstorableValue(pub i32);
+
+/// The nights of one (hotel, room type), from `first` on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Calendar {
+    /// Days since 1970-01-01 of `nights[0]`.
+    first: i32,
+    nights: Vec<Packed>,
+    present: u32,
+}
+
+fn day(night: NaiveDate) -> i32 {
+    // Dates PostgreSQL can store fit in i32 days.
+    (night - NaiveDate::default()).num_days() as i32
+}
+
+fn date(day: i32) -> NaiveDate {
+    NaiveDate::default() + chrono::Days::new(day as u64)
+}
+
+impl Calendar {
+    pub fn get(&self, night: NaiveDate) -> Option<NightCounts> {
+        let i = day(night).checked_sub(self.first)?;
+        self.nights.get(usize::try_from(i).ok()?)?.unpack()
+    }
+
+    /// Nights that have a row, in date order.
+    pub fn len(&self) -> usize {
+        self.present as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.present == 0
+    }
+
+    /// Sets one night, growing the calendar at either end as needed.
+    pub fn set(&mut self, night: NaiveDate, counts: NightCounts) -> Result<(), UnstorableValue> {
+        let packed = Packed::pack(counts).ok_or(UnstorableValue(i32::MIN))?;
+        let d = day(night);
+        if self.nights.is_empty() {
+            self.first = d;
+        }
+        if d < self.first {
+            let grow = (self.first - d) as usize;
+            self.nights
+                .splice(0..0, std::iter::repeat_n(Packed::EMPTY, grow));
+            self.first = d;
+        }
+        let i = (d - self.first) as usize;
+        if i >= self.nights.len() {
+            self.nights.resize(i + 1, Packed::EMPTY);
+        }
+        if self.nights[i].total == ABSENT {
+            self.present += 1;
+        }
+        self.nights[i] = packed;
+        Ok(())
+    }
+
+    /// Removes one night; past nights leave from the front, so trim there.
+    pub fn remove(&mut self, night: NaiveDate) {
+        let Some(i) = day(night)
+            .checked_sub(self.first)
+            .and_then(|i| usize::try_from(i).ok())
+        else {
+            return;
+        };
+        let Some(slot) = self.nights.get_mut(i) else {
+            return;
+        };
+        if slot.total != ABSENT {
+            *slot = Packed::EMPTY;
+            self.present -= 1;
+        }
+        let lead = self.nights.iter().take_while(|n| n.total == ABSENT).count();
+        if lead > 0 {
+            self.nights.drain(..lead);
+            self.first += lead as i32;
+        }
+        while self.nights.last().is_some_and(|n| n.total == ABSENT) {
+            self.nights.pop();
+        }
+        if self.nights.is_empty() {
+            self.first = 0;
+        }
+    }
+
+    /// Every night with a row, in date order.
+    pub fn iter(&self) -> impl Iterator<Item = (NaiveDate, NightCounts)> + '_ {
+        self.nights
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| Some((date(self.first + i as i32), p.unpack()?)))
+    }
+
+    /// Nights in `[from, to)` that have a row.
+    pub fn range(
+        &self,
+        from: NaiveDate,
+        to: NaiveDate,
+    ) -> impl Iterator<Item = (NaiveDate, NightCounts)> + '_ {
+        self.iter().filter(move |(n, _)| *n >= from && *n < to)
+    }
+
+    /// Heap bytes held, for the memory figures.
+    pub fn heap_bytes(&self) -> usize {
+        self.nights.capacity() * std::mem::size_of::<Packed>()
+    }
+
+    /// Releases spare capacity after a bulk load.
+    pub fn shrink(&mut self) {
+        self.nights.shrink_to_fit();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    fn counts(total: i32, taken: i32) -> NightCounts {
+        NightCounts {
+            total,
+            taken,
+            sell_limit: None,
+            price_cents: Some(100),
+        }
+    }
+
+    fn d(n: i64) -> NaiveDate {
+        NaiveDate::from_ymd_opt(2027, 1, 1).unwrap() + chrono::Duration::days(n)
+    }
+
+    #[test]
+    fn packs_sixteen_bytes_per_night() {
+        assert_eq!(std::mem::size_of::<Packed>(), 16);
+    }
+
+    #[test]
+    fn refuses_sentinel_values() {
+        let mut c = Calendar::default();
+        let bad = NightCounts {
+            total: i32::MIN,
+            ..counts(1, 0)
+        };
+        assert!(c.set(d(0), bad).is_err());
+        assert!(c.is_empty());
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Set(i64, i32, i32, Option<i32>),
+        Remove(i64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0i64..60, 0i32..50, 0i32..50, proptest::option::of(0i32..60))
+                .prop_map(|(n, t, k, s)| Op::Set(n, t, k, s)),
+            (0i64..60).prop_map(Op::Remove),
+        ]
+    }
+
+    proptest! {
+        /// The packed calendar behaves exactly like a map from night to counts.
+        #[test]
+        fn behaves_like_a_map(ops in proptest::collection::vec(op(), 0..200)) {
+            let mut cal = Calendar::default();
+            let mut map = BTreeMap::new();
+            for op in ops {
+                match op {
+                    Op::Set(n, t, k, s) => {
+                        let c = NightCounts { total: t, taken: k, sell_limit: s, price_cents: None };
+                        cal.set(d(n), c).unwrap();
+                        map.insert(d(n), c);
+                    }
+                    Op::Remove(n) => {
+                        cal.remove(d(n));
+                        map.remove(&d(n));
+                    }
+                }
+            }
+            let got: Vec<_> = cal.iter().collect();
+            let want: Vec<_> = map.into_iter().collect();
+            prop_assert_eq!(cal.len(), want.len());
+            prop_assert_eq!(got, want);
+        }
+    }
+}

@@ -1,0 +1,420 @@
+//! The read model: the copy of the owner's hotels, room types and nightly
+//! counts that search reads, and how fresh it is.
+//!
+//! Architecture invariant: only the stream's apply step writes here, one whole
+//! owner transaction under one write lock, so a reader never sees half a
+//! transaction (a three-night hold shows on all three nights or on none). The
+//! LSN a reader is told sits under the same lock as the data it describes.
+//! No function here awaits; the lock is never held across an `.await`.
+
+pub mod calendar;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard};
+
+use chrono::{DateTime, NaiveDate, Utc};
+use serde::Serialize;
+
+pub use calendar::{Calendar, NightCounts, UnstorableValue};
+
+use crate::lsn::Lsn;
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Hotel {
+    pub id: i64,
+    pub name: String,
+    pub city: String,
+    pub country: Option<String>,
+    pub stars: Option<i16>,
+    pub latitude: Option<f64>,
+    pub longitude: Option<f64>,
+    pub amenities: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RoomType {
+    pub hotel_id: i64,
+    pub id: i64,
+    pub name: String,
+    pub max_guests: i16,
+}
+
+/// One (hotel, room type): the key of a calendar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct CalendarKey {
+    pub hotel_id: i64,
+    pub room_type_id: i64,
+}
+
+/// The owner tables the copy holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Table {
+    Hotels,
+    RoomTypes,
+    Inventory,
+}
+
+impl Table {
+    pub const ALL: [Table; 3] = [Table::Hotels, Table::RoomTypes, Table::Inventory];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Table::Hotels => "hotels",
+            Table::RoomTypes => "room_types",
+            Table::Inventory => "inventory",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Table> {
+        Table::ALL.into_iter().find(|t| t.name() == name)
+    }
+}
+
+/// Text columns PostgreSQL may leave out of an update when their TOASTed
+/// value did not change; the copy then keeps the value it has.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Unsent {
+    pub name: bool,
+    pub city: bool,
+    pub country: bool,
+    pub amenities: bool,
+}
+
+/// One row change, decoded from the stream or read from the owner.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Change {
+    UpsertHotel {
+        hotel: Hotel,
+        unsent: Unsent,
+    },
+    DeleteHotel {
+        id: i64,
+    },
+    UpsertRoomType {
+        room_type: RoomType,
+        name_unsent: bool,
+    },
+    DeleteRoomType {
+        hotel_id: i64,
+        id: i64,
+    },
+    UpsertNight {
+        key: CalendarKey,
+        night: NaiveDate,
+        counts: NightCounts,
+    },
+    DeleteNight {
+        key: CalendarKey,
+        night: NaiveDate,
+    },
+    Truncate {
+        tables: Vec<Table>,
+    },
+}
+
+impl Change {
+    /// The operation, as the metrics label it.
+    pub fn op(&self) -> &'static str {
+        match self {
+            Change::UpsertHotel { .. }
+            | Change::UpsertRoomType { .. }
+            | Change::UpsertNight { .. } => "upsert",
+            Change::DeleteHotel { .. }
+            | Change::DeleteRoomType { .. }
+            | Change::DeleteNight { .. } => "delete",
+            Change::Truncate { .. } => "truncate",
+        }
+    }
+}
+
+/// A committed owner transaction, ready to apply as one unit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Transaction {
+    /// Where the commit record starts: transactions commit in this order.
+    pub commit_lsn: Lsn,
+    /// Just past the commit record: what is acknowledged once applied.
+    pub end_lsn: Lsn,
+    pub commit_time: DateTime<Utc>,
+    pub changes: Vec<Change>,
+}
+
+/// The data a reader sees, always paired with the LSN it reflects.
+#[derive(Debug, Clone, Default)]
+pub struct Tables {
+    pub hotels: HashMap<i64, Hotel>,
+    pub room_types: HashMap<CalendarKey, RoomType>,
+    pub calendars: HashMap<CalendarKey, Calendar>,
+    /// Every owner transaction that committed before this position is applied.
+    pub applied: Lsn,
+    /// Commit time of the last transaction applied (None right after a snapshot).
+    pub commit_time: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error("inventory {hotel_id}/{room_type_id} {night}: {source}")]
+    Unstorable {
+        hotel_id: i64,
+        room_type_id: i64,
+        night: NaiveDate,
+        source: UnstorableValue,
+    },
+}
+
+/// What applying one transaction did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Applied {
+    pub upserts: u64,
+    pub deletes: u64,
+    pub truncates: u64,
+    /// The transaction was already in the copy (a replay after reconnect).
+    pub skipped: bool,
+}
+
+impl Tables {
+    /// Applies one change. Used by the transaction apply and the snapshot load.
+    pub fn apply_change(&mut self, change: &Change) -> Result<(), ApplyError> {
+        match change {
+            Change::UpsertHotel { hotel, unsent } => {
+                let mut hotel = hotel.clone();
+                if let Some(old) = self.hotels.get(&hotel.id) {
+                    if unsent.name {
+                        hotel.name.clone_from(&old.name);
+                    }
+                    if unsent.city {
+                        hotel.city.clone_from(&old.city);
+                    }
+                    if unsent.country {
+                        hotel.country.clone_from(&old.country);
+                    }
+                    if unsent.amenities {
+                        hotel.amenities.clone_from(&old.amenities);
+                    }
+                }
+                self.hotels.insert(hotel.id, hotel);
+            }
+            Change::DeleteHotel { id } => {
+                self.hotels.remove(id);
+            }
+            Change::UpsertRoomType {
+                room_type,
+                name_unsent,
+            } => {
+                let key = CalendarKey {
+                    hotel_id: room_type.hotel_id,
+                    room_type_id: room_type.id,
+                };
+                let mut room_type = room_type.clone();
+                if *name_unsent && let Some(old) = self.room_types.get(&key) {
+                    room_type.name.clone_from(&old.name);
+                }
+                self.room_types.insert(key, room_type);
+            }
+            Change::DeleteRoomType { hotel_id, id } => {
+                self.room_types.remove(&CalendarKey {
+                    hotel_id: *hotel_id,
+                    room_type_id: *id,
+                });
+            }
+            Change::UpsertNight { key, night, counts } => {
+                self.calendars
+                    .entry(*key)
+                    .or_default()
+                    .set(*night, *counts)
+                    .map_err(|source| ApplyError::Unstorable {
+                        hotel_id: key.hotel_id,
+                        room_type_id: key.room_type_id,
+                        night: *night,
+                        source,
+                    })?;
+            }
+            Change::DeleteNight { key, night } => {
+                if let Some(calendar) = self.calendars.get_mut(key) {
+                    calendar.remove(*night);
+                    if calendar.is_empty() {
+                        self.calendars.remove(key);
+                    }
+                }
+            }
+            Change::Truncate { tables } => {
+                for table in tables {
+                    match table {
+                        Table::Hotels => self.hotels.clear(),
+                        Table::RoomTypes => self.room_types.clear(),
+                        Table::Inventory => self.calendars.clear(),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn inventory_rows(&self) -> u64 {
+        self.calendars.values().map(|c| c.len() as u64).sum()
+    }
+
+    /// Bytes of night data held (the packed vectors).
+    pub fn inventory_bytes(&self) -> u64 {
+        self.calendars.values().map(|c| c.heap_bytes() as u64).sum()
+    }
+}
+
+/// Where the copy stands relative to the owner, readable without the lock.
+#[derive(Debug, Default)]
+pub struct Freshness {
+    /// The owner's WAL position as last seen (keepalive or pg_current_wal_lsn()).
+    server_wal_end: AtomicU64,
+    /// Mirrors `Tables::applied`, for lock-free status reads.
+    applied: AtomicU64,
+    /// Unix micros of the last applied commit.
+    commit_time_us: AtomicI64,
+    /// Unix micros when the stream last delivered anything.
+    last_message_us: AtomicI64,
+    /// A snapshot has been loaded: the copy is complete as of `applied`.
+    loaded: AtomicBool,
+}
+
+impl Freshness {
+    pub fn applied(&self) -> Lsn {
+        Lsn(self.applied.load(Ordering::Acquire))
+    }
+
+    pub fn server_wal_end(&self) -> Lsn {
+        Lsn(self
+            .server_wal_end
+            .load(Ordering::Acquire)
+            .max(self.applied.load(Ordering::Acquire)))
+    }
+
+    pub fn note_server_wal_end(&self, lsn: Lsn) {
+        self.server_wal_end.fetch_max(lsn.0, Ordering::AcqRel);
+    }
+
+    pub fn note_message(&self, at: DateTime<Utc>) {
+        self.last_message_us
+            .store(at.timestamp_micros(), Ordering::Release);
+    }
+
+    pub fn is_loaded(&self) -> bool {
+        self.loaded.load(Ordering::Acquire)
+    }
+
+    pub fn lag_bytes(&self) -> u64 {
+        self.applied().bytes_until(self.server_wal_end())
+    }
+
+    /// How far behind the owner the copy is, in time. Zero when it has
+    /// applied everything the server reported; otherwise the age of the
+    /// last applied commit (the heartbeat keeps that honest on an idle owner).
+    pub fn lag_ms(&self, now: DateTime<Utc>) -> u64 {
+        if self.lag_bytes() == 0 {
+            return 0;
+        }
+        let commit = self.commit_time_us.load(Ordering::Acquire);
+        if commit == 0 {
+            return 0;
+        }
+        u64::try_from((now.timestamp_micros() - commit) / 1000).unwrap_or(0)
+    }
+
+    pub fn seconds_since_last_message(&self, now: DateTime<Utc>) -> Option<f64> {
+        let at = self.last_message_us.load(Ordering::Acquire);
+        (at != 0).then(|| ((now.timestamp_micros() - at) as f64 / 1e6).max(0.0))
+    }
+
+    fn publish(&self, tables: &Tables) {
+        self.applied.store(tables.applied.0, Ordering::Release);
+        if let Some(t) = tables.commit_time {
+            self.commit_time_us
+                .store(t.timestamp_micros(), Ordering::Release);
+        }
+    }
+}
+
+/// The copy. Cheap to share: wrap in `Arc`.
+#[derive(Debug, Default)]
+pub struct ReadModel {
+    tables: RwLock<Tables>,
+    pub freshness: Freshness,
+}
+
+impl ReadModel {
+    pub fn new() -> Arc<ReadModel> {
+        Arc::new(ReadModel::default())
+    }
+
+    /// A consistent view of the copy. Hold it briefly: the apply step waits for it.
+    pub fn read(&self) -> RwLockReadGuard<'_, Tables> {
+        self.tables
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Applies one committed owner transaction atomically. A transaction that
+    /// committed before what the copy already holds is skipped: a reconnect
+    /// can deliver it again, and applying it twice would be wrong for nothing.
+    pub fn apply(&self, txn: &Transaction) -> Result<Applied, ApplyError> {
+        let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
+        if txn.commit_lsn < tables.applied {
+            return Ok(Applied {
+                skipped: true,
+                ..Applied::default()
+            });
+        }
+        let mut applied = Applied::default();
+        // Validate first so a bad row leaves the whole transaction unapplied.
+        for change in &txn.changes {
+            if let Change::UpsertNight { key, night, counts } = change
+                && !counts.is_storable()
+            {
+                return Err(ApplyError::Unstorable {
+                    hotel_id: key.hotel_id,
+                    room_type_id: key.room_type_id,
+                    night: *night,
+                    source: UnstorableValue(i32::MIN),
+                });
+            }
+        }
+        for change in &txn.changes {
+            tables.apply_change(change)?;
+            match change.op() {
+                "upsert" => applied.upserts += 1,
+                "delete" => applied.deletes += 1,
+                _ => applied.truncates += 1,
+            }
+        }
+        tables.applied = txn.end_lsn;
+        tables.commit_time = Some(txn.commit_time);
+        self.freshness.publish(&tables);
+        Ok(applied)
+    }
+
+    /// Advances the applied position without data: the server reported WAL
+    /// past everything delivered, and nothing of ours is in flight.
+    pub fn advance(&self, to: Lsn) {
+        let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
+        if to > tables.applied {
+            tables.applied = to;
+            self.freshness.publish(&tables);
+        }
+    }
+
+    /// Swaps in a complete copy loaded from a snapshot at `tables.applied`.
+    /// Until then the old copy keeps serving.
+    pub fn replace(&self, fresh: Tables) {
+        let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
+        *tables = fresh;
+        // A resnapshot may land at a position before what a lost slot once
+        // reported, so reset rather than max.
+        self.freshness
+            .applied
+            .store(tables.applied.0, Ordering::Release);
+        self.freshness.commit_time_us.store(
+            tables.commit_time.map_or(0, |t| t.timestamp_micros()),
+            Ordering::Release,
+        );
+        self.freshness.loaded.store(true, Ordering::Release);
+    }
+}

@@ -1,0 +1,354 @@
+//! A throwaway PostgreSQL cluster: the embedded owner of `vacancy demo` and the
+//! real database every integration test runs against.
+//!
+//! It exists because nothing in the read path may be faked: the projector must
+//! read a real pgoutput stream from a real walsender. The cluster lives in a
+//! temporary folder, listens on a free loopback port, runs with
+//! `wal_level = logical`, and is stopped and removed when the value is dropped
+//! (also when a test panics, since drop runs during unwinding).
+//!
+//! initdb refuses to run as root, so when this process is root the server runs
+//! as an unprivileged user (`postgres` if it exists, else `nobody`), which owns
+//! the folder.
+
+use std::fs;
+use std::io::Write;
+use std::net::TcpListener;
+use std::os::unix::fs::MetadataExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// Where Debian installs the PostgreSQL 15 server binaries.
+pub const DEFAULT_BIN_DIR: &str = "/usr/lib/postgresql/15/bin";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error(
+        "PostgreSQL server binaries not found: {0} has no `initdb`/`pg_ctl`. \
+         Install them with `apt-get install -y postgresql-15` (Debian), \
+         or point VACANCY_PG_BIN (or --pg-bin) at the folder that holds them"
+    )]
+    MissingBinaries(PathBuf),
+    #[error("{command} failed: {detail}")]
+    Command { command: String, detail: String },
+    #[error("cluster i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("no unprivileged OS user to run PostgreSQL as (tried `postgres` and `nobody`)")]
+    NoUser,
+}
+
+/// How the server is stopped, as `pg_ctl -m` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopMode {
+    Smart,
+    Fast,
+    Immediate,
+}
+
+impl StopMode {
+    fn as_arg(self) -> &'static str {
+        match self {
+            StopMode::Smart => "smart",
+            StopMode::Fast => "fast",
+            StopMode::Immediate => "immediate",
+        }
+    }
+}
+
+/// Settings for a new cluster. The defaults suit tests: many connections
+/// and slots, no fsync (a test cluster never outlives an OS crash).
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    pub bin_dir: PathBuf,
+    pub max_connections: u32,
+    /// Extra `postgresql.conf` lines, e.g. `max_slot_wal_keep_size = '64MB'`.
+    pub extra_conf: Vec<String>,
+    /// Keep data durable on disk (the demo and benchmarks want realistic commits).
+    pub fsync: bool,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> Self {
+        let bin_dir = std::env::var_os("VACANCY_PG_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_BIN_DIR));
+        ClusterOptions {
+            bin_dir,
+            max_connections: 600,
+            extra_conf: Vec::new(),
+            fsync: false,
+        }
+    }
+}
+
+/// A running throwaway cluster. Dropping it stops the server and removes its files.
+#[derive(Debug)]
+pub struct Cluster {
+    bin_dir: PathBuf,
+    // Kept for its Drop: removes the folder after the server stopped.
+    root: tempfile::TempDir,
+    data_dir: PathBuf,
+    log_file: PathBuf,
+    port: u16,
+    run_as: Option<(u32, u32)>,
+}
+
+impl Cluster {
+    /// Runs initdb in a fresh temporary folder and starts the server.
+    pub fn start(options: ClusterOptions) -> Result<Cluster, ClusterError> {
+        for binary in ["initdb", "pg_ctl", "postgres"] {
+            if !options.bin_dir.join(binary).is_file() {
+                return Err(ClusterError::MissingBinaries(options.bin_dir.clone()));
+            }
+        }
+        let run_as = if running_as_root()? {
+            Some(unprivileged_user()?)
+        } else {
+            None
+        };
+        let root = tempfile::Builder::new().prefix("vacancy-pg-").tempdir()?;
+        let data_dir = root.path().join("data");
+        let log_file = root.path().join("server.log");
+        if let Some((uid, gid)) = run_as {
+            std::os::unix::fs::chown(root.path(), Some(uid), Some(gid))?;
+        }
+
+        let mut cluster = Cluster {
+            bin_dir: options.bin_dir.clone(),
+            root,
+            data_dir,
+            log_file,
+            port: 0,
+            run_as,
+        };
+        cluster.run(
+            "initdb",
+            &[
+                "-D",
+                path_str(&cluster.data_dir),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ],
+        )?;
+        let mut conf = fs::OpenOptions::new()
+            .append(true)
+            .open(cluster.data_dir.join("postgresql.conf"))?;
+        let socket_dir = cluster.root.path().to_path_buf();
+        writeln!(
+            conf,
+            "\n# vacancy test cluster\n\
+             listen_addresses = '127.0.0.1'\n\
+             unix_socket_directories = '{}'\n\
+             wal_level = logical\n\
+             max_replication_slots = 64\n\
+             max_wal_senders = 64\n\
+             max_connections = {}\n\
+             shared_buffers = '128MB'\n\
+             fsync = {}\n\
+             synchronous_commit = {}\n\
+             full_page_writes = {}\n\
+             wal_sender_timeout = '60s'\n\
+             log_min_messages = warning\n\
+             log_line_prefix = '%m [%p] %q%a '",
+            socket_dir.display(),
+            options.max_connections,
+            on_off(options.fsync),
+            on_off(options.fsync),
+            on_off(options.fsync),
+        )?;
+        for line in &options.extra_conf {
+            writeln!(conf, "{line}")?;
+        }
+        drop(conf);
+        cluster.start_server()?;
+        Ok(cluster)
+    }
+
+    /// Starts the server on a free port. A port taken between the probe and the
+    /// start is retried with another one.
+    fn start_server(&mut self) -> Result<(), ClusterError> {
+        let mut last = None;
+        for _ in 0..5 {
+            let port = if self.port == 0 {
+                free_port()?
+            } else {
+                self.port
+            };
+            let port_opt = format!("-p {port}");
+            match self.run(
+                "pg_ctl",
+                &[
+                    "-D",
+                    path_str(&self.data_dir),
+                    "-l",
+                    path_str(&self.log_file),
+                    "-o",
+                    &port_opt,
+                    "-w",
+                    "-t",
+                    "60",
+                    "start",
+                ],
+            ) {
+                Ok(_) => {
+                    self.port = port;
+                    return Ok(());
+                }
+                Err(e) => {
+                    // A restart keeps its port: clients reconnect to the same URL.
+                    if self.port != 0 {
+                        return Err(e);
+                    }
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.expect("at least one attempt"))
+    }
+
+    /// The server's port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// A connection URL for `database` as the superuser `postgres`.
+    pub fn url(&self, database: &str) -> String {
+        format!("postgresql://postgres@127.0.0.1:{}/{}", self.port, database)
+    }
+
+    /// Creates a database (one per test keeps tests apart on a shared cluster).
+    pub fn create_database(&self, name: &str) -> Result<String, ClusterError> {
+        let psql = self.bin_dir.join("psql");
+        let out = Command::new(psql)
+            .args([
+                "-X",
+                "-q",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-d",
+                &self.url("postgres"),
+            ])
+            .arg("-c")
+            .arg(format!("CREATE DATABASE \"{name}\""))
+            .output()?;
+        check("psql CREATE DATABASE", out)?;
+        Ok(self.url(name))
+    }
+
+    /// Stops the server with `mode` and starts it again on the same port.
+    pub fn restart(&mut self, mode: StopMode) -> Result<(), ClusterError> {
+        self.stop(mode)?;
+        self.start_server()
+    }
+
+    /// Stops the server; `start_again` brings it back on the same port.
+    pub fn stop(&self, mode: StopMode) -> Result<(), ClusterError> {
+        self.run(
+            "pg_ctl",
+            &[
+                "-D",
+                path_str(&self.data_dir),
+                "-m",
+                mode.as_arg(),
+                "-w",
+                "-t",
+                "60",
+                "stop",
+            ],
+        )
+        .map(|_| ())
+    }
+
+    /// Starts a stopped server again on its old port.
+    pub fn start_again(&mut self) -> Result<(), ClusterError> {
+        self.start_server()
+    }
+
+    /// The server log so far, for test failure messages.
+    pub fn log(&self) -> String {
+        fs::read_to_string(&self.log_file).unwrap_or_default()
+    }
+
+    /// The folder that holds the binaries, for tools like `psql` and `pgbench`.
+    pub fn bin_dir(&self) -> &Path {
+        &self.bin_dir
+    }
+
+    fn run(&self, binary: &str, args: &[&str]) -> Result<Output, ClusterError> {
+        let mut command = Command::new(self.bin_dir.join(binary));
+        command.args(args).current_dir(self.root.path());
+        // The server must not inherit the test's stdin/stdout, or `pg_ctl -w`
+        // can hang waiting on a pipe the postmaster keeps open.
+        command.stdin(std::process::Stdio::null());
+        if let Some((uid, gid)) = self.run_as {
+            command.uid(uid).gid(gid);
+            command.env("HOME", self.root.path());
+        }
+        let out = command.output()?;
+        check(binary, out)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if self.port != 0 {
+            let _ = self.stop(StopMode::Immediate);
+        }
+    }
+}
+
+fn check(command: &str, out: Output) -> Result<Output, ClusterError> {
+    if out.status.success() {
+        Ok(out)
+    } else {
+        Err(ClusterError::Command {
+            command: command.to_string(),
+            detail: format!(
+                "{}: {}{}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim(),
+                String::from_utf8_lossy(&out.stdout).trim()
+            ),
+        })
+    }
+}
+
+fn on_off(b: bool) -> &'static str {
+    if b { "on" } else { "off" }
+}
+
+fn path_str(p: &Path) -> &str {
+    p.to_str().unwrap_or_default()
+}
+
+fn running_as_root() -> Result<bool, ClusterError> {
+    Ok(fs::metadata("/proc/self")?.uid() == 0)
+}
+
+/// The uid and gid of `postgres`, else `nobody`, from /etc/passwd.
+fn unprivileged_user() -> Result<(u32, u32), ClusterError> {
+    let passwd = fs::read_to_string("/etc/passwd")?;
+    for wanted in ["postgres", "nobody"] {
+        for line in passwd.lines() {
+            let fields: Vec<&str> = line.split(':').collect();
+            if fields.len() > 3
+                && fields[0] == wanted
+                && let (Ok(uid), Ok(gid)) = (fields[2].parse(), fields[3].parse())
+            {
+                return Ok((uid, gid));
+            }
+        }
+    }
+    Err(ClusterError::NoUser)
+}
+
+fn free_port() -> Result<u16, ClusterError> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}

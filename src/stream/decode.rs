@@ -1,0 +1,577 @@
+//! Decode: pgoutput row events (text format, columns by name) into the read
+//! model's `Change`s.
+//!
+//! Columns are looked up by name, so column order and columns we do not use
+//! (an `ALTER TABLE ... ADD COLUMN` in the middle of the stream) do not
+//! matter. With the default replica identity an update carries the old key
+//! only when the key changed, and a delete carries only the key; both are
+//! handled. A value that does not parse is a typed error naming the table and
+//! column (never the value: row data stays out of logs).
+
+use chrono::NaiveDate;
+use pg_walstream::{ColumnValue, EventType, RowData};
+
+use crate::model::{CalendarKey, Change, Hotel, NightCounts, RoomType, Table, Unsent};
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DecodeError {
+    #[error("{table}.{column} is missing from a row the stream sent")]
+    MissingColumn {
+        table: &'static str,
+        column: &'static str,
+    },
+    #[error("{table}.{column} holds a value that is not a valid {expected}")]
+    BadValue {
+        table: &'static str,
+        column: &'static str,
+        expected: &'static str,
+    },
+    #[error("{table}.{column} is null, but the copy needs a value")]
+    UnexpectedNull {
+        table: &'static str,
+        column: &'static str,
+    },
+}
+
+/// Turns one row event into changes. Events for tables outside `schema` or
+/// not ours yield nothing.
+pub fn decode(schema: &str, event: &EventType) -> Result<Vec<Change>, DecodeError> {
+    match event {
+        EventType::Insert {
+            schema: s,
+            table,
+            data,
+            ..
+        } if &**s == schema => match Table::from_name(table) {
+            Some(t) => Ok(vec![upsert(t, data)?]),
+            None => Ok(vec![]),
+        },
+        EventType::Update {
+            schema: s,
+            table,
+            old_data,
+            new_data,
+            ..
+        } if &**s == schema => {
+            let Some(t) = Table::from_name(table) else {
+                return Ok(vec![]);
+            };
+            let new = upsert(t, new_data)?;
+            let mut changes = Vec::with_capacity(2);
+            if let Some(old) = old_data {
+                // An old tuple arrives only when the key changed: the row
+                // under the old key is gone.
+                let old_key = delete(t, old)?;
+                if !same_key(&old_key, &new) {
+                    changes.push(old_key);
+                }
+            }
+            changes.push(new);
+            Ok(changes)
+        }
+        EventType::Delete {
+            schema: s,
+            table,
+            old_data,
+            ..
+        } if &**s == schema => match Table::from_name(table) {
+            Some(t) => Ok(vec![delete(t, old_data)?]),
+            None => Ok(vec![]),
+        },
+        EventType::Truncate { tables, .. } => {
+            let ours: Vec<Table> = tables
+                .iter()
+                .filter_map(|full| {
+                    let (s, name) = full.split_once('.')?;
+                    (s == schema).then(|| Table::from_name(name)).flatten()
+                })
+                .collect();
+            Ok(if ours.is_empty() {
+                vec![]
+            } else {
+                vec![Change::Truncate { tables: ours }]
+            })
+        }
+        _ => Ok(vec![]),
+    }
+}
+
+fn same_key(delete: &Change, upsert: &Change) -> bool {
+    match (delete, upsert) {
+        (Change::DeleteHotel { id }, Change::UpsertHotel { hotel, .. }) => *id == hotel.id,
+        (Change::DeleteRoomType { hotel_id, id }, Change::UpsertRoomType { room_type, .. }) => {
+            *hotel_id == room_type.hotel_id && *id == room_type.id
+        }
+        (
+            Change::DeleteNight { key, night },
+            Change::UpsertNight {
+                key: k2, night: n2, ..
+            },
+        ) => key == k2 && night == n2,
+        _ => false,
+    }
+}
+
+/// A row's columns, read by name.
+struct Row<'a> {
+    table: &'static str,
+    data: &'a RowData,
+}
+
+impl<'a> Row<'a> {
+    /// `None` when the column was not sent (an unchanged TOAST value).
+    fn text(&self, column: &'static str) -> Result<Option<Option<&'a str>>, DecodeError> {
+        match self.data.get(column) {
+            None => Ok(None),
+            Some(ColumnValue::Null) => Ok(Some(None)),
+            Some(v) => match v.as_str() {
+                Some(s) => Ok(Some(Some(s))),
+                None => Err(self.bad(column, "text value")),
+            },
+        }
+    }
+
+    fn required(&self, column: &'static str) -> Result<&'a str, DecodeError> {
+        match self.text(column)? {
+            None => Err(DecodeError::MissingColumn {
+                table: self.table,
+                column,
+            }),
+            Some(None) => Err(DecodeError::UnexpectedNull {
+                table: self.table,
+                column,
+            }),
+            Some(Some(s)) => Ok(s),
+        }
+    }
+
+    fn nullable(&self, column: &'static str) -> Result<Option<&'a str>, DecodeError> {
+        match self.text(column)? {
+            None => Err(DecodeError::MissingColumn {
+                table: self.table,
+                column,
+            }),
+            Some(v) => Ok(v),
+        }
+    }
+
+    fn parse<T: std::str::FromStr>(
+        &self,
+        column: &'static str,
+        s: &str,
+        expected: &'static str,
+    ) -> Result<T, DecodeError> {
+        s.parse().map_err(|_| self.bad(column, expected))
+    }
+
+    fn int8(&self, column: &'static str) -> Result<i64, DecodeError> {
+        self.parse(column, self.required(column)?, "bigint")
+    }
+
+    fn int4(&self, column: &'static str) -> Result<i32, DecodeError> {
+        self.parse(column, self.required(column)?, "integer")
+    }
+
+    fn int4_opt(&self, column: &'static str) -> Result<Option<i32>, DecodeError> {
+        self.nullable(column)?
+            .map(|s| self.parse(column, s, "integer"))
+            .transpose()
+    }
+
+    fn int2_opt(&self, column: &'static str) -> Result<Option<i16>, DecodeError> {
+        self.nullable(column)?
+            .map(|s| self.parse(column, s, "smallint"))
+            .transpose()
+    }
+
+    fn float8_opt(&self, column: &'static str) -> Result<Option<f64>, DecodeError> {
+        self.nullable(column)?
+            .map(|s| self.parse(column, s, "double precision"))
+            .transpose()
+    }
+
+    fn date(&self, column: &'static str) -> Result<NaiveDate, DecodeError> {
+        let s = self.required(column)?;
+        NaiveDate::parse_from_str(s, "%Y-%m-%d").map_err(|_| self.bad(column, "date"))
+    }
+
+    fn bad(&self, column: &'static str, expected: &'static str) -> DecodeError {
+        DecodeError::BadValue {
+            table: self.table,
+            column,
+            expected,
+        }
+    }
+}
+
+fn upsert(table: Table, data: &RowData) -> Result<Change, DecodeError> {
+    let row = Row {
+        table: table.name(),
+        data,
+    };
+    Ok(match table {
+        Table::Hotels => {
+            let name = row.text("name")?;
+            let city = row.text("city")?;
+            let country = row.text("country")?;
+            let amenities = row.text("amenities")?;
+            let unsent = Unsent {
+                name: name.is_none(),
+                city: city.is_none(),
+                country: country.is_none(),
+                amenities: amenities.is_none(),
+            };
+            let not_null = |v: Option<Option<&str>>, column| match v {
+                Some(None) => Err(DecodeError::UnexpectedNull {
+                    table: "hotels",
+                    column,
+                }),
+                Some(Some(s)) => Ok(s.to_string()),
+                None => Ok(String::new()),
+            };
+            let amenities = match amenities.flatten() {
+                Some(s) => parse_text_array(s).ok_or_else(|| row.bad("amenities", "text[]"))?,
+                None => Vec::new(),
+            };
+            Change::UpsertHotel {
+                hotel: Hotel {
+                    id: row.int8("id")?,
+                    name: not_null(name, "name")?,
+                    city: not_null(city, "city")?,
+                    country: country.flatten().map(str::to_string),
+                    stars: row.int2_opt("stars")?,
+                    latitude: row.float8_opt("latitude")?,
+                    longitude: row.float8_opt("longitude")?,
+                    amenities,
+                },
+                unsent,
+            }
+        }
+        Table::RoomTypes => {
+            let name = row.text("name")?;
+            Change::UpsertRoomType {
+                room_type: RoomType {
+                    hotel_id: row.int8("hotel_id")?,
+                    id: row.int8("id")?,
+                    name: match name {
+                        Some(Some(s)) => s.to_string(),
+                        Some(None) => {
+                            return Err(DecodeError::UnexpectedNull {
+                                table: "room_types",
+                                column: "name",
+                            });
+                        }
+                        None => String::new(),
+                    },
+                    max_guests: row.parse("max_guests", row.required("max_guests")?, "smallint")?,
+                },
+                name_unsent: name.is_none(),
+            }
+        }
+        Table::Inventory => Change::UpsertNight {
+            key: CalendarKey {
+                hotel_id: row.int8("hotel_id")?,
+                room_type_id: row.int8("room_type_id")?,
+            },
+            night: row.date("night")?,
+            counts: NightCounts {
+                total: row.int4("total")?,
+                taken: row.int4("taken")?,
+                sell_limit: row.int4_opt("sell_limit")?,
+                price_cents: row.int4_opt("price_cents")?,
+            },
+        },
+    })
+}
+
+fn delete(table: Table, data: &RowData) -> Result<Change, DecodeError> {
+    let row = Row {
+        table: table.name(),
+        data,
+    };
+    Ok(match table {
+        Table::Hotels => Change::DeleteHotel {
+            id: row.int8("id")?,
+        },
+        Table::RoomTypes => Change::DeleteRoomType {
+            hotel_id: row.int8("hotel_id")?,
+            id: row.int8("id")?,
+        },
+        Table::Inventory => Change::DeleteNight {
+            key: CalendarKey {
+                hotel_id: row.int8("hotel_id")?,
+                room_type_id: row.int8("room_type_id")?,
+            },
+            night: row.date("night")?,
+        },
+    })
+}
+
+/// Parses PostgreSQL's text form of a one-dimensional `text[]`
+/// (`{wifi,"sea view",NULL}`); NULL elements are dropped. `None` when malformed.
+pub fn parse_text_array(s: &str) -> Option<Vec<String>> {
+    let inner = s.strip_prefix('{')?.strip_suffix('}')?;
+    let mut out = Vec::new();
+    if inner.is_empty() {
+        return Some(out);
+    }
+    let mut chars = inner.chars().peekable();
+    loop {
+        let mut item = String::new();
+        let quoted = chars.peek() == Some(&'"');
+        if quoted {
+            chars.next();
+            loop {
+                match chars.next()? {
+                    '\\' => item.push(chars.next()?),
+                    '"' => break,
+                    c => item.push(c),
+                }
+            }
+            match chars.next() {
+                None => {
+                    out.push(item);
+                    return Some(out);
+                }
+                Some(',') => out.push(item),
+                Some(_) => return None,
+            }
+        } else {
+            loop {
+                match chars.next() {
+                    None => {
+                        push_unquoted(&mut out, item)?;
+                        return Some(out);
+                    }
+                    Some(',') => {
+                        push_unquoted(&mut out, item)?;
+                        break;
+                    }
+                    Some('\\') => item.push(chars.next()?),
+                    Some('{' | '}' | '"') => return None,
+                    Some(c) => item.push(c),
+                }
+            }
+        }
+    }
+}
+
+fn push_unquoted(out: &mut Vec<String>, item: String) -> Option<()> {
+    let item = item.trim().to_string();
+    if item.is_empty() {
+        return None;
+    }
+    if !item.eq_ignore_ascii_case("null") {
+        out.push(item);
+    }
+    Some(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::sync::Arc;
+
+    fn row(pairs: &[(&str, Option<&str>)]) -> RowData {
+        RowData::from_pairs(
+            pairs
+                .iter()
+                .map(|(k, v)| (*k, v.map_or(ColumnValue::Null, ColumnValue::text)))
+                .collect(),
+        )
+    }
+
+    fn inventory_insert(data: RowData) -> EventType {
+        EventType::Insert {
+            schema: Arc::from("public"),
+            table: Arc::from("inventory"),
+            relation_oid: 1,
+            data,
+        }
+    }
+
+    #[test]
+    fn inventory_columns_by_name_extra_columns_ignored() {
+        let data = row(&[
+            ("note", Some("added later")),
+            ("taken", Some("3")),
+            ("night", Some("2027-06-10")),
+            ("room_type_id", Some("2")),
+            ("hotel_id", Some("1")),
+            ("total", Some("5")),
+            ("sell_limit", None),
+            ("price_cents", Some("12000")),
+        ]);
+        let changes = decode("public", &inventory_insert(data)).unwrap();
+        assert_eq!(
+            changes,
+            vec![Change::UpsertNight {
+                key: CalendarKey {
+                    hotel_id: 1,
+                    room_type_id: 2
+                },
+                night: NaiveDate::from_ymd_opt(2027, 6, 10).unwrap(),
+                counts: NightCounts {
+                    total: 5,
+                    taken: 3,
+                    sell_limit: None,
+                    price_cents: Some(12000)
+                },
+            }]
+        );
+    }
+
+    #[test]
+    fn other_schema_and_tables_are_ignored() {
+        let data = row(&[("id", Some("1"))]);
+        let ev = EventType::Insert {
+            schema: Arc::from("audit"),
+            table: Arc::from("inventory"),
+            relation_oid: 1,
+            data: data.clone(),
+        };
+        assert!(decode("public", &ev).unwrap().is_empty());
+        let ev = EventType::Insert {
+            schema: Arc::from("public"),
+            table: Arc::from("bookings"),
+            relation_oid: 1,
+            data,
+        };
+        assert!(decode("public", &ev).unwrap().is_empty());
+    }
+
+    #[test]
+    fn key_change_deletes_the_old_key() {
+        let new = row(&[
+            ("hotel_id", Some("1")),
+            ("room_type_id", Some("2")),
+            ("night", Some("2027-06-11")),
+            ("total", Some("5")),
+            ("taken", Some("0")),
+            ("sell_limit", None),
+            ("price_cents", None),
+        ]);
+        let old = row(&[
+            ("hotel_id", Some("1")),
+            ("room_type_id", Some("2")),
+            ("night", Some("2027-06-10")),
+        ]);
+        let ev = EventType::Update {
+            schema: Arc::from("public"),
+            table: Arc::from("inventory"),
+            relation_oid: 1,
+            old_data: Some(old),
+            new_data: new,
+            replica_identity: pg_walstream::ReplicaIdentity::Default,
+            key_columns: vec![],
+        };
+        let changes = decode("public", &ev).unwrap();
+        assert_eq!(changes.len(), 2);
+        assert!(
+            matches!(changes[0], Change::DeleteNight { night, .. } if night.to_string() == "2027-06-10")
+        );
+    }
+
+    #[test]
+    fn bad_values_name_the_column_not_the_value() {
+        let data = row(&[
+            ("hotel_id", Some("1")),
+            ("room_type_id", Some("2")),
+            ("night", Some("not-a-date")),
+            ("total", Some("5")),
+            ("taken", Some("0")),
+            ("sell_limit", None),
+            ("price_cents", None),
+        ]);
+        let err = decode("public", &inventory_insert(data)).unwrap_err();
+        assert_eq!(
+            err,
+            DecodeError::BadValue {
+                table: "inventory",
+                column: "night",
+                expected: "date"
+            }
+        );
+        assert!(!err.to_string().contains("not-a-date"));
+        let missing = row(&[("hotel_id", Some("1"))]);
+        assert!(matches!(
+            decode("public", &inventory_insert(missing)),
+            Err(DecodeError::MissingColumn { .. })
+        ));
+    }
+
+    #[test]
+    fn hotel_update_without_toasted_columns_marks_them_unsent() {
+        let data = row(&[
+            ("id", Some("7")),
+            ("stars", Some("4")),
+            ("latitude", None),
+            ("longitude", None),
+        ]);
+        let ev = EventType::Update {
+            schema: Arc::from("public"),
+            table: Arc::from("hotels"),
+            relation_oid: 1,
+            old_data: None,
+            new_data: data,
+            replica_identity: pg_walstream::ReplicaIdentity::Default,
+            key_columns: vec![],
+        };
+        let changes = decode("public", &ev).unwrap();
+        let Change::UpsertHotel { hotel, unsent } = &changes[0] else {
+            panic!("{changes:?}")
+        };
+        assert_eq!(hotel.stars, Some(4));
+        assert!(unsent.name && unsent.city && unsent.country && unsent.amenities);
+    }
+
+    #[test]
+    fn text_arrays() {
+        assert_eq!(parse_text_array("{}"), Some(vec![]));
+        assert_eq!(
+            parse_text_array("{wifi,pool}"),
+            Some(vec!["wifi".into(), "pool".into()])
+        );
+        assert_eq!(
+            parse_text_array(r#"{"sea view","a \"b\"",NULL,x}"#),
+            Some(vec!["sea view".into(), "a \"b\"".into(), "x".into()])
+        );
+        for bad in ["", "{", "wifi", "{a,,b}", "{\"a}", "{a\"b}", "{{a}}"] {
+            assert_eq!(parse_text_array(bad), None, "{bad}");
+        }
+    }
+
+    /// PostgreSQL's own quoting rule for array output, to round-trip against.
+    fn pg_array_literal(items: &[String]) -> String {
+        let quoted: Vec<String> = items
+            .iter()
+            .map(|s| {
+                let needs = s.is_empty()
+                    || s.eq_ignore_ascii_case("null")
+                    || s.chars().any(|c| {
+                        matches!(c, '{' | '}' | ',' | '"' | '\\' | ' ') || c.is_whitespace()
+                    });
+                if needs {
+                    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+                } else {
+                    s.clone()
+                }
+            })
+            .collect();
+        format!("{{{}}}", quoted.join(","))
+    }
+
+    proptest! {
+        #[test]
+        fn text_array_round_trips(items in proptest::collection::vec("\\PC{0,12}", 0..6)) {
+            let lit = pg_array_literal(&items);
+            prop_assert_eq!(parse_text_array(&lit), Some(items));
+        }
+
+        #[test]
+        fn text_array_never_panics(s in "\\PC{0,40}") {
+            let _ = parse_text_array(&s);
+        }
+    }
+}

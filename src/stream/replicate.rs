@@ -1,0 +1,341 @@
+//! The replication loop: the one writer of the read model.
+//!
+//! Per session: connect, make sure the publication exists, then either take
+//! a new snapshot (no copy yet, or the slot is missing or lost) or resume the
+//! slot from the last applied LSN. Events are assembled into whole
+//! transactions, applied atomically, and only then acknowledged.
+//!
+//! Invariants:
+//! - The flush/apply LSN sent to the server never passes what the copy has
+//!   applied. It is the `end_lsn` of the last applied commit, or, when no
+//!   transaction of ours is open, the WAL end a keepalive reported, so an
+//!   owner that only writes other tables does not pin WAL behind the slot.
+//! - `next_event` is never cancelled mid-call except at shutdown: keepalives
+//!   are answered only inside it. Apply is synchronous and short.
+//! - A session that fails is dropped whole and the next one resumes from the
+//!   applied LSN; transactions delivered again are skipped by commit LSN.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use pg_walstream::{
+    CancellationToken, LogicalReplicationStream, ReplicationError, ReplicationSlotOptions,
+    ReplicationStreamConfig, RetryConfig, StreamingMode,
+};
+use rand::RngExt;
+
+use super::slot::{self, SlotError, SlotInfo};
+use super::snapshot::{self, SnapshotError, SnapshotProgress};
+use super::txn::{AssembleError, Assembled, Assembler};
+use crate::config::Settings;
+use crate::lsn::Lsn;
+use crate::metrics;
+use crate::model::{ApplyError, ReadModel};
+use crate::owner::{self, OwnerError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error(transparent)]
+    Owner(#[from] OwnerError),
+    #[error(transparent)]
+    Slot(#[from] SlotError),
+    #[error(transparent)]
+    Snapshot(#[from] SnapshotError),
+    #[error("replication: {0}")]
+    Replication(#[from] ReplicationError),
+    #[error("stream decode: {0}")]
+    Assemble(#[from] AssembleError),
+    #[error("apply: {0}")]
+    Apply(#[from] ApplyError),
+    #[error("the slot was created but exported no snapshot")]
+    NoSnapshotExported,
+}
+
+/// What operators see of the stream in `/v1/status`.
+#[derive(Debug, Default)]
+pub struct StreamStatus {
+    pub connected: AtomicBool,
+    pub snapshot: SnapshotProgress,
+    /// Set while a new snapshot replaces a copy that can no longer be
+    /// resumed: the old copy keeps serving, marked stale.
+    pub resnapshotting: AtomicBool,
+    last_error: Mutex<Option<String>>,
+    slot: Mutex<Option<SlotInfo>>,
+}
+
+impl StreamStatus {
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn set_last_error(&self, error: Option<String>) {
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = error;
+    }
+
+    pub fn slot(&self) -> Option<SlotInfo> {
+        self.slot.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub(crate) fn set_slot(&self, info: Option<SlotInfo>) {
+        *self.slot.lock().unwrap_or_else(|p| p.into_inner()) = info;
+    }
+}
+
+/// The projector: owner stream in, read model out.
+pub struct Projector {
+    settings: Arc<Settings>,
+    model: Arc<ReadModel>,
+    status: Arc<StreamStatus>,
+}
+
+/// Why a session took a new snapshot.
+#[derive(Debug, Clone, Copy)]
+enum SnapshotReason {
+    Initial,
+    SlotMissing,
+    SlotLost,
+}
+
+impl SnapshotReason {
+    fn label(self) -> &'static str {
+        match self {
+            SnapshotReason::Initial => "initial",
+            SnapshotReason::SlotMissing => "slot_missing",
+            SnapshotReason::SlotLost => "slot_lost",
+        }
+    }
+}
+
+impl Projector {
+    pub fn new(
+        settings: Arc<Settings>,
+        model: Arc<ReadModel>,
+        status: Arc<StreamStatus>,
+    ) -> Projector {
+        Projector {
+            settings,
+            model,
+            status,
+        }
+    }
+
+    /// Runs sessions until `shutdown`, reconnecting with backoff and jitter.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let min = Duration::from_millis(self.settings.stream.reconnect_min_ms);
+        let max = Duration::from_millis(self.settings.stream.reconnect_max_ms);
+        let mut backoff = min;
+        loop {
+            let started = Instant::now();
+            let outcome = self.session(&shutdown).await;
+            self.status.connected.store(false, Ordering::Release);
+            metrics::STREAM_CONNECTED.set(0);
+            if shutdown.is_cancelled() {
+                return;
+            }
+            match outcome {
+                Ok(()) => return,
+                Err(error) => {
+                    metrics::RECONNECTS.inc();
+                    tracing::warn!(%error, "replication session ended; reconnecting");
+                    self.status.set_last_error(Some(error.to_string()));
+                }
+            }
+            // A session that ran a while was healthy: start the backoff over.
+            if started.elapsed() > Duration::from_secs(30) {
+                backoff = min;
+            }
+            let jitter = rand::rng().random_range(0.5..1.0);
+            let wait = backoff.mul_f64(jitter);
+            backoff = (backoff * 2).min(max);
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    fn replication_url(&self) -> String {
+        let url = &self.settings.owner.url;
+        let sep = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{sep}replication=database")
+    }
+
+    async fn session(&self, shutdown: &CancellationToken) -> Result<(), StreamError> {
+        let s = &self.settings.stream;
+        let mut client =
+            owner::connect(&self.settings.owner.url, self.settings.connect_timeout()).await?;
+        slot::ensure_publication(&client, &s.publication, &s.schema).await?;
+        let info = slot::slot_info(&client, &s.slot).await?;
+        let reason = match &info {
+            _ if !self.model.freshness.is_loaded() => Some(SnapshotReason::Initial),
+            None => Some(SnapshotReason::SlotMissing),
+            Some(i) if i.is_lost() => Some(SnapshotReason::SlotLost),
+            Some(_) => None,
+        };
+        if let Some(reason) = reason {
+            if info.is_some() {
+                // A slot we cannot resume (no copy to resume into, or its WAL
+                // is gone) only pins WAL: replace it.
+                slot::drop_slot(&client, &s.slot).await?;
+            }
+            if !matches!(reason, SnapshotReason::Initial) {
+                tracing::error!(slot = %s.slot, reason = reason.label(), "slot cannot be resumed; taking a new snapshot while the old copy serves, marked stale");
+                self.status.resnapshotting.store(true, Ordering::Release);
+            }
+        }
+
+        let streaming = if s.stream_in_progress {
+            StreamingMode::On
+        } else {
+            StreamingMode::Off
+        };
+        let config = ReplicationStreamConfig::builder(s.slot.clone(), s.publication.clone())
+            .with_protocol_version(if s.stream_in_progress { 2 } else { 1 })
+            .with_streaming_mode(streaming)
+            .with_messages(true)
+            .with_feedback_interval(Duration::from_secs(1))
+            .with_connection_timeout(self.settings.connect_timeout())
+            // Our own loop owns reconnects; the library must not retry behind it.
+            .with_retry_config(RetryConfig {
+                max_attempts: 1,
+                ..RetryConfig::default()
+            })
+            .with_slot_options(ReplicationSlotOptions {
+                temporary: s.temporary_slot,
+                snapshot: Some(
+                    if reason.is_some() {
+                        "export"
+                    } else {
+                        "nothing"
+                    }
+                    .to_string(),
+                ),
+                ..ReplicationSlotOptions::default()
+            })
+            // Never create a slot behind our back: a slot made without a
+            // snapshot would leave a gap no one sees.
+            .with_existing_slot_required(true);
+        let mut stream = LogicalReplicationStream::new(&self.replication_url(), config).await?;
+
+        let start_at = if let Some(reason) = reason {
+            stream.ensure_replication_slot().await?;
+            let name = stream
+                .exported_snapshot_name()
+                .ok_or(StreamError::NoSnapshotExported)?
+                .to_string();
+            let tables = snapshot::load(
+                &mut client,
+                &name,
+                &s.slot,
+                &s.schema,
+                &self.status.snapshot,
+            )
+            .await?;
+            let at = tables.applied;
+            self.model.replace(tables);
+            self.status.resnapshotting.store(false, Ordering::Release);
+            metrics::RESNAPSHOTS
+                .with_label_values(&[reason.label()])
+                .inc();
+            at
+        } else {
+            self.model.freshness.applied()
+        };
+        drop(client);
+
+        stream.start(Some(start_at.0)).await?;
+        self.status.connected.store(true, Ordering::Release);
+        self.status.set_last_error(None);
+        metrics::STREAM_CONNECTED.set(1);
+        tracing::info!(slot = %s.slot, from = %start_at, "streaming");
+        self.stream_loop(&mut stream, shutdown).await
+    }
+
+    async fn stream_loop(
+        &self,
+        stream: &mut LogicalReplicationStream,
+        shutdown: &CancellationToken,
+    ) -> Result<(), StreamError> {
+        let mut assembler = Assembler::new(self.settings.stream.schema.clone());
+        // After a read that stopped before a held frame, the next read must
+        // take that frame (a boundary read would stop before it again).
+        let mut take_held = false;
+        loop {
+            let boundary = Lsn(stream.current_lsn() + 1);
+            let next = if assembler.is_idle() && !take_held {
+                // Between transactions: read with a boundary just past what we
+                // received, so a keepalive that moves the server's position
+                // returns control to us and we can acknowledge it.
+                stream
+                    .next_event_before(pg_walstream::Lsn::new(boundary.0), shutdown)
+                    .await
+            } else {
+                take_held = false;
+                stream.next_event(shutdown).await.map(Some)
+            };
+            let event = match next {
+                Ok(event) => event,
+                Err(ReplicationError::Cancelled(_)) => {
+                    let _ = stream.send_feedback().await;
+                    let _ = stream.stop().await;
+                    return Ok(());
+                }
+                Err(e) => return Err(e.into()),
+            };
+            let received = Lsn(stream.current_lsn());
+            self.model.freshness.note_server_wal_end(received);
+            let Some(event) = event else {
+                if received >= boundary {
+                    // A keepalive moved past everything delivered and nothing
+                    // of ours is open: every commit below it is applied.
+                    self.model.advance(received);
+                    self.acknowledge(stream, self.model.freshness.applied());
+                    stream.send_feedback().await?;
+                } else {
+                    // The next transaction's first frame is held for us.
+                    take_held = true;
+                }
+                continue;
+            };
+            self.model.freshness.note_message(Utc::now());
+            match assembler.push(&event)? {
+                Assembled::Pending => {
+                    metrics::BUFFERED_CHANGES.set(assembler.buffered_changes() as i64);
+                }
+                Assembled::Commit(txn, _messages) => {
+                    let started = Instant::now();
+                    let applied = self.model.apply(&txn)?;
+                    metrics::APPLY_DURATION.observe(started.elapsed().as_secs_f64());
+                    metrics::BUFFERED_CHANGES.set(assembler.buffered_changes() as i64);
+                    if applied.skipped {
+                        metrics::TRANSACTIONS_SKIPPED.inc();
+                    } else {
+                        metrics::TRANSACTIONS_APPLIED.inc();
+                        metrics::CHANGES_APPLIED
+                            .with_label_values(&["upsert"])
+                            .inc_by(applied.upserts);
+                        metrics::CHANGES_APPLIED
+                            .with_label_values(&["delete"])
+                            .inc_by(applied.deletes);
+                        metrics::CHANGES_APPLIED
+                            .with_label_values(&["truncate"])
+                            .inc_by(applied.truncates);
+                    }
+                    self.acknowledge(stream, self.model.freshness.applied());
+                }
+            }
+        }
+    }
+
+    /// Tells the server everything below `lsn` is applied (sent with the next status update).
+    fn acknowledge(&self, stream: &LogicalReplicationStream, lsn: Lsn) {
+        stream.shared_lsn_feedback.update_flushed_lsn(lsn.0);
+        stream.shared_lsn_feedback.update_applied_lsn(lsn.0);
+    }
+}

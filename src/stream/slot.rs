@@ -1,0 +1,190 @@
+//! Slot and publication: what must exist on the owner before a change can
+//! reach us, and how the slot is doing.
+//!
+//! The publication is created when missing if the role may; otherwise the
+//! error carries the exact SQL a DBA must run, since a replication role
+//! usually lacks `CREATE` on the database. `REPLICA IDENTITY DEFAULT` (the
+//! primary key) is enough for all three tables: deletes carry the key, and
+//! updates carry the old key when it changes.
+
+use tokio_postgres::Client;
+
+use crate::lsn::Lsn;
+use crate::model::Table;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SlotError {
+    #[error(
+        "publication {publication:?} is missing or lacks tables, and this role may not fix it; \
+         ask a DBA to run:\n  {sql}"
+    )]
+    PublicationNeedsDba { publication: String, sql: String },
+    #[error("owner query failed: {0}")]
+    Query(#[from] tokio_postgres::Error),
+    #[error("the owner returned an LSN that does not parse: {0}")]
+    BadLsn(#[from] crate::lsn::ParseLsnError),
+}
+
+/// The slot as `pg_replication_slots` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotInfo {
+    pub active: bool,
+    pub active_pid: Option<i32>,
+    /// `reserved`, `extended`, `unreserved` or `lost` (invalidated by
+    /// `max_slot_wal_keep_size`: its changes are gone).
+    pub wal_status: Option<String>,
+    pub confirmed_flush: Option<Lsn>,
+    /// WAL the server keeps for this slot (current position − restart_lsn).
+    pub retained_bytes: Option<i64>,
+}
+
+impl SlotInfo {
+    pub fn is_lost(&self) -> bool {
+        self.wal_status.as_deref() == Some("lost")
+    }
+}
+
+fn publication_sql(publication: &str, schema: &str, missing: &[Table], exists: bool) -> String {
+    let tables: Vec<String> = missing
+        .iter()
+        .map(|t| format!("{schema}.{}", t.name()))
+        .collect();
+    if exists {
+        format!(
+            "ALTER PUBLICATION {publication} ADD TABLE {};",
+            tables.join(", ")
+        )
+    } else {
+        format!(
+            "CREATE PUBLICATION {publication} FOR TABLE {};",
+            tables.join(", ")
+        )
+    }
+}
+
+/// Makes sure `publication` lists the three tables.
+pub async fn ensure_publication(
+    client: &Client,
+    publication: &str,
+    schema: &str,
+) -> Result<(), SlotError> {
+    let exists = client
+        .query_opt(
+            "SELECT 1 FROM pg_publication WHERE pubname = $1",
+            &[&publication],
+        )
+        .await?
+        .is_some();
+    let listed: Vec<String> = client
+        .query(
+            "SELECT tablename::text FROM pg_publication_tables WHERE pubname = $1 AND schemaname = $2",
+            &[&publication, &schema],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let missing: Vec<Table> = Table::ALL
+        .into_iter()
+        .filter(|t| !listed.iter().any(|l| l == t.name()))
+        .collect();
+    if exists && missing.is_empty() {
+        return Ok(());
+    }
+    let sql = publication_sql(publication, schema, &missing, exists);
+    match client.batch_execute(&sql).await {
+        Ok(()) => {
+            tracing::info!(publication, sql = %sql, "publication fixed");
+            Ok(())
+        }
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::INSUFFICIENT_PRIVILEGE) => {
+            Err(SlotError::PublicationNeedsDba {
+                publication: publication.to_string(),
+                sql,
+            })
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn parse_lsn(text: Option<String>) -> Result<Option<Lsn>, SlotError> {
+    Ok(text.map(|t| t.parse()).transpose()?)
+}
+
+/// The slot's state, or `None` when it does not exist.
+pub async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>, SlotError> {
+    let row = client
+        .query_opt(
+            "SELECT active, active_pid, wal_status, confirmed_flush_lsn::text,
+                    (pg_current_wal_lsn() - restart_lsn)::bigint
+             FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    Ok(Some(SlotInfo {
+        active: row.get(0),
+        active_pid: row.get(1),
+        wal_status: row.get(2),
+        confirmed_flush: parse_lsn(row.get(3))?,
+        retained_bytes: row.get(4),
+    }))
+}
+
+/// Drops the slot, first ending a walsender still attached to it (our own
+/// dead session's, typically, which the server has not noticed yet).
+pub async fn drop_slot(client: &Client, slot: &str) -> Result<(), SlotError> {
+    client
+        .execute(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
+             WHERE slot_name = $1 AND active_pid IS NOT NULL",
+            &[&slot],
+        )
+        .await?;
+    // The terminated walsender releases the slot asynchronously; retry briefly.
+    let mut last = None;
+    for _ in 0..50 {
+        match client
+            .execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::OBJECT_IN_USE) => {
+                last = Some(e);
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(last.expect("loop ran").into())
+}
+
+/// The owner's current WAL insert position: once the copy has applied it,
+/// every change committed before this call is in the copy.
+pub async fn current_wal_lsn(client: &Client) -> Result<Lsn, SlotError> {
+    let text: String = client
+        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+        .await?
+        .get(0);
+    Ok(text.parse()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dba_sql_names_only_the_missing_tables() {
+        assert_eq!(
+            publication_sql("vacancy", "public", &Table::ALL, false),
+            "CREATE PUBLICATION vacancy FOR TABLE public.hotels, public.room_types, public.inventory;"
+        );
+        assert_eq!(
+            publication_sql("vacancy", "public", &[Table::Inventory], true),
+            "ALTER PUBLICATION vacancy ADD TABLE public.inventory;"
+        );
+    }
+}

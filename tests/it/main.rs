@@ -1,0 +1,8 @@
+//! All integration tests, in one binary, against a real PostgreSQL 15 that
+//! `support` starts for each test (see `vacancy::owner::cluster`).
+
+mod support;
+
+mod owner_ops;
+mod projector;
+mod seed;

@@ -1,0 +1,578 @@
+//! The projector against a real owner: snapshot, stream, atomic apply, acks,
+//! and convergence through faults. Every comparison is the whole copy against
+//! the owner's tables, row for row, once the copy has applied the owner's
+//! current WAL insert position.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use chrono::NaiveDate;
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tokio_postgres::Client;
+use vacancy::app::App;
+use vacancy::config::Settings;
+use vacancy::lsn::Lsn;
+use vacancy::model::{CalendarKey, NightCounts, ReadModel};
+use vacancy::owner::cluster::{ClusterOptions, StopMode};
+use vacancy::owner::ops::{self, HoldRequest};
+use vacancy::stream::slot;
+
+use crate::support::{TestOwner, wait_for};
+
+const HOTELS: i64 = 6;
+const ROOM_TYPES: i64 = 3;
+const NIGHTS: i64 = 30;
+
+fn first_night() -> NaiveDate {
+    NaiveDate::from_ymd_opt(2030, 1, 1).unwrap()
+}
+
+/// A small fixed inventory, loaded with plain SQL.
+async fn load_inventory(client: &Client) {
+    client
+        .batch_execute(&format!(
+            "INSERT INTO hotels (id, name, city, country, stars, amenities)
+               SELECT h, 'Hotel ' || h, CASE WHEN h % 2 = 0 THEN 'Lisbon' ELSE 'Porto' END, 'PT', 1 + h % 5,
+                      ARRAY['wifi', 'pool']
+               FROM generate_series(1, {HOTELS}) h;
+             INSERT INTO room_types (hotel_id, id, name, max_guests)
+               SELECT h, r, 'Room ' || r, r + 1 FROM generate_series(1, {HOTELS}) h, generate_series(1, {ROOM_TYPES}) r;
+             INSERT INTO inventory (hotel_id, room_type_id, night, total, taken, sell_limit, price_cents)
+               SELECT h, r, DATE '2030-01-01' + n, 3 + (h + r) % 4, 0,
+                      CASE WHEN n % 7 = 0 THEN 6 + (h + r) % 4 END, 10000 + r * 1000
+               FROM generate_series(1, {HOTELS}) h, generate_series(1, {ROOM_TYPES}) r,
+                    generate_series(0, {NIGHTS} - 1) n;"
+        ))
+        .await
+        .expect("load inventory");
+}
+
+fn settings_for(owner: &TestOwner) -> Settings {
+    let mut s = Settings::defaults();
+    s.owner.url = owner.url.clone();
+    s.stream.reconnect_min_ms = 50;
+    s.stream.reconnect_max_ms = 500;
+    s.stream.slot_watch_interval_ms = 200;
+    s.stream.heartbeat_interval_ms = 200;
+    s
+}
+
+async fn start_app(settings: Settings) -> App {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    vacancy::app::start(settings, listener).expect("start vacancy")
+}
+
+/// Waits until the copy has applied everything committed on the owner so far.
+async fn caught_up(model: &ReadModel, client: &Client) -> Lsn {
+    let target = slot::current_wal_lsn(client).await.expect("current lsn");
+    wait_for(
+        "the copy to apply the owner's current LSN",
+        Duration::from_secs(60),
+        || async {
+            (model.freshness.is_loaded() && model.freshness.applied() >= target).then_some(())
+        },
+    )
+    .await;
+    target
+}
+
+type Rows = BTreeMap<(i64, i64, NaiveDate), NightCounts>;
+
+async fn owner_inventory(client: &Client) -> Rows {
+    client
+        .query(
+            "SELECT hotel_id, room_type_id, night, total, taken, sell_limit, price_cents FROM inventory",
+            &[],
+        )
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| {
+            (
+                (r.get(0), r.get(1), r.get(2)),
+                NightCounts {
+                    total: r.get(3),
+                    taken: r.get(4),
+                    sell_limit: r.get(5),
+                    price_cents: r.get(6),
+                },
+            )
+        })
+        .collect()
+}
+
+fn copy_inventory(model: &ReadModel) -> Rows {
+    let t = model.read();
+    let mut rows = Rows::new();
+    for (key, cal) in &t.calendars {
+        for (night, counts) in cal.iter() {
+            rows.insert((key.hotel_id, key.room_type_id, night), counts);
+        }
+    }
+    rows
+}
+
+/// Asserts the copy equals the owner, row for row, in all three tables.
+async fn assert_converged(model: &ReadModel, client: &Client) {
+    let at = caught_up(model, client).await;
+    let owner_rows = owner_inventory(client).await;
+    let copy_rows = copy_inventory(model);
+    let differing: Vec<_> = owner_rows
+        .iter()
+        .filter(|(k, v)| copy_rows.get(*k) != Some(*v))
+        .map(|(k, _)| *k)
+        .chain(
+            copy_rows
+                .keys()
+                .filter(|k| !owner_rows.contains_key(*k))
+                .copied(),
+        )
+        .take(10)
+        .collect();
+    assert!(
+        differing.is_empty(),
+        "inventory differs at {at} ({} owner rows, {} copy rows), first keys: {differing:?}",
+        owner_rows.len(),
+        copy_rows.len()
+    );
+    let hotels: BTreeMap<i64, (String, String, Option<i16>, Vec<String>)> = client
+        .query("SELECT id, name, city, stars, amenities FROM hotels", &[])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.get(0), (r.get(1), r.get(2), r.get(3), r.get(4))))
+        .collect();
+    let room_types: BTreeMap<(i64, i64), (String, i16)> = client
+        .query("SELECT hotel_id, id, name, max_guests FROM room_types", &[])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| ((r.get(0), r.get(1)), (r.get(2), r.get(3))))
+        .collect();
+    let t = model.read();
+    let copy_hotels: BTreeMap<i64, (String, String, Option<i16>, Vec<String>)> = t
+        .hotels
+        .values()
+        .map(|h| {
+            (
+                h.id,
+                (h.name.clone(), h.city.clone(), h.stars, h.amenities.clone()),
+            )
+        })
+        .collect();
+    let copy_room_types: BTreeMap<(i64, i64), (String, i16)> = t
+        .room_types
+        .values()
+        .map(|r| ((r.hotel_id, r.id), (r.name.clone(), r.max_guests)))
+        .collect();
+    assert_eq!(copy_hotels, hotels, "hotels differ at {at}");
+    assert_eq!(copy_room_types, room_types, "room types differ at {at}");
+}
+
+/// One random owner operation, as the booking site would run it.
+async fn random_operation(client: &mut Client, rng: &mut ChaCha8Rng, worker: usize, step: usize) {
+    // Ids stay unique across runs: the worker number carries the run.
+    let hotel = rng.random_range(1..=HOTELS);
+    let room_type = rng.random_range(1..=ROOM_TYPES);
+    let start = first_night() + chrono::Days::new(rng.random_range(0..NIGHTS as u64 - 4));
+    match rng.random_range(0..100) {
+        0..=44 => {
+            let nights = rng.random_range(1..=4);
+            let req = HoldRequest {
+                booking_id: format!("b-{worker}-{step}"),
+                hotel_id: hotel,
+                room_type_id: room_type,
+                check_in: start,
+                check_out: start + chrono::Days::new(nights),
+                rooms: rng.random_range(1..=2),
+                hold_for: Duration::from_millis(rng.random_range(1..400)),
+            };
+            ops::hold(client, &req).await.expect("hold");
+        }
+        45..=59 => {
+            let id = format!("b-{worker}-{}", rng.random_range(0..=step));
+            ops::confirm(client, &id).await.expect("confirm");
+        }
+        60..=69 => {
+            let id = format!("b-{worker}-{}", rng.random_range(0..=step));
+            ops::cancel(client, &id).await.expect("cancel");
+        }
+        70..=79 => {
+            ops::sweep(client, 50).await.expect("sweep");
+        }
+        80..=86 => {
+            let total = rng.random_range(0..8);
+            ops::set_capacity(
+                client,
+                hotel,
+                room_type,
+                start,
+                start + chrono::Days::new(2),
+                Some(total),
+                None,
+            )
+            .await
+            .expect("set capacity");
+        }
+        87..=89 => {
+            let through = first_night() + chrono::Days::new(NIGHTS as u64 + rng.random_range(0..5));
+            ops::open_horizon(client, through)
+                .await
+                .expect("open horizon");
+        }
+        90..=92 => {
+            // A past night leaves the inventory.
+            client
+                .execute(
+                    "DELETE FROM inventory WHERE hotel_id = $1 AND night = (SELECT min(night) FROM inventory WHERE hotel_id = $1)",
+                    &[&hotel],
+                )
+                .await
+                .expect("delete past night");
+        }
+        93..=95 => {
+            // A new hotel with a room type, or a changed one.
+            let id = 1000 + (worker * 1_000 + step) as i64;
+            let tx = client.transaction().await.unwrap();
+            tx.execute(
+                "INSERT INTO hotels (id, name, city, amenities) VALUES ($1, 'New', 'Faro', '{spa}')",
+                &[&id],
+            )
+            .await
+            .unwrap();
+            tx.execute(
+                "INSERT INTO room_types (hotel_id, id, name, max_guests) VALUES ($1, 1, 'Suite', 4)",
+                &[&id],
+            )
+            .await
+            .unwrap();
+            tx.commit().await.unwrap();
+        }
+        96..=97 => {
+            client
+                .execute(
+                    "UPDATE hotels SET name = name || '*', amenities = amenities || 'gym'::text, stars = 1 + (coalesce(stars, 0) + 1) % 5 WHERE id = $1",
+                    &[&hotel],
+                )
+                .await
+                .expect("change hotel");
+        }
+        _ => {
+            // A key change: the night moves (old key must vanish from the copy).
+            client
+                .execute(
+                    "UPDATE inventory SET night = night + 1000 WHERE hotel_id = $1 AND room_type_id = $2 AND night = $3 AND taken = 0",
+                    &[&hotel, &room_type, &start],
+                )
+                .await
+                .expect("move night");
+        }
+    }
+}
+
+/// Runs `workers` concurrent clients doing `steps` random operations each.
+async fn run_workload(owner: &TestOwner, seed: u64, workers: usize, steps: usize) {
+    let mut tasks = Vec::new();
+    // Each run gets its own worker numbers, so booking and hotel ids never repeat.
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let base = RUNS.fetch_add(workers, Ordering::Relaxed);
+    for worker in base..base + workers {
+        let mut client = owner.client().await;
+        tasks.push(tokio::spawn(async move {
+            let mut rng = ChaCha8Rng::seed_from_u64(seed ^ (worker as u64) << 32);
+            for step in 0..steps {
+                random_operation(&mut client, &mut rng, worker, step).await;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("worker");
+    }
+}
+
+fn test_seed() -> u64 {
+    let seed = std::env::var("VACANCY_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| rand::rng().random());
+    eprintln!("workload seed {seed} (replay with VACANCY_TEST_SEED={seed})");
+    seed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn converges_after_random_concurrent_operations() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    let app = start_app(settings_for(&owner)).await;
+    assert_converged(&app.model, &client).await;
+    let seed = test_seed();
+    for round in 0..3 {
+        run_workload(&owner, seed.wrapping_add(round), 4, 60).await;
+        assert_converged(&app.model, &client).await;
+    }
+    app.stop(Duration::from_secs(5)).await;
+}
+
+/// Injects `fault` in the middle of a workload and checks convergence after.
+async fn converges_through(fault: &str) {
+    let mut owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    let settings = settings_for(&owner);
+    let app = start_app(settings.clone()).await;
+    caught_up(&app.model, &client).await;
+    let seed = test_seed();
+    run_workload(&owner, seed, 3, 30).await;
+    let app = match fault {
+        "walsender terminated" => {
+            let n = client
+                .execute(
+                    "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'vacancy' AND active_pid IS NOT NULL",
+                    &[],
+                )
+                .await
+                .unwrap();
+            assert_eq!(n, 1, "one walsender to terminate");
+            app
+        }
+        "owner restarted fast" | "owner restarted immediate" => {
+            let mode = if fault.ends_with("fast") {
+                StopMode::Fast
+            } else {
+                StopMode::Immediate
+            };
+            drop(client);
+            tokio::task::block_in_place(|| owner.cluster.restart(mode)).expect("restart owner");
+            app
+        }
+        "slot dropped" => {
+            slot::drop_slot(&client, "vacancy")
+                .await
+                .expect("drop slot");
+            app
+        }
+        "truncate and reload" => {
+            client
+                .batch_execute("BEGIN; CREATE TEMP TABLE saved AS SELECT * FROM inventory; TRUNCATE inventory; COMMIT;")
+                .await
+                .unwrap();
+            run_workload(&owner, seed ^ 7, 1, 5).await;
+            client
+                .batch_execute("INSERT INTO inventory SELECT * FROM saved ON CONFLICT DO NOTHING")
+                .await
+                .unwrap();
+            app
+        }
+        "column added" => {
+            client
+                .batch_execute("ALTER TABLE inventory ADD COLUMN note text DEFAULT 'x'; ALTER TABLE hotels ADD COLUMN rating int")
+                .await
+                .unwrap();
+            client
+                .batch_execute("UPDATE inventory SET note = 'y', taken = 0 WHERE night = DATE '2030-01-05' AND taken = 0")
+                .await
+                .unwrap();
+            app
+        }
+        "vacancy restarted" => {
+            app.stop(Duration::from_secs(5)).await;
+            start_app(settings.clone()).await
+        }
+        other => panic!("unknown fault {other}"),
+    };
+    let client = owner.client().await;
+    run_workload(&owner, seed ^ 99, 3, 30).await;
+    assert_converged(&app.model, &client).await;
+    app.stop(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn converges_through_walsender_termination() {
+    converges_through("walsender terminated").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn converges_through_owner_fast_restart() {
+    converges_through("owner restarted fast").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn converges_through_owner_immediate_restart() {
+    converges_through("owner restarted immediate").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn converges_through_dropped_slot() {
+    converges_through("slot dropped").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn converges_through_truncate_and_reload() {
+    converges_through("truncate and reload").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn converges_through_added_columns() {
+    converges_through("column added").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn converges_through_a_restart_of_vacancy() {
+    converges_through("vacancy restarted").await;
+}
+
+/// A reader polling during three-night holds never sees one partly applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_never_see_half_a_hold() {
+    let owner = TestOwner::start().await;
+    let mut client = owner.client().await;
+    client
+        .batch_execute(
+            "INSERT INTO hotels (id, name, city) VALUES (1, 'A', 'Lisbon');
+             INSERT INTO room_types VALUES (1, 1, 'Double', 2);
+             INSERT INTO inventory (hotel_id, room_type_id, night, total)
+               SELECT 1, 1, DATE '2030-01-01' + n, 1000 FROM generate_series(0, 2) n;",
+        )
+        .await
+        .unwrap();
+    let app = start_app(settings_for(&owner)).await;
+    caught_up(&app.model, &client).await;
+    let done = Arc::new(AtomicBool::new(false));
+    let model = app.model.clone();
+    let stop = done.clone();
+    let reader = tokio::task::spawn_blocking(move || {
+        let key = CalendarKey {
+            hotel_id: 1,
+            room_type_id: 1,
+        };
+        let mut reads = 0u64;
+        while !stop.load(Ordering::Acquire) {
+            let t = model.read();
+            let taken: Vec<i32> = t.calendars[&key].iter().map(|(_, c)| c.taken).collect();
+            assert!(
+                taken.iter().all(|v| *v == taken[0]),
+                "partial hold visible: {taken:?}"
+            );
+            reads += 1;
+        }
+        reads
+    });
+    for i in 0..200 {
+        let req = HoldRequest {
+            booking_id: format!("h{i}"),
+            hotel_id: 1,
+            room_type_id: 1,
+            check_in: first_night(),
+            check_out: first_night() + chrono::Days::new(3),
+            rooms: 1,
+            hold_for: Duration::from_secs(600),
+        };
+        assert_eq!(
+            ops::hold(&mut client, &req).await.unwrap(),
+            ops::HoldOutcome::Held
+        );
+    }
+    caught_up(&app.model, &client).await;
+    done.store(true, Ordering::Release);
+    let reads = reader.await.expect("reader saw only whole holds");
+    assert!(reads > 0);
+    let taken: Vec<i32> = {
+        let t = app.model.read();
+        let key = CalendarKey {
+            hotel_id: 1,
+            room_type_id: 1,
+        };
+        t.calendars[&key].iter().map(|(_, c)| c.taken).collect()
+    };
+    assert_eq!(taken, vec![200, 200, 200]);
+    app.stop(Duration::from_secs(5)).await;
+}
+
+async fn confirmed_flush(client: &Client) -> Lsn {
+    let text: String = client
+        .query_one("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'vacancy'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    text.parse().unwrap()
+}
+
+/// The slot's confirmed_flush_lsn follows the copy, also while only tables
+/// outside the publication are written (the copy must not pin the owner's WAL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_advance_while_only_other_tables_change() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    let mut settings = settings_for(&owner);
+    settings.stream.heartbeat_interval_ms = 0; // only keepalives may move the slot
+    let app = start_app(settings).await;
+    caught_up(&app.model, &client).await;
+    client
+        .batch_execute("UPDATE inventory SET taken = 1 WHERE night = DATE '2030-01-02'")
+        .await
+        .unwrap();
+    let target = caught_up(&app.model, &client).await;
+    wait_for(
+        "confirmed_flush_lsn to pass the applied update",
+        Duration::from_secs(30),
+        || async { (confirmed_flush(&client).await >= target).then_some(()) },
+    )
+    .await;
+    client
+        .batch_execute("CREATE TABLE unrelated (id int); INSERT INTO unrelated SELECT generate_series(1, 10000)")
+        .await
+        .unwrap();
+    let elsewhere = slot::current_wal_lsn(&client).await.unwrap();
+    wait_for(
+        "the slot to advance past writes to other tables",
+        Duration::from_secs(60),
+        || async { (confirmed_flush(&client).await >= elsewhere).then_some(()) },
+    )
+    .await;
+    assert!(app.model.freshness.applied() >= elsewhere);
+    app.stop(Duration::from_secs(5)).await;
+}
+
+/// A transaction larger than logical_decoding_work_mem is streamed while it
+/// runs; if it rolls back, nothing of it reaches the copy; if it commits, all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_large_transactions_apply_only_at_commit() {
+    let owner = TestOwner::start_with(ClusterOptions {
+        extra_conf: vec!["logical_decoding_work_mem = '64kB'".into()],
+        ..ClusterOptions::default()
+    })
+    .await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    let app = start_app(settings_for(&owner)).await;
+    caught_up(&app.model, &client).await;
+    client
+        .batch_execute("BEGIN; UPDATE inventory SET taken = 1 WHERE taken = 0; ROLLBACK;")
+        .await
+        .unwrap();
+    // a savepoint rolled back inside a committed streamed transaction
+    client
+        .batch_execute(
+            "BEGIN; UPDATE inventory SET price_cents = 1 WHERE hotel_id = 1;
+             SAVEPOINT s; UPDATE inventory SET price_cents = 2 WHERE hotel_id = 2; ROLLBACK TO SAVEPOINT s;
+             UPDATE inventory SET price_cents = 3 WHERE hotel_id = 3; COMMIT;",
+        )
+        .await
+        .unwrap();
+    assert_converged(&app.model, &client).await;
+    let rows = copy_inventory(&app.model);
+    assert!(
+        rows.values().all(|c| c.taken == 0),
+        "a rolled-back streamed transaction reached the copy"
+    );
+    assert!(
+        rows.iter()
+            .all(|((h, _, _), c)| *h != 2 || c.price_cents != Some(2))
+    );
+    app.stop(Duration::from_secs(5)).await;
+}
