@@ -17,6 +17,33 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run everything on one machine: an embedded PostgreSQL owner, a generated
+    /// dataset, the projector and the API, and guests booking against the owner.
+    Demo {
+        /// Attach to an existing owner database instead of starting one.
+        #[arg(long)]
+        owner_url: Option<String>,
+        /// Folder with the PostgreSQL server binaries (initdb, pg_ctl, postgres).
+        #[arg(long, env = "VACANCY_PG_BIN")]
+        pg_bin: Option<std::path::PathBuf>,
+        #[arg(long, default_value = "127.0.0.1:8080", env = "VACANCY_LISTEN")]
+        listen: String,
+        #[arg(long, default_value_t = 1000)]
+        hotels: u32,
+        #[arg(long, default_value_t = 8)]
+        room_types: u32,
+        #[arg(long, default_value_t = 365)]
+        nights: u32,
+        /// Concurrent simulated guests.
+        #[arg(long, default_value_t = 8)]
+        guests: usize,
+        /// How long a hold lasts before the sweeper returns it.
+        #[arg(long, default_value_t = 20)]
+        hold_secs: u64,
+        /// Stop on its own after this long (e.g. 30s, 5m); default: until Ctrl-C.
+        #[arg(long, value_parser = parse_duration)]
+        duration: Option<std::time::Duration>,
+    },
     /// Run the projector and the API against the owner database in the settings.
     Serve {
         /// A settings file layered over config/default.toml (then VACANCY_* env wins).
@@ -47,6 +74,39 @@ enum Command {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::Demo {
+            owner_url,
+            pg_bin,
+            listen,
+            hotels,
+            room_types,
+            nights,
+            guests,
+            hold_secs,
+            duration,
+        } => {
+            init_logging(&vacancy::config::Settings::defaults().log);
+            let stop = pg_walstream::CancellationToken::new();
+            let on_signal = stop.clone();
+            tokio::spawn(async move {
+                wait_for_signal().await;
+                on_signal.cancel();
+            });
+            let options = vacancy::demo::DemoOptions {
+                owner_url,
+                pg_bin,
+                listen,
+                hotels,
+                room_types,
+                nights,
+                guests,
+                hold_secs,
+                duration,
+            };
+            vacancy::demo::run(options, stop)
+                .await
+                .context("demo failed")?;
+        }
         Command::Serve { config } => {
             let settings = vacancy::config::Settings::load(config.as_deref())?;
             init_logging(&settings.log);
@@ -122,4 +182,21 @@ async fn wait_for_signal() {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
     }
+}
+
+/// `30s`, `5m`, `1h` or plain seconds.
+fn parse_duration(s: &str) -> Result<std::time::Duration, String> {
+    let (number, unit) = s
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or((s, "s"), |i| s.split_at(i));
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 30s or 5m"))?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        _ => return Err(format!("{s:?}: the unit must be s, m or h")),
+    };
+    Ok(std::time::Duration::from_secs(secs))
 }

@@ -4,8 +4,8 @@
 //! But tests, benchmarks and the demo need a real owner to race against, one
 //! that takes units the way a booking site must, so every count the read model
 //! copies was produced under the same rules as in production. These operations
-//! follow the reservations guide (`/work/shared/seeds`, sections "Counting
-//! interchangeable units per period" through "Selling more than you have"):
+//! follow the reservations guide the project is built on (its sections on
+//! counting units per period, holds, returning expired holds and overbooking):
 //!
 //! - A hold is a booking row plus `taken` raised on every night of the stay in
 //!   one transaction (escrow), all nights or none.
@@ -155,8 +155,8 @@ pub enum OpsError {
 }
 
 impl OpsError {
-    /// The database aborted the transaction because of another one; running it
-    /// again is the documented answer.
+    /// PostgreSQL aborted the transaction because of another one; running it
+    /// again is its documented answer, not a failure to report.
     fn is_retryable(&self) -> bool {
         match self {
             OpsError::Db(e) => matches!(

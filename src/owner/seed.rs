@@ -550,9 +550,10 @@ impl Plan {
             .collect();
         let occupancy = 0.45 + 0.4 * rng.random::<f64>();
 
+        let kinds = room_kind_order(&mut rng, stars);
         let room_types = (0..self.room_types)
             .map(|k| {
-                let kind = &ROOM_KINDS[k as usize % ROOM_KINDS.len()];
+                let kind = &ROOM_KINDS[kinds[k as usize % ROOM_KINDS.len()]];
                 let round = k as usize / ROOM_KINDS.len();
                 let name = match round {
                     0 => kind.name.to_string(),
@@ -769,77 +770,22 @@ struct Amenity {
     per_star_level: f64,
 }
 
+#[rustfmt::skip]
 const AMENITIES: [Amenity; 14] = [
-    Amenity {
-        name: "wifi",
-        base: 0.9,
-        per_star_level: 0.1,
-    },
-    Amenity {
-        name: "parking",
-        base: 0.4,
-        per_star_level: 0.3,
-    },
-    Amenity {
-        name: "breakfast",
-        base: 0.45,
-        per_star_level: 0.45,
-    },
-    Amenity {
-        name: "air_conditioning",
-        base: 0.4,
-        per_star_level: 0.5,
-    },
-    Amenity {
-        name: "pets",
-        base: 0.25,
-        per_star_level: 0.0,
-    },
-    Amenity {
-        name: "restaurant",
-        base: 0.15,
-        per_star_level: 0.75,
-    },
-    Amenity {
-        name: "bar",
-        base: 0.2,
-        per_star_level: 0.65,
-    },
-    Amenity {
-        name: "gym",
-        base: 0.05,
-        per_star_level: 0.75,
-    },
-    Amenity {
-        name: "pool",
-        base: 0.05,
-        per_star_level: 0.55,
-    },
-    Amenity {
-        name: "spa",
-        base: 0.0,
-        per_star_level: 0.6,
-    },
-    Amenity {
-        name: "airport_shuttle",
-        base: 0.05,
-        per_star_level: 0.3,
-    },
-    Amenity {
-        name: "accessible",
-        base: 0.3,
-        per_star_level: 0.5,
-    },
-    Amenity {
-        name: "ev_charging",
-        base: 0.05,
-        per_star_level: 0.25,
-    },
-    Amenity {
-        name: "family_rooms",
-        base: 0.35,
-        per_star_level: 0.2,
-    },
+    Amenity { name: "wifi", base: 0.9, per_star_level: 0.1 },
+    Amenity { name: "parking", base: 0.4, per_star_level: 0.3 },
+    Amenity { name: "breakfast", base: 0.45, per_star_level: 0.45 },
+    Amenity { name: "air_conditioning", base: 0.4, per_star_level: 0.5 },
+    Amenity { name: "pets", base: 0.25, per_star_level: 0.0 },
+    Amenity { name: "restaurant", base: 0.15, per_star_level: 0.75 },
+    Amenity { name: "bar", base: 0.2, per_star_level: 0.65 },
+    Amenity { name: "gym", base: 0.05, per_star_level: 0.75 },
+    Amenity { name: "pool", base: 0.05, per_star_level: 0.55 },
+    Amenity { name: "spa", base: 0.0, per_star_level: 0.6 },
+    Amenity { name: "airport_shuttle", base: 0.05, per_star_level: 0.3 },
+    Amenity { name: "accessible", base: 0.3, per_star_level: 0.5 },
+    Amenity { name: "ev_charging", base: 0.05, per_star_level: 0.25 },
+    Amenity { name: "family_rooms", base: 0.35, per_star_level: 0.2 },
 ];
 
 struct RoomKind {
@@ -847,91 +793,57 @@ struct RoomKind {
     guests: (i16, i16),
     /// Price relative to a double room.
     price: f64,
+    /// How often hotels offer it, before the stars shift the odds.
+    weight: f64,
+    tier: Tier,
 }
 
-/// In the order hotels offer them: a hotel with four room types has the four first.
+/// Who offers a room kind: a hostel has dormitory beds and no penthouse.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Tier {
+    Budget,
+    Standard,
+    Luxury,
+}
+
+#[rustfmt::skip]
 const ROOM_KINDS: [RoomKind; 16] = [
-    RoomKind {
-        name: "Double",
-        guests: (2, 2),
-        price: 1.0,
-    },
-    RoomKind {
-        name: "Twin",
-        guests: (2, 2),
-        price: 1.0,
-    },
-    RoomKind {
-        name: "Single",
-        guests: (1, 1),
-        price: 0.75,
-    },
-    RoomKind {
-        name: "Family",
-        guests: (3, 5),
-        price: 1.6,
-    },
-    RoomKind {
-        name: "Suite",
-        guests: (2, 4),
-        price: 2.4,
-    },
-    RoomKind {
-        name: "Triple",
-        guests: (3, 3),
-        price: 1.3,
-    },
-    RoomKind {
-        name: "Deluxe Double",
-        guests: (2, 2),
-        price: 1.35,
-    },
-    RoomKind {
-        name: "Superior Twin",
-        guests: (2, 2),
-        price: 1.25,
-    },
-    RoomKind {
-        name: "Junior Suite",
-        guests: (2, 3),
-        price: 1.8,
-    },
-    RoomKind {
-        name: "Studio",
-        guests: (2, 3),
-        price: 1.2,
-    },
-    RoomKind {
-        name: "Quadruple",
-        guests: (4, 4),
-        price: 1.5,
-    },
-    RoomKind {
-        name: "Apartment",
-        guests: (4, 6),
-        price: 2.0,
-    },
-    RoomKind {
-        name: "Economy Double",
-        guests: (2, 2),
-        price: 0.85,
-    },
-    RoomKind {
-        name: "Bed in Dormitory",
-        guests: (1, 1),
-        price: 0.35,
-    },
-    RoomKind {
-        name: "Executive Suite",
-        guests: (2, 4),
-        price: 3.0,
-    },
-    RoomKind {
-        name: "Penthouse",
-        guests: (4, 6),
-        price: 4.0,
-    },
+    RoomKind { name: "Double", guests: (2, 2), price: 1.0, weight: 10.0, tier: Tier::Standard },
+    RoomKind { name: "Twin", guests: (2, 2), price: 1.0, weight: 8.0, tier: Tier::Standard },
+    RoomKind { name: "Single", guests: (1, 1), price: 0.75, weight: 6.0, tier: Tier::Standard },
+    RoomKind { name: "Family", guests: (3, 5), price: 1.6, weight: 4.0, tier: Tier::Standard },
+    RoomKind { name: "Triple", guests: (3, 3), price: 1.3, weight: 3.0, tier: Tier::Standard },
+    RoomKind { name: "Studio", guests: (2, 3), price: 1.2, weight: 2.0, tier: Tier::Standard },
+    RoomKind { name: "Quadruple", guests: (4, 4), price: 1.5, weight: 1.5, tier: Tier::Standard },
+    RoomKind { name: "Apartment", guests: (4, 6), price: 2.0, weight: 1.5, tier: Tier::Standard },
+    RoomKind { name: "Economy Double", guests: (2, 2), price: 0.85, weight: 2.0, tier: Tier::Budget },
+    RoomKind { name: "Bed in Dormitory", guests: (1, 1), price: 0.35, weight: 1.5, tier: Tier::Budget },
+    RoomKind { name: "Deluxe Double", guests: (2, 2), price: 1.35, weight: 3.0, tier: Tier::Luxury },
+    RoomKind { name: "Superior Twin", guests: (2, 2), price: 1.25, weight: 2.5, tier: Tier::Luxury },
+    RoomKind { name: "Junior Suite", guests: (2, 3), price: 1.8, weight: 2.0, tier: Tier::Luxury },
+    RoomKind { name: "Suite", guests: (2, 4), price: 2.4, weight: 2.0, tier: Tier::Luxury },
+    RoomKind { name: "Executive Suite", guests: (2, 4), price: 3.0, weight: 1.0, tier: Tier::Luxury },
+    RoomKind { name: "Penthouse", guests: (4, 6), price: 4.0, weight: 0.5, tier: Tier::Luxury },
 ];
+
+/// The room kinds in the order this hotel offers them (a weighted shuffle:
+/// common kinds tend to come first, and the stars favour their own tier), so
+/// a hotel with four room types usually has a double, but not always.
+fn room_kind_order(rng: &mut ChaCha8Rng, stars: i16) -> [usize; ROOM_KINDS.len()] {
+    let mut keyed = [(0.0, 0); ROOM_KINDS.len()];
+    for (index, kind) in ROOM_KINDS.iter().enumerate() {
+        let tier_odds = match (kind.tier, stars) {
+            (Tier::Budget, 1..=2) | (Tier::Luxury, 4..=5) => 3.0,
+            (Tier::Budget, 4..=5) | (Tier::Luxury, 1..=2) => 0.1,
+            _ => 1.0,
+        };
+        // Efraimidis-Spirakis: sorting by u^(1/w) samples without replacement by weight.
+        let u: f64 = rng.random();
+        keyed[index] = (u.powf(1.0 / (kind.weight * tier_odds)), index);
+    }
+    keyed.sort_by(|a, b| b.0.total_cmp(&a.0));
+    keyed.map(|(_, index)| index)
+}
 
 /// Names for the second and later rounds through `ROOM_KINDS`.
 const ROOM_VARIANTS: [&str; 5] = [
