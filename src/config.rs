@@ -103,7 +103,7 @@ impl Settings {
             figment = figment.merge(Toml::file(path));
         }
         // Two documented short forms; everything else nests with "__".
-        let env = env.map(|key| match key.as_str() {
+        let env = env.map(|key| match key.as_str().to_ascii_lowercase().as_str() {
             "owner_url" => "owner.url".into(),
             "listen" => "http.listen".into(),
             other => other.replace("__", ".").into(),

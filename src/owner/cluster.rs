@@ -352,3 +352,24 @@ fn free_port() -> Result<u16, ClusterError> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?.port())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_binaries_say_what_to_install() {
+        let err = Cluster::start(ClusterOptions {
+            bin_dir: PathBuf::from("/nonexistent/postgresql/bin"),
+            ..ClusterOptions::default()
+        })
+        .unwrap_err();
+        assert!(matches!(err, ClusterError::MissingBinaries(_)), "{err:?}");
+        let message = err.to_string();
+        assert!(
+            message.contains("apt-get install -y postgresql-15"),
+            "{message}"
+        );
+        assert!(message.contains("/nonexistent/postgresql/bin"), "{message}");
+    }
+}

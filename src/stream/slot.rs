@@ -134,16 +134,17 @@ pub async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>, 
 /// Drops the slot, first ending a walsender still attached to it (our own
 /// dead session's, typically, which the server has not noticed yet).
 pub async fn drop_slot(client: &Client, slot: &str) -> Result<(), SlotError> {
-    client
-        .execute(
-            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
-             WHERE slot_name = $1 AND active_pid IS NOT NULL",
-            &[&slot],
-        )
-        .await?;
-    // The terminated walsender releases the slot asynchronously; retry briefly.
+    // A terminated walsender releases the slot asynchronously, and a client
+    // may reconnect to it meanwhile: end whoever holds it on every attempt.
     let mut last = None;
     for _ in 0..50 {
+        client
+            .execute(
+                "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
+                 WHERE slot_name = $1 AND active_pid IS NOT NULL",
+                &[&slot],
+            )
+            .await?;
         match client
             .execute(
                 "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1",

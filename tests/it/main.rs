@@ -3,6 +3,7 @@
 
 mod support;
 
+mod api;
 mod owner_ops;
 mod projector;
 mod seed;
