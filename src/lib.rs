@@ -12,11 +12,13 @@
 //! - [`metrics`]: every Prometheus metric, defined in one place.
 //! - [`config`]: settings, layered from `config/default.toml`, a file and `VACANCY_*`.
 //! - [`app`]: wiring: spawn the tasks, one shutdown token, signals.
+//! - [`bench`]: `vacancy bench`, figures beside their baselines.
 //! - [`demo`]: the whole job on one machine: embedded owner, seed, guests.
 //! - [`lsn`]: `Lsn`, a WAL position as PostgreSQL writes it.
 
 pub mod api;
 pub mod app;
+pub mod bench;
 pub mod config;
 pub mod demo;
 pub mod lsn;

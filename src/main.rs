@@ -17,6 +17,11 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Measure speed and memory, each beside its baseline (see BENCHMARKS.md).
+    Bench {
+        #[command(subcommand)]
+        which: vacancy::bench::BenchCommand,
+    },
     /// Run everything on one machine: an embedded PostgreSQL owner, a generated
     /// dataset, the projector and the API, and guests booking against the owner.
     Demo {
@@ -74,6 +79,9 @@ enum Command {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::Bench { which } => {
+            vacancy::bench::run(which).await.context("bench failed")?;
+        }
         Command::Demo {
             owner_url,
             pg_bin,

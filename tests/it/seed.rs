@@ -182,6 +182,17 @@ async fn a_small_seed_loads_every_row_in_a_realistic_shape() {
         "prices do not vary by night"
     );
 
+    // The foreign keys hold (the superuser's load checks them after the COPY).
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM inventory i WHERE NOT EXISTS (SELECT 1 FROM room_types r \
+             WHERE r.hotel_id = i.hotel_id AND r.id = i.room_type_id)"
+        )
+        .await,
+        0
+    );
+
     // The planner has statistics right away.
     assert!(
         count(
@@ -219,26 +230,46 @@ async fn fingerprint(url: &str) -> Vec<String> {
     digests
 }
 
+/// Also covers both load paths: `seed_a` is loaded by the superuser (foreign
+/// keys checked once after the load), `seed_b` by an ordinary role that may
+/// not defer them (checked row by row); both must hold the same bytes.
 #[tokio::test]
 async fn the_same_seed_loads_the_same_data() {
     let owner = TestOwner::start().await;
-    let mut urls = Vec::new();
-    for name in ["seed_a", "seed_b", "seed_c"] {
-        urls.push(
-            owner
-                .cluster
-                .create_database(name)
-                .expect("create database"),
-        );
+    let admin = vacancy::owner::connect(
+        &owner.cluster.url("postgres"),
+        std::time::Duration::from_secs(10),
+    )
+    .await
+    .expect("connect as postgres");
+    for sql in [
+        "CREATE ROLE loader LOGIN",
+        "CREATE DATABASE seed_b OWNER loader",
+    ] {
+        admin.batch_execute(sql).await.expect(sql);
     }
-    for (url, seed_value) in urls.iter().zip([42, 42, 43]) {
-        seed::run(&options(url, 40, 3, 15, seed_value))
+    let seed_a = owner
+        .cluster
+        .create_database("seed_a")
+        .expect("create database");
+    let seed_b = format!(
+        "postgresql://loader@127.0.0.1:{}/seed_b",
+        owner.cluster.port()
+    );
+    let seed_c = owner
+        .cluster
+        .create_database("seed_c")
+        .expect("create database");
+
+    for (url, seed_value) in [(&seed_a, 42), (&seed_b, 42), (&seed_c, 43)] {
+        let report = seed::run(&options(url, 40, 3, 15, seed_value))
             .await
-            .expect("seed");
+            .unwrap_or_else(|e| panic!("seed {url}: {e}"));
+        assert_eq!(report.inventory_rows, 40 * 3 * 15);
     }
-    let a = fingerprint(&urls[0]).await;
-    let b = fingerprint(&urls[1]).await;
-    let c = fingerprint(&urls[2]).await;
+    let a = fingerprint(&seed_a).await;
+    let b = fingerprint(&seed_b).await;
+    let c = fingerprint(&seed_c).await;
     assert_eq!(a, b, "seed 42 loaded different data twice");
     for (same, other) in a.iter().zip(&c) {
         assert_ne!(same, other, "seeds 42 and 43 loaded the same table");
