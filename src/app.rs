@@ -16,12 +16,14 @@ use crate::config::Settings;
 use crate::metrics;
 use crate::model::ReadModel;
 use crate::owner;
+use crate::stream::refresh::{self, Refresh};
 use crate::stream::{Projector, StreamStatus, slot};
 
 /// A running `vacancy`: its copy, its stream status, and how to stop it.
 pub struct App {
     pub model: Arc<ReadModel>,
     pub status: Arc<StreamStatus>,
+    pub refresh: Arc<Refresh>,
     pub addr: std::net::SocketAddr,
     shutdown: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
@@ -48,8 +50,21 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
     let shutdown = CancellationToken::new();
     let addr = listener.local_addr()?;
 
-    let projector = Projector::new(settings.clone(), model.clone(), status.clone());
-    let mut tasks = vec![tokio::spawn(projector.run(shutdown.clone()))];
+    let refresh = Refresh::new(Duration::from_secs(settings.model.ttl_secs));
+    let projector = Projector::new(
+        settings.clone(),
+        model.clone(),
+        status.clone(),
+        refresh.clone(),
+    );
+    let mut tasks = vec![
+        tokio::spawn(projector.run(shutdown.clone())),
+        tokio::spawn(refresh::run_refresher(
+            settings.clone(),
+            refresh.clone(),
+            shutdown.clone(),
+        )),
+    ];
     if settings.stream.heartbeat_interval_ms > 0 {
         tasks.push(tokio::spawn(heartbeat(settings.clone(), shutdown.clone())));
     }
@@ -78,6 +93,7 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
     Ok(App {
         model,
         status,
+        refresh,
         addr,
         shutdown,
         tasks,

@@ -169,8 +169,8 @@ impl Settings {
         if self.stream.slot_watch_interval_ms == 0 {
             return Err(invalid("stream.slot_watch_interval_ms", "must be above 0"));
         }
-        if self.model.ttl_secs < 10 {
-            return Err(invalid("model.ttl_secs", "must be at least 10 seconds"));
+        if self.model.ttl_secs == 0 {
+            return Err(invalid("model.ttl_secs", "must be at least 1 second"));
         }
         if self.model.refresh_batch == 0 || self.model.refresh_batch > 10_000 {
             return Err(invalid(
@@ -266,7 +266,7 @@ mod tests {
         assert!(e.contains("http.listen"), "{e}");
         let e = load_with_env(&[("VACANCY_OWNER_URL", "mysql://x")]).unwrap_err();
         assert!(e.contains("owner.url"), "{e}");
-        let e = load_with_env(&[("VACANCY_MODEL__TTL_SECS", "1")]).unwrap_err();
+        let e = load_with_env(&[("VACANCY_MODEL__TTL_SECS", "0")]).unwrap_err();
         assert!(e.contains("model.ttl_secs"), "{e}");
     }
 

@@ -171,6 +171,51 @@ pub static MODEL_BYTES: LazyLock<IntGauge> = LazyLock::new(|| {
     )
 });
 
+pub static TTL_ROWS_REREAD: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "vacancy_ttl_rows_reread_total",
+        "Inventory rows re-read from the owner because their calendar's TTL ran out",
+    )
+});
+pub static TTL_ROWS_REPAIRED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "vacancy_ttl_rows_repaired_total",
+        "Nights a TTL re-read found different in the copy (a change the stream did not deliver)",
+    )
+});
+pub static TTL_DUE: LazyLock<IntGauge> = LazyLock::new(|| {
+    gauge(
+        "vacancy_ttl_due_calendars",
+        "Calendars whose TTL ran out, waiting for a re-read",
+    )
+});
+
+// --- owner reads -----------------------------------------------------------
+
+pub static OWNER_READS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "vacancy_owner_reads_total",
+        "Direct reads of the owner database, by reason",
+        &["reason"],
+    )
+});
+pub static OWNER_READ_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "vacancy_owner_read_errors_total",
+        "Direct reads of the owner that failed or timed out, by reason",
+        &["reason"],
+    )
+});
+pub static OWNER_READ_DURATION: LazyLock<Histogram> = LazyLock::new(|| {
+    histogram(
+        "vacancy_owner_read_duration_seconds",
+        "Duration of one direct read of the owner",
+        vec![
+            0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0,
+        ],
+    )
+});
+
 // --- http -------------------------------------------------------------------
 
 pub static HTTP_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
@@ -235,6 +280,12 @@ pub fn init() {
     LazyLock::force(&SLOT_RETAINED_WAL);
     LazyLock::force(&SLOT_ACTIVE);
     LazyLock::force(&MODEL_BYTES);
+    LazyLock::force(&TTL_ROWS_REREAD);
+    LazyLock::force(&TTL_ROWS_REPAIRED);
+    LazyLock::force(&TTL_DUE);
+    LazyLock::force(&OWNER_READ_DURATION);
+    OWNER_READS.with_label_values(&["ttl"]);
+    OWNER_READ_ERRORS.with_label_values(&["ttl"]);
     LazyLock::force(&HTTP_REQUESTS);
     LazyLock::force(&HTTP_DURATION);
 }

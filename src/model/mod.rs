@@ -401,6 +401,56 @@ impl ReadModel {
         }
     }
 
+    /// Merges calendars re-read from the owner (the TTL safety net): for the
+    /// calendars in `keys`, every night the read returned replaces the copy's,
+    /// and a night the copy has but the read did not is removed, except the
+    /// nights in `newer`, which the stream changed after the read began.
+    /// Returns how many nights differed. The applied LSN does not move: the
+    /// read is no newer than what the stream already applied.
+    pub fn merge_reread(
+        &self,
+        keys: &std::collections::HashSet<CalendarKey>,
+        rows: &[(CalendarKey, NaiveDate, NightCounts)],
+        newer: &std::collections::HashSet<(CalendarKey, NaiveDate)>,
+    ) -> u64 {
+        let mut owner: HashMap<CalendarKey, std::collections::BTreeMap<NaiveDate, NightCounts>> =
+            keys.iter().map(|k| (*k, Default::default())).collect();
+        for (key, night, counts) in rows {
+            if counts.is_storable() {
+                owner.entry(*key).or_default().insert(*night, *counts);
+            }
+        }
+        let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
+        let mut repaired = 0;
+        for (key, nights) in owner {
+            let copy: Vec<(NaiveDate, NightCounts)> = tables
+                .calendars
+                .get(&key)
+                .map(|c| c.iter().collect())
+                .unwrap_or_default();
+            for (night, _) in copy.iter().filter(|(n, _)| !nights.contains_key(n)) {
+                if !newer.contains(&(key, *night)) {
+                    let change = Change::DeleteNight { key, night: *night };
+                    let _ = tables.apply_change(&change);
+                    repaired += 1;
+                }
+            }
+            let calendar = tables.calendars.entry(key).or_default();
+            for (night, counts) in nights {
+                if newer.contains(&(key, night)) || calendar.get(night) == Some(counts) {
+                    continue;
+                }
+                // Storable was checked above, so this cannot fail.
+                let _ = calendar.set(night, counts);
+                repaired += 1;
+            }
+            if calendar.is_empty() {
+                tables.calendars.remove(&key);
+            }
+        }
+        repaired
+    }
+
     /// Swaps in a complete copy loaded from a snapshot at `tables.applied`.
     /// Until then the old copy keeps serving.
     pub fn replace(&self, fresh: Tables) {

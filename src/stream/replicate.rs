@@ -26,6 +26,7 @@ use pg_walstream::{
 };
 use rand::RngExt;
 
+use super::refresh::Refresh;
 use super::slot::{self, SlotError, SlotInfo};
 use super::snapshot::{self, SnapshotError, SnapshotProgress};
 use super::txn::{AssembleError, Assembled, Assembler};
@@ -91,6 +92,7 @@ pub struct Projector {
     settings: Arc<Settings>,
     model: Arc<ReadModel>,
     status: Arc<StreamStatus>,
+    refresh: Arc<Refresh>,
 }
 
 /// Why a session took a new snapshot.
@@ -116,11 +118,13 @@ impl Projector {
         settings: Arc<Settings>,
         model: Arc<ReadModel>,
         status: Arc<StreamStatus>,
+        refresh: Arc<Refresh>,
     ) -> Projector {
         Projector {
             settings,
             model,
             status,
+            refresh,
         }
     }
 
@@ -238,6 +242,7 @@ impl Projector {
             )
             .await?;
             let at = tables.applied;
+            self.refresh.reset(&tables);
             self.model.replace(tables);
             self.status.resnapshotting.store(false, Ordering::Release);
             metrics::RESNAPSHOTS
@@ -308,7 +313,7 @@ impl Projector {
                 Assembled::Pending => {
                     metrics::BUFFERED_CHANGES.set(assembler.buffered_changes() as i64);
                 }
-                Assembled::Commit(txn, _messages) => {
+                Assembled::Commit(txn, messages) => {
                     let started = Instant::now();
                     let applied = self.model.apply(&txn)?;
                     metrics::APPLY_DURATION.observe(started.elapsed().as_secs_f64());
@@ -316,6 +321,7 @@ impl Projector {
                     if applied.skipped {
                         metrics::TRANSACTIONS_SKIPPED.inc();
                     } else {
+                        self.refresh.after_apply(&self.model, &txn, &messages);
                         metrics::TRANSACTIONS_APPLIED.inc();
                         metrics::CHANGES_APPLIED
                             .with_label_values(&["upsert"])

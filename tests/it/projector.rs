@@ -576,3 +576,90 @@ async fn streamed_large_transactions_apply_only_at_commit() {
     );
     app.stop(Duration::from_secs(5)).await;
 }
+
+/// A change the stream never delivered (inventory left out of the
+/// publication for a moment) does not outlive the TTL: the re-read repairs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttl_reread_repairs_a_change_the_stream_missed() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    let mut settings = settings_for(&owner);
+    settings.model.ttl_secs = 2;
+    let app = start_app(settings).await;
+    caught_up(&app.model, &client).await;
+    client
+        .batch_execute(
+            "ALTER PUBLICATION vacancy DROP TABLE inventory;
+             UPDATE inventory SET taken = 1 WHERE hotel_id = 1 AND taken = 0;
+             DELETE FROM inventory WHERE hotel_id = 2 AND night = DATE '2030-01-03';
+             ALTER PUBLICATION vacancy ADD TABLE inventory;",
+        )
+        .await
+        .unwrap();
+    caught_up(&app.model, &client).await;
+    let owner_rows = owner_inventory(&client).await;
+    assert_ne!(
+        copy_inventory(&app.model),
+        owner_rows,
+        "the stream should have missed these changes"
+    );
+    wait_for(
+        "the TTL re-read to repair the copy",
+        Duration::from_secs(30),
+        || async { (copy_inventory(&app.model) == owner_rows).then_some(()) },
+    )
+    .await;
+    assert!(app.refresh.repaired.load(Ordering::Relaxed) > 0);
+    // Later changes still stream in.
+    assert_converged(&app.model, &client).await;
+    app.stop(Duration::from_secs(5)).await;
+}
+
+/// Re-reads racing a busy stream never put an older value over a newer one:
+/// with every change delivered, a correct merge finds nothing to repair.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttl_rereads_racing_the_stream_change_nothing() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    let mut settings = settings_for(&owner);
+    settings.model.ttl_secs = 1;
+    settings.model.refresh_batch = 4;
+    let app = start_app(settings).await;
+    caught_up(&app.model, &client).await;
+    let seed = test_seed();
+    let keys: Vec<CalendarKey> = app.model.read().calendars.keys().copied().collect();
+    let racing = Arc::new(AtomicBool::new(true));
+    let requester = {
+        let (refresh, racing) = (app.refresh.clone(), racing.clone());
+        tokio::spawn(async move {
+            while racing.load(Ordering::Acquire) {
+                if refresh.due_len() < keys.len() {
+                    refresh.request(keys.iter().copied());
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    for round in 0..3 {
+        run_workload(&owner, seed.wrapping_add(round), 4, 60).await;
+    }
+    racing.store(false, Ordering::Release);
+    requester.await.unwrap();
+    assert_converged(&app.model, &client).await;
+    let merged = app.refresh.merged.load(Ordering::Relaxed);
+    eprintln!(
+        "merged {merged} due {} watched {} rereads {}",
+        app.refresh.due_len(),
+        app.refresh.watched(),
+        vacancy::metrics::TTL_ROWS_REREAD.get()
+    );
+    assert!(merged > 0, "no TTL re-read was merged during the workload");
+    assert_eq!(
+        app.refresh.repaired.load(Ordering::Relaxed),
+        0,
+        "a re-read changed the copy although the stream delivered every change"
+    );
+    app.stop(Duration::from_secs(5)).await;
+}

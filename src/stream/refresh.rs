@@ -1,0 +1,415 @@
+//! Refresh: the TTL safety net behind the stream.
+//!
+//! The stream is the copy's source of truth, but a change it never delivers
+//! (a table left out of the publication for a moment, say) would otherwise
+//! stay wrong forever. So every calendar (one hotel's room type) carries a
+//! time to live in a `moka` cache of confirmations: the stream confirms a
+//! calendar whenever it applies a change to it, a re-read from the owner
+//! confirms it too, and a calendar that neither confirmed within the TTL is
+//! queued for a re-read.
+//!
+//! A re-read races the stream, and must never put an older value over a
+//! newer one. It follows Netflix's DBLog watermark method: the refresher
+//! registers a window, writes a low watermark (`pg_logical_emit_message`,
+//! transactional, so it lands in commit order), reads the calendars, then
+//! writes a high watermark. Between the two watermarks the projector notes
+//! every night the stream changed in those calendars; at the high watermark
+//! it merges the rows read, except those nights, whose stream values are at
+//! least as new. A window whose watermarks do not both arrive (a reconnect, a
+//! resnapshot) is abandoned and its calendars queued again.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::NaiveDate;
+use moka::notification::RemovalCause;
+use moka::sync::Cache;
+use pg_walstream::CancellationToken;
+use rand::RngExt;
+
+use super::txn::OwnMessage;
+use crate::config::Settings;
+use crate::metrics;
+use crate::model::{CalendarKey, Change, NightCounts, ReadModel, Table, Tables, Transaction};
+use crate::owner;
+
+/// Prefix of the watermark messages; contents are `low:<id>` and `high:<id>`.
+pub const WATERMARK_PREFIX: &str = "vacancy.wm";
+
+/// How long a window may wait for its high watermark before it is abandoned.
+const WINDOW_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Per-entry time to live: the value is the entry's own TTL.
+struct OwnTtl;
+
+impl moka::Expiry<CalendarKey, Duration> for OwnTtl {
+    fn expire_after_create(
+        &self,
+        _: &CalendarKey,
+        ttl: &Duration,
+        _: std::time::Instant,
+    ) -> Option<Duration> {
+        Some(*ttl)
+    }
+
+    fn expire_after_update(
+        &self,
+        _: &CalendarKey,
+        ttl: &Duration,
+        _: std::time::Instant,
+        _: Option<Duration>,
+    ) -> Option<Duration> {
+        // A confirmation starts the TTL over.
+        Some(*ttl)
+    }
+}
+
+/// A re-read in flight between its watermarks.
+#[derive(Debug)]
+struct Window {
+    keys: HashSet<CalendarKey>,
+    rows: Option<Vec<(CalendarKey, NaiveDate, NightCounts)>>,
+    opened: bool,
+    /// Nights the stream changed between the watermarks: theirs is newer.
+    changed: HashSet<(CalendarKey, NaiveDate)>,
+    /// An inventory truncate inside the window: every night the read saw may
+    /// be older than the stream's, so the window is read again instead.
+    truncated: bool,
+    registered: Instant,
+}
+
+/// The safety net's shared state: confirmations, the due queue, open windows.
+pub struct Refresh {
+    ttl: Duration,
+    confirmations: Cache<CalendarKey, Duration>,
+    /// Calendars whose TTL ran out. Bounded by the number of calendars: a key
+    /// leaves the cache when it enters here and returns only once re-read.
+    due: Arc<Mutex<VecDeque<CalendarKey>>>,
+    windows: Mutex<HashMap<u64, Window>>,
+    next_window: AtomicU64,
+    /// Nights whose re-read value differed from the copy (and was repaired).
+    pub repaired: AtomicU64,
+    /// Windows merged into the copy.
+    pub merged: AtomicU64,
+}
+
+impl Refresh {
+    pub fn new(ttl: Duration) -> Arc<Refresh> {
+        let due = Arc::new(Mutex::new(VecDeque::new()));
+        let queue = due.clone();
+        let confirmations = Cache::builder()
+            .expire_after(OwnTtl)
+            .eviction_listener(move |key: Arc<CalendarKey>, _, cause| {
+                if cause == RemovalCause::Expired {
+                    queue
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push_back(*key);
+                }
+            })
+            .build();
+        Arc::new(Refresh {
+            ttl,
+            confirmations,
+            due,
+            windows: Mutex::new(HashMap::new()),
+            next_window: AtomicU64::new(1),
+            repaired: AtomicU64::new(0),
+            merged: AtomicU64::new(0),
+        })
+    }
+
+    fn confirm(&self, key: CalendarKey) {
+        self.confirmations.insert(key, self.ttl);
+    }
+
+    /// Calendars waiting for a re-read.
+    pub fn due_len(&self) -> usize {
+        self.due.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Calendars under watch.
+    pub fn watched(&self) -> u64 {
+        self.confirmations.entry_count()
+    }
+
+    /// A new copy was loaded: watch every room type's calendar, with TTLs
+    /// spread over [ttl/2, ttl] so the re-reads do not all come at once, and
+    /// abandon windows that began before the snapshot (their reads may be
+    /// older than the snapshot).
+    pub fn reset(&self, tables: &Tables) {
+        self.windows
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
+        self.confirmations.invalidate_all();
+        self.confirmations.run_pending_tasks();
+        self.due.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        let mut rng = rand::rng();
+        for key in tables.room_types.keys().chain(tables.calendars.keys()) {
+            let ttl = self.ttl.mul_f64(rng.random_range(0.5..1.0));
+            self.confirmations.insert(*key, ttl);
+        }
+    }
+
+    /// Called by the projector after each applied transaction, in commit
+    /// order: confirms what the stream touched, tracks open windows, and
+    /// merges a window's rows at its high watermark.
+    pub fn after_apply(&self, model: &ReadModel, txn: &Transaction, messages: &[OwnMessage]) {
+        let mut touched: HashSet<CalendarKey> = HashSet::new();
+        let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
+        for change in &txn.changes {
+            let (key, night) = match change {
+                Change::UpsertNight { key, night, .. } | Change::DeleteNight { key, night } => {
+                    (*key, Some(*night))
+                }
+                Change::UpsertRoomType { room_type, .. } => (
+                    CalendarKey {
+                        hotel_id: room_type.hotel_id,
+                        room_type_id: room_type.id,
+                    },
+                    None,
+                ),
+                Change::Truncate { tables } => {
+                    if tables.contains(&Table::Inventory) {
+                        for w in windows.values_mut().filter(|w| w.opened) {
+                            w.truncated = true;
+                        }
+                    }
+                    continue;
+                }
+                _ => continue,
+            };
+            touched.insert(key);
+            if let Some(night) = night {
+                for w in windows
+                    .values_mut()
+                    .filter(|w| w.opened && w.keys.contains(&key))
+                {
+                    w.changed.insert((key, night));
+                }
+            }
+        }
+        for message in messages.iter().filter(|m| m.prefix == WATERMARK_PREFIX) {
+            let text = String::from_utf8_lossy(&message.content);
+            let Some((kind, id)) = text.split_once(':') else {
+                continue;
+            };
+            let Ok(id) = id.parse::<u64>() else { continue };
+            match kind {
+                "low" => {
+                    if let Some(w) = windows.get_mut(&id) {
+                        w.opened = true;
+                    }
+                }
+                "high" => {
+                    let Some(w) = windows.remove(&id) else {
+                        continue;
+                    };
+                    match (w.opened && !w.truncated, w.rows) {
+                        (true, Some(rows)) => {
+                            let repaired = model.merge_reread(&w.keys, &rows, &w.changed);
+                            self.repaired.fetch_add(repaired, Ordering::Relaxed);
+                            self.merged.fetch_add(1, Ordering::Relaxed);
+                            metrics::TTL_ROWS_REPAIRED.inc_by(repaired);
+                            touched.extend(w.keys.iter().copied());
+                        }
+                        _ => self.requeue(w.keys),
+                    }
+                }
+                _ => {}
+            }
+        }
+        drop(windows);
+        for key in touched {
+            self.confirm(key);
+        }
+    }
+
+    /// Asks for a re-read of `keys` now, whatever their TTL (an operator's
+    /// repair of one hotel, or a test that races re-reads with the stream).
+    pub fn request(&self, keys: impl IntoIterator<Item = CalendarKey>) {
+        self.due
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(keys);
+    }
+
+    fn requeue(&self, keys: HashSet<CalendarKey>) {
+        self.due
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(keys);
+    }
+
+    fn take_due(&self, max: usize) -> Vec<CalendarKey> {
+        let mut due = self.due.lock().unwrap_or_else(|p| p.into_inner());
+        let n = due.len().min(max);
+        due.drain(..n).collect()
+    }
+
+    fn register(&self, keys: &[CalendarKey]) -> u64 {
+        let id = self.next_window.fetch_add(1, Ordering::Relaxed);
+        self.windows
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                id,
+                Window {
+                    keys: keys.iter().copied().collect(),
+                    rows: None,
+                    opened: false,
+                    changed: HashSet::new(),
+                    truncated: false,
+                    registered: Instant::now(),
+                },
+            );
+        id
+    }
+
+    fn set_rows(&self, id: u64, rows: Vec<(CalendarKey, NaiveDate, NightCounts)>) {
+        if let Some(w) = self
+            .windows
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(&id)
+        {
+            w.rows = Some(rows);
+        }
+    }
+
+    fn abandon(&self, id: u64) {
+        let w = self
+            .windows
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        if let Some(w) = w {
+            self.requeue(w.keys);
+        }
+    }
+
+    /// Abandons windows whose high watermark never came.
+    fn expire_windows(&self) {
+        let stale: Vec<u64> = self
+            .windows
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(_, w)| w.registered.elapsed() > WINDOW_TIMEOUT)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in stale {
+            self.abandon(id);
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum RereadError {
+    #[error(transparent)]
+    Owner(#[from] owner::OwnerError),
+    #[error("owner query failed: {0}")]
+    Query(#[from] tokio_postgres::Error),
+}
+
+/// The refresher task: re-reads due calendars in batches between watermarks.
+pub async fn run_refresher(
+    settings: Arc<Settings>,
+    refresh: Arc<Refresh>,
+    shutdown: CancellationToken,
+) {
+    let batch = settings.model.refresh_batch as usize;
+    let mut client: Option<tokio_postgres::Client> = None;
+    let mut tick = tokio::time::interval(Duration::from_millis(100));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        // moka expires entries lazily; this is where expired ones reach `due`.
+        refresh.confirmations.run_pending_tasks();
+        refresh.expire_windows();
+        metrics::TTL_DUE.set(refresh.due_len() as i64);
+        let keys = refresh.take_due(batch);
+        if keys.is_empty() {
+            continue;
+        }
+        if client.is_none() {
+            client = owner::connect(&settings.owner.url, settings.connect_timeout())
+                .await
+                .ok();
+        }
+        let Some(c) = &client else {
+            refresh.requeue(keys.into_iter().collect());
+            continue;
+        };
+        let id = refresh.register(&keys);
+        let started = Instant::now();
+        match tokio::time::timeout(settings.query_timeout(), reread(c, id, &keys, &refresh)).await {
+            Ok(Ok(rows)) => {
+                metrics::OWNER_READS.with_label_values(&["ttl"]).inc();
+                metrics::OWNER_READ_DURATION.observe(started.elapsed().as_secs_f64());
+                metrics::TTL_ROWS_REREAD.inc_by(rows);
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "ttl re-read failed");
+                metrics::OWNER_READ_ERRORS.with_label_values(&["ttl"]).inc();
+                refresh.abandon(id);
+                client = None;
+            }
+            Err(_) => {
+                tracing::warn!("ttl re-read timed out");
+                metrics::OWNER_READ_ERRORS.with_label_values(&["ttl"]).inc();
+                refresh.abandon(id);
+                client = None;
+            }
+        }
+    }
+}
+
+/// Low watermark, read, high watermark. Returns the rows read.
+async fn reread(
+    client: &tokio_postgres::Client,
+    id: u64,
+    keys: &[CalendarKey],
+    refresh: &Refresh,
+) -> Result<u64, RereadError> {
+    let emit = "SELECT pg_logical_emit_message(true, 'vacancy.wm', $1)";
+    client.execute(emit, &[&format!("low:{id}")]).await?;
+    let hotels: Vec<i64> = keys.iter().map(|k| k.hotel_id).collect();
+    let room_types: Vec<i64> = keys.iter().map(|k| k.room_type_id).collect();
+    let rows: Vec<(CalendarKey, NaiveDate, NightCounts)> = client
+        .query(
+            "SELECT i.hotel_id, i.room_type_id, i.night, i.total, i.taken, i.sell_limit, i.price_cents
+             FROM unnest($1::bigint[], $2::bigint[]) AS k(hotel_id, room_type_id)
+             JOIN inventory i USING (hotel_id, room_type_id)",
+            &[&hotels, &room_types],
+        )
+        .await?
+        .iter()
+        .map(|r| {
+            (
+                CalendarKey {
+                    hotel_id: r.get(0),
+                    room_type_id: r.get(1),
+                },
+                r.get(2),
+                NightCounts {
+                    total: r.get(3),
+                    taken: r.get(4),
+                    sell_limit: r.get(5),
+                    price_cents: r.get(6),
+                },
+            )
+        })
+        .collect();
+    let n = rows.len() as u64;
+    refresh.set_rows(id, rows);
+    client.execute(emit, &[&format!("high:{id}")]).await?;
+    Ok(n)
+}
