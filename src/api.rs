@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::{MatchedPath, Path, Query, Request, State};
+use axum::extract::{MatchedPath, Path, Query, RawQuery, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -21,6 +21,8 @@ use crate::config::Settings;
 use crate::lsn::Lsn;
 use crate::metrics;
 use crate::model::{NightCounts, ReadModel};
+use crate::search::params::{self, ParamError, StayRules};
+use crate::search::{Search, SearchError};
 use crate::stream::StreamStatus;
 use crate::stream::snapshot::SnapshotPhase;
 
@@ -28,6 +30,7 @@ use crate::stream::snapshot::SnapshotPhase;
 #[derive(Clone)]
 pub struct ApiState {
     pub model: Arc<ReadModel>,
+    pub search: Arc<Search>,
     pub status: Arc<StreamStatus>,
     pub settings: Arc<Settings>,
 }
@@ -40,6 +43,8 @@ pub fn router(state: ApiState) -> Router {
         .route("/metrics", get(metrics_text))
         .route("/v1/status", get(status))
         .route("/v1/hotels/{hotel_id}/calendar", get(calendar))
+        .route("/v1/search", get(search))
+        .route("/v1/hotels/{hotel_id}/availability", get(availability))
         .fallback(not_found)
         .layer(middleware::from_fn(move |req, next| {
             observe(req, next, timeout)
@@ -420,4 +425,90 @@ async fn calendar(
         }
     };
     Ok(([(header::CACHE_CONTROL, "max-age=1")], Json(body)).into_response())
+}
+
+impl From<ParamError> for Problem {
+    fn from(e: ParamError) -> Problem {
+        Problem::InvalidParameter {
+            field: e.field,
+            detail: e.detail,
+        }
+    }
+}
+
+impl From<SearchError> for Problem {
+    fn from(e: SearchError) -> Problem {
+        match e {
+            SearchError::HotelNotFound(id) => Problem::HotelNotFound(id),
+            SearchError::Index(e) => Problem::InvalidParameter {
+                field: "q",
+                detail: e.to_string(),
+            },
+        }
+    }
+}
+
+/// Searches answer from the copy only while it is loaded and close enough
+/// to the owner; otherwise 503 with Retry-After, so callers back off.
+fn search_ready(state: &ApiState) -> Result<(), Problem> {
+    let f = &state.model.freshness;
+    if !f.is_loaded() {
+        return Err(Problem::NotReady {
+            reason: "the initial snapshot is not loaded yet".into(),
+        });
+    }
+    let lag = f.lag_ms(Utc::now());
+    if lag > state.settings.search.max_lag_ms {
+        return Err(Problem::NotReady {
+            reason: format!("the copy lags {lag} ms behind the owner"),
+        });
+    }
+    Ok(())
+}
+
+fn stay_rules(settings: &Settings) -> StayRules {
+    StayRules {
+        today: Utc::now().date_naive(),
+        horizon_days: settings.search.horizon_days,
+        max_stay_nights: settings.search.max_stay_nights,
+    }
+}
+
+fn fresh_json<T: Serialize>(lsn: Lsn, body: T) -> Response {
+    let mut response = Json(body).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("max-age=1"));
+    if let Ok(v) = HeaderValue::from_str(&lsn.to_string()) {
+        headers.insert("vacancy-lsn", v);
+    }
+    response
+}
+
+/// `GET /v1/search`: hotels that can host the party on every night.
+async fn search(
+    State(state): State<ApiState>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, Problem> {
+    let req = params::parse_search(query.as_deref().unwrap_or(""), stay_rules(&state.settings))?;
+    search_ready(&state)?;
+    let answer = state.search.search(&req).await?;
+    metrics::SEARCH_RESULTS.observe(answer.total_hotels as f64);
+    Ok(fresh_json(answer.lsn, answer))
+}
+
+/// `GET /v1/hotels/{id}/availability`: one hotel's room types, night by night.
+async fn availability(
+    State(state): State<ApiState>,
+    Path(hotel_id): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, Problem> {
+    let hotel_id: i64 = hotel_id.parse().map_err(|_| Problem::InvalidParameter {
+        field: "hotel_id",
+        detail: "must be an integer".into(),
+    })?;
+    let req =
+        params::parse_availability(query.as_deref().unwrap_or(""), stay_rules(&state.settings))?;
+    search_ready(&state)?;
+    let answer = state.search.availability(hotel_id, &req).await?;
+    Ok(fresh_json(answer.lsn, answer))
 }

@@ -13,9 +13,11 @@ use tokio::task::JoinHandle;
 
 use crate::api::{self, ApiState};
 use crate::config::Settings;
+use crate::index::{self, HotelIndex};
 use crate::metrics;
 use crate::model::ReadModel;
 use crate::owner;
+use crate::search::Search;
 use crate::stream::refresh::{self, Refresh};
 use crate::stream::{Projector, StreamStatus, slot};
 
@@ -24,6 +26,7 @@ pub struct App {
     pub model: Arc<ReadModel>,
     pub status: Arc<StreamStatus>,
     pub refresh: Arc<Refresh>,
+    pub hotel_index: Arc<HotelIndex>,
     pub addr: std::net::SocketAddr,
     shutdown: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
@@ -39,6 +42,8 @@ pub enum AppError {
     },
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Index(#[from] crate::index::IndexError),
 }
 
 /// Starts every task; returns once the HTTP listener is serving.
@@ -51,17 +56,25 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
     let addr = listener.local_addr()?;
 
     let refresh = Refresh::new(Duration::from_secs(settings.model.ttl_secs));
+    let hotel_index = HotelIndex::new()?;
     let projector = Projector::new(
         settings.clone(),
         model.clone(),
         status.clone(),
         refresh.clone(),
+        hotel_index.clone(),
     );
     let mut tasks = vec![
         tokio::spawn(projector.run(shutdown.clone())),
         tokio::spawn(refresh::run_refresher(
             settings.clone(),
             refresh.clone(),
+            shutdown.clone(),
+        )),
+        tokio::spawn(index::run_indexer(
+            hotel_index.clone(),
+            model.clone(),
+            Duration::from_millis(200),
             shutdown.clone(),
         )),
     ];
@@ -75,8 +88,10 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
         shutdown.clone(),
     )));
 
+    let search = Arc::new(Search::new(&settings, model.clone(), hotel_index.clone()));
     let router = api::router(ApiState {
         model: model.clone(),
+        search,
         status: status.clone(),
         settings: settings.clone(),
     });
@@ -94,6 +109,7 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
         model,
         status,
         refresh,
+        hotel_index,
         addr,
         shutdown,
         tasks,

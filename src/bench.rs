@@ -127,6 +127,8 @@ pub struct OwnerArgs {
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     #[error(transparent)]
+    Index(#[from] crate::index::IndexError),
+    #[error(transparent)]
     Cluster(#[from] ClusterError),
     #[error(transparent)]
     Seed(#[from] SeedError),
@@ -558,6 +560,7 @@ async fn apply(owner: &Owner, options: &ApplyOptions) -> Result<(), BenchError> 
         model.clone(),
         status.clone(),
         refresh.clone(),
+        crate::index::HotelIndex::new()?,
     );
     let mut task = tokio::spawn(projector.run(stop.clone()));
     let started = Instant::now();
@@ -651,6 +654,7 @@ async fn apply(owner: &Owner, options: &ApplyOptions) -> Result<(), BenchError> 
             model.clone(),
             status.clone(),
             refresh.clone(),
+            crate::index::HotelIndex::new()?,
         );
         let vacancy_started = Instant::now();
         task = tokio::spawn(projector.run(stop.clone()));

@@ -22,6 +22,7 @@ pub struct Settings {
     pub owner: OwnerSettings,
     pub stream: StreamSettings,
     pub model: ModelSettings,
+    pub search: SearchSettings,
     pub http: HttpSettings,
     pub log: LogSettings,
 }
@@ -53,6 +54,19 @@ pub struct StreamSettings {
 pub struct ModelSettings {
     pub ttl_secs: u64,
     pub refresh_batch: u32,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SearchSettings {
+    pub few_units_threshold: i32,
+    pub owner_read_timeout_ms: u64,
+    pub owner_read_cache_ms: u64,
+    pub owner_read_connections: usize,
+    pub max_lag_ms: u64,
+    pub horizon_days: u32,
+    pub max_stay_nights: u32,
+    pub min_lsn_wait_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -176,6 +190,32 @@ impl Settings {
             return Err(invalid(
                 "model.refresh_batch",
                 "must be between 1 and 10000",
+            ));
+        }
+        if self.search.few_units_threshold < 0 {
+            return Err(invalid("search.few_units_threshold", "must be 0 or more"));
+        }
+        if self.search.owner_read_timeout_ms == 0 {
+            return Err(invalid("search.owner_read_timeout_ms", "must be above 0"));
+        }
+        if self.search.owner_read_cache_ms >= 1000 {
+            return Err(invalid(
+                "search.owner_read_cache_ms",
+                "must be well under a second (below 1000)",
+            ));
+        }
+        if !(1..=64).contains(&self.search.owner_read_connections) {
+            return Err(invalid(
+                "search.owner_read_connections",
+                "must be between 1 and 64",
+            ));
+        }
+        if self.search.max_stay_nights == 0
+            || self.search.max_stay_nights > self.search.horizon_days
+        {
+            return Err(invalid(
+                "search.max_stay_nights",
+                "must be above 0 and at most search.horizon_days",
             ));
         }
         if self.http.listen.parse::<SocketAddr>().is_err() {

@@ -8,6 +8,8 @@
 //!   replication loop that assembles transactions and acknowledges LSNs.
 //! - [`model`]: the in-memory read model of hotels, room types and nightly
 //!   counts, applied one whole transaction at a time, with its freshness.
+//! - [`index`]: hotels and room types in tantivy, re-indexed in batches.
+//! - [`search`]: which hotels fit the party on every night; owner reads for few units.
 //! - [`api`]: the HTTP surface (status, calendar, health, metrics).
 //! - [`metrics`]: every Prometheus metric, defined in one place.
 //! - [`config`]: settings, layered from `config/default.toml`, a file and `VACANCY_*`.
@@ -21,8 +23,10 @@ pub mod app;
 pub mod bench;
 pub mod config;
 pub mod demo;
+pub mod index;
 pub mod lsn;
 pub mod metrics;
 pub mod model;
 pub mod owner;
+pub mod search;
 pub mod stream;

@@ -190,6 +190,32 @@ pub static TTL_DUE: LazyLock<IntGauge> = LazyLock::new(|| {
     )
 });
 
+// --- index ----------------------------------------------------------------
+
+pub static INDEX_DOCUMENTS: LazyLock<IntGauge> = LazyLock::new(|| {
+    gauge(
+        "vacancy_index_documents",
+        "Hotel documents in the search index",
+    )
+});
+pub static INDEX_SEGMENTS: LazyLock<IntGauge> =
+    LazyLock::new(|| gauge("vacancy_index_segments", "Segments in the search index"));
+pub static INDEX_COMMIT_DURATION: LazyLock<Histogram> = LazyLock::new(|| {
+    histogram(
+        "vacancy_index_commit_duration_seconds",
+        "Time to write and commit one batch of hotel documents",
+        vec![0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0],
+    )
+});
+
+pub static SEARCH_RESULTS: LazyLock<Histogram> = LazyLock::new(|| {
+    histogram(
+        "vacancy_search_result_hotels",
+        "Hotels matching one search (all pages)",
+        vec![0.0, 1.0, 5.0, 20.0, 50.0, 100.0, 250.0, 1000.0],
+    )
+});
+
 // --- owner reads -----------------------------------------------------------
 
 pub static OWNER_READS: LazyLock<IntCounterVec> = LazyLock::new(|| {
@@ -284,6 +310,14 @@ pub fn init() {
     LazyLock::force(&TTL_ROWS_REPAIRED);
     LazyLock::force(&TTL_DUE);
     LazyLock::force(&OWNER_READ_DURATION);
+    LazyLock::force(&INDEX_DOCUMENTS);
+    LazyLock::force(&SEARCH_RESULTS);
+    for reason in ["few_units", "min_lsn"] {
+        OWNER_READS.with_label_values(&[reason]);
+        OWNER_READ_ERRORS.with_label_values(&[reason]);
+    }
+    LazyLock::force(&INDEX_SEGMENTS);
+    LazyLock::force(&INDEX_COMMIT_DURATION);
     OWNER_READS.with_label_values(&["ttl"]);
     OWNER_READ_ERRORS.with_label_values(&["ttl"]);
     LazyLock::force(&HTTP_REQUESTS);

@@ -144,7 +144,8 @@ pub struct Transaction {
 #[derive(Debug, Clone, Default)]
 pub struct Tables {
     pub hotels: HashMap<i64, Hotel>,
-    pub room_types: HashMap<CalendarKey, RoomType>,
+    /// Ordered, so one hotel's room types are a range (search reads them per hotel).
+    pub room_types: std::collections::BTreeMap<CalendarKey, RoomType>,
     pub calendars: HashMap<CalendarKey, Calendar>,
     /// Every owner transaction that committed before this position is applied.
     pub applied: Lsn,
@@ -249,6 +250,19 @@ impl Tables {
             }
         }
         Ok(())
+    }
+
+    /// One hotel's room types, in id order.
+    pub fn room_types_of(&self, hotel_id: i64) -> impl Iterator<Item = &RoomType> {
+        let lo = CalendarKey {
+            hotel_id,
+            room_type_id: i64::MIN,
+        };
+        let hi = CalendarKey {
+            hotel_id,
+            room_type_id: i64::MAX,
+        };
+        self.room_types.range(lo..=hi).map(|(_, rt)| rt)
     }
 
     pub fn inventory_rows(&self) -> u64 {

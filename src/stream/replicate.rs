@@ -31,6 +31,7 @@ use super::slot::{self, SlotError, SlotInfo};
 use super::snapshot::{self, SnapshotError, SnapshotProgress};
 use super::txn::{AssembleError, Assembled, Assembler};
 use crate::config::Settings;
+use crate::index::HotelIndex;
 use crate::lsn::Lsn;
 use crate::metrics;
 use crate::model::{ApplyError, ReadModel};
@@ -93,6 +94,7 @@ pub struct Projector {
     model: Arc<ReadModel>,
     status: Arc<StreamStatus>,
     refresh: Arc<Refresh>,
+    index: Arc<HotelIndex>,
 }
 
 /// Why a session took a new snapshot.
@@ -119,12 +121,14 @@ impl Projector {
         model: Arc<ReadModel>,
         status: Arc<StreamStatus>,
         refresh: Arc<Refresh>,
+        index: Arc<HotelIndex>,
     ) -> Projector {
         Projector {
             settings,
             model,
             status,
             refresh,
+            index,
         }
     }
 
@@ -244,6 +248,7 @@ impl Projector {
             let at = tables.applied;
             self.refresh.reset(&tables);
             self.model.replace(tables);
+            self.index.mark_all();
             self.status.resnapshotting.store(false, Ordering::Release);
             metrics::RESNAPSHOTS
                 .with_label_values(&[reason.label()])
@@ -315,6 +320,7 @@ impl Projector {
                 }
                 Assembled::Commit(txn, messages) => {
                     let started = Instant::now();
+                    self.index.note_transaction(&txn);
                     let applied = self.model.apply(&txn)?;
                     metrics::APPLY_DURATION.observe(started.elapsed().as_secs_f64());
                     metrics::BUFFERED_CHANGES.set(assembler.buffered_changes() as i64);

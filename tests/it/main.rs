@@ -6,4 +6,5 @@ mod support;
 mod api;
 mod owner_ops;
 mod projector;
+mod search;
 mod seed;

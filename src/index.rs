@@ -1,0 +1,356 @@
+//! The hotel index: hotels and room types in `tantivy`, for the "where" of a
+//! search (city, free text, a box on the map, a list of ids) and its
+//! attribute filters (stars, amenities).
+//!
+//! Only attributes that change rarely live here; nightly counts stay in the
+//! read model and are joined at query time, since updating a document per
+//! hold would make merges fall behind. The projector marks a hotel dirty
+//! *before* it applies a transaction that touches it, and the indexer
+//! re-indexes dirty hotels in batches (one commit per batch, never one per
+//! change) on a blocking thread, so `synced_lsn` is always a position the
+//! index fully reflects.
+
+use std::collections::HashSet;
+use std::ops::Bound;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pg_walstream::CancellationToken;
+use tantivy::collector::TopDocs;
+use tantivy::query::{
+    AllQuery, BooleanQuery, Occur, Query, QueryParser, RangeQuery, TermQuery, TermSetQuery,
+};
+use tantivy::schema::{FAST, Field, INDEXED, IndexRecordOption, STORED, STRING, Schema, TEXT};
+use tantivy::{Index, IndexReader, IndexWriter, ReloadPolicy, TantivyDocument, Term};
+
+use crate::lsn::Lsn;
+use crate::metrics;
+use crate::model::{Change, ReadModel, Transaction};
+
+#[derive(Debug, thiserror::Error)]
+pub enum IndexError {
+    #[error("index: {0}")]
+    Tantivy(#[from] tantivy::TantivyError),
+    #[error("the free-text query does not parse: {0}")]
+    BadQuery(String),
+}
+
+/// Where a search looks.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Place {
+    /// Exact city name, case-insensitive.
+    City(String),
+    /// Free text over hotel names, city and room type names.
+    Text(String),
+    BBox {
+        min_lat: f64,
+        min_lon: f64,
+        max_lat: f64,
+        max_lon: f64,
+    },
+    Ids(Vec<i64>),
+}
+
+/// The index's part of a search.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CandidateQuery {
+    pub place: Place,
+    pub stars_min: Option<i16>,
+    pub amenities: Vec<String>,
+}
+
+#[derive(Clone, Copy)]
+struct Fields {
+    hotel_id: Field,
+    name: Field,
+    city_text: Field,
+    city: Field,
+    country: Field,
+    stars: Field,
+    lat: Field,
+    lon: Field,
+    amenity: Field,
+    room_names: Field,
+    max_guests: Field,
+}
+
+pub struct HotelIndex {
+    index: Index,
+    reader: IndexReader,
+    writer: Mutex<IndexWriter>,
+    fields: Fields,
+    dirty: Mutex<HashSet<i64>>,
+    rebuild: AtomicBool,
+    synced: AtomicU64,
+}
+
+impl HotelIndex {
+    pub fn new() -> Result<Arc<HotelIndex>, IndexError> {
+        let mut b = Schema::builder();
+        let fields = Fields {
+            hotel_id: b.add_u64_field("hotel_id", INDEXED | FAST | STORED),
+            name: b.add_text_field("name", TEXT),
+            city_text: b.add_text_field("city_text", TEXT),
+            city: b.add_text_field("city", STRING),
+            country: b.add_text_field("country", STRING),
+            stars: b.add_u64_field("stars", INDEXED | FAST),
+            lat: b.add_f64_field("lat", INDEXED | FAST),
+            lon: b.add_f64_field("lon", INDEXED | FAST),
+            amenity: b.add_text_field("amenity", STRING),
+            room_names: b.add_text_field("room_names", TEXT),
+            max_guests: b.add_u64_field("max_guests", INDEXED | FAST),
+        };
+        let index = Index::create_in_ram(b.build());
+        // One indexing thread: the copy's hotels are few, and the stream
+        // already uses a core.
+        let writer = index.writer_with_num_threads(1, 20_000_000)?;
+        let reader = index
+            .reader_builder()
+            .reload_policy(ReloadPolicy::Manual)
+            .try_into()?;
+        Ok(Arc::new(HotelIndex {
+            index,
+            reader,
+            writer: Mutex::new(writer),
+            fields,
+            dirty: Mutex::new(HashSet::new()),
+            rebuild: AtomicBool::new(false),
+            synced: AtomicU64::new(0),
+        }))
+    }
+
+    /// Hotels whose documents must be rewritten because of `txn`. Called
+    /// before the transaction is applied (see the module doc).
+    pub fn note_transaction(&self, txn: &Transaction) {
+        let mut dirty = None;
+        for change in &txn.changes {
+            let id = match change {
+                Change::UpsertHotel { hotel, .. } => hotel.id,
+                Change::DeleteHotel { id } => *id,
+                Change::UpsertRoomType { room_type, .. } => room_type.hotel_id,
+                Change::DeleteRoomType { hotel_id, .. } => *hotel_id,
+                Change::Truncate { .. } => {
+                    self.rebuild.store(true, Ordering::Release);
+                    continue;
+                }
+                _ => continue,
+            };
+            dirty
+                .get_or_insert_with(|| self.dirty.lock().unwrap_or_else(|p| p.into_inner()))
+                .insert(id);
+        }
+    }
+
+    /// Everything must be re-indexed (a new snapshot was loaded).
+    pub fn mark_all(&self) {
+        self.rebuild.store(true, Ordering::Release);
+    }
+
+    /// The model position the index fully reflects.
+    pub fn synced_lsn(&self) -> Lsn {
+        Lsn(self.synced.load(Ordering::Acquire))
+    }
+
+    /// Re-indexes what is dirty. Blocking: run it off the async runtime.
+    pub fn sync(&self, model: &ReadModel) -> Result<usize, IndexError> {
+        // Read the position first: every transaction at or below it marked
+        // its hotels before it was applied, so they are in the set taken next.
+        let at = model.freshness.applied();
+        let rebuild = self.rebuild.swap(false, Ordering::AcqRel);
+        let dirty: Vec<i64> =
+            std::mem::take(&mut *self.dirty.lock().unwrap_or_else(|p| p.into_inner()))
+                .into_iter()
+                .collect();
+        if !rebuild && dirty.is_empty() {
+            self.synced.fetch_max(at.0, Ordering::AcqRel);
+            return Ok(0);
+        }
+        let f = self.fields;
+        let docs: Vec<(i64, Option<TantivyDocument>)> = {
+            let t = model.read();
+            let ids: Vec<i64> = if rebuild {
+                t.hotels.keys().copied().collect()
+            } else {
+                dirty
+            };
+            let mut room_types: std::collections::HashMap<i64, Vec<&crate::model::RoomType>> =
+                std::collections::HashMap::new();
+            let wanted: HashSet<i64> = ids.iter().copied().collect();
+            for rt in t
+                .room_types
+                .values()
+                .filter(|rt| wanted.contains(&rt.hotel_id))
+            {
+                room_types.entry(rt.hotel_id).or_default().push(rt);
+            }
+            ids.into_iter()
+                .map(|id| {
+                    let doc = t.hotels.get(&id).map(|h| {
+                        let mut doc = TantivyDocument::default();
+                        doc.add_u64(f.hotel_id, h.id as u64);
+                        doc.add_text(f.name, &h.name);
+                        doc.add_text(f.city_text, &h.city);
+                        doc.add_text(f.city, h.city.to_lowercase());
+                        if let Some(c) = &h.country {
+                            doc.add_text(f.country, c.to_lowercase());
+                        }
+                        doc.add_u64(f.stars, h.stars.unwrap_or(0).max(0) as u64);
+                        if let (Some(lat), Some(lon)) = (h.latitude, h.longitude) {
+                            doc.add_f64(f.lat, lat);
+                            doc.add_f64(f.lon, lon);
+                        }
+                        for a in &h.amenities {
+                            doc.add_text(f.amenity, a.to_lowercase());
+                        }
+                        let rts = room_types.get(&id).map(Vec::as_slice).unwrap_or_default();
+                        for rt in rts {
+                            doc.add_text(f.room_names, &rt.name);
+                        }
+                        let max = rts
+                            .iter()
+                            .map(|rt| rt.max_guests.max(0) as u64)
+                            .max()
+                            .unwrap_or(0);
+                        doc.add_u64(f.max_guests, max);
+                        doc
+                    });
+                    (id, doc)
+                })
+                .collect()
+        };
+        let started = Instant::now();
+        let mut writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        if rebuild {
+            writer.delete_all_documents()?;
+        }
+        let n = docs.len();
+        for (id, doc) in docs {
+            writer.delete_term(Term::from_field_u64(f.hotel_id, id as u64));
+            if let Some(doc) = doc {
+                writer.add_document(doc)?;
+            }
+        }
+        writer.commit()?;
+        drop(writer);
+        self.reader.reload()?;
+        metrics::INDEX_COMMIT_DURATION.observe(started.elapsed().as_secs_f64());
+        let searcher = self.reader.searcher();
+        metrics::INDEX_DOCUMENTS.set(searcher.num_docs() as i64);
+        metrics::INDEX_SEGMENTS.set(searcher.segment_readers().len() as i64);
+        self.synced.fetch_max(at.0, Ordering::AcqRel);
+        Ok(n)
+    }
+
+    /// Hotel ids matching `q`, with a relevance score (1.0 when the place is
+    /// not free text).
+    pub fn candidates(&self, q: &CandidateQuery) -> Result<Vec<(i64, f32)>, IndexError> {
+        let f = self.fields;
+        let mut clauses: Vec<(Occur, Box<dyn Query>)> = Vec::new();
+        match &q.place {
+            Place::City(city) => clauses.push((
+                Occur::Must,
+                Box::new(TermQuery::new(
+                    Term::from_field_text(f.city, &city.to_lowercase()),
+                    IndexRecordOption::Basic,
+                )),
+            )),
+            Place::Text(text) => {
+                let mut parser =
+                    QueryParser::for_index(&self.index, vec![f.name, f.city_text, f.room_names]);
+                parser.set_conjunction_by_default();
+                let (query, errors) = parser.parse_query_lenient(text);
+                if !errors.is_empty() && text.split_whitespace().next().is_none() {
+                    return Err(IndexError::BadQuery(text.clone()));
+                }
+                clauses.push((Occur::Must, query));
+            }
+            Place::BBox {
+                min_lat,
+                min_lon,
+                max_lat,
+                max_lon,
+            } => {
+                clauses.push((Occur::Must, f64_range(f.lat, *min_lat, *max_lat)));
+                clauses.push((Occur::Must, f64_range(f.lon, *min_lon, *max_lon)));
+            }
+            Place::Ids(ids) => clauses.push((
+                Occur::Must,
+                Box::new(TermSetQuery::new(
+                    ids.iter()
+                        .map(|id| Term::from_field_u64(f.hotel_id, *id as u64)),
+                )),
+            )),
+        }
+        if let Some(min) = q.stars_min {
+            clauses.push((
+                Occur::Must,
+                Box::new(RangeQuery::new(
+                    Bound::Included(Term::from_field_u64(f.stars, min.max(0) as u64)),
+                    Bound::Unbounded,
+                )),
+            ));
+        }
+        for a in &q.amenities {
+            clauses.push((
+                Occur::Must,
+                Box::new(TermQuery::new(
+                    Term::from_field_text(f.amenity, &a.to_lowercase()),
+                    IndexRecordOption::Basic,
+                )),
+            ));
+        }
+        if clauses.is_empty() {
+            clauses.push((Occur::Must, Box::new(AllQuery)));
+        }
+        let query = BooleanQuery::new(clauses);
+        let searcher = self.reader.searcher();
+        let limit = (searcher.num_docs() as usize).max(1);
+        let hits = searcher.search(&query, &TopDocs::with_limit(limit).order_by_score())?;
+        let mut out = Vec::with_capacity(hits.len());
+        let mut columns = Vec::new();
+        for reader in searcher.segment_readers() {
+            columns.push(reader.fast_fields().u64("hotel_id")?);
+        }
+        for (score, addr) in hits {
+            if let Some(id) = columns[addr.segment_ord as usize].first(addr.doc_id) {
+                out.push((id as i64, score));
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn f64_range(field: Field, lo: f64, hi: f64) -> Box<dyn Query> {
+    Box::new(RangeQuery::new(
+        Bound::Included(Term::from_field_f64(field, lo)),
+        Bound::Included(Term::from_field_f64(field, hi)),
+    ))
+}
+
+/// Re-indexes dirty hotels every `interval` on a blocking thread.
+pub async fn run_indexer(
+    index: Arc<HotelIndex>,
+    model: Arc<ReadModel>,
+    interval: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if !model.freshness.is_loaded() {
+            continue;
+        }
+        let (index, model) = (index.clone(), model.clone());
+        match tokio::task::spawn_blocking(move || index.sync(&model)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => tracing::error!(%error, "index sync failed"),
+            Err(error) => tracing::error!(%error, "index sync task failed"),
+        }
+    }
+}

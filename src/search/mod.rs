@@ -1,0 +1,588 @@
+//! The query: which hotels can host this party on every night of the stay.
+//!
+//! Candidates come from the hotel index (where, stars, amenities); their
+//! room types and nightly counts come from the read model under one read
+//! lock, so an answer reflects exactly one LSN. Room types that show few
+//! free units are then read from the owner (`owner_read`), and the answer
+//! says, per room type, whose numbers it shows.
+//!
+//! A room type is *offered* when it has a row on every night of the stay, at
+//! least one unit free on each (`coalesce(sell_limit, total) - taken`), a
+//! `max_guests` that fits the smallest requested room, and, with
+//! `max_price_cents`, a stay price within it. A hotel matches when every
+//! requested room can be placed in an offered room type with room to spare on
+//! every night (two rooms may share a type with two units free).
+
+pub mod owner_read;
+pub mod params;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{NaiveDate, Utc};
+use serde::Serialize;
+
+use crate::config::Settings;
+use crate::index::{HotelIndex, IndexError, Place};
+use crate::lsn::Lsn;
+use crate::model::{CalendarKey, NightCounts, ReadModel, Tables};
+use owner_read::{OwnerReader, Reason};
+use params::{AvailabilityRequest, Cursor, SearchRequest, Sort, Stay};
+
+/// Whose numbers a room type shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// The copy, as of the answer's LSN.
+    Copy,
+    /// Read from the owner while answering (few units left, or min_lsn).
+    Owner,
+    /// The owner should have been read but did not answer in time.
+    CopyFallback,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RoomOffer {
+    pub room_type_id: i64,
+    pub name: String,
+    pub max_guests: i16,
+    /// The fewest units free on any night of the stay.
+    pub free_units: i32,
+    /// The whole stay, one unit; null when a night has no price.
+    pub price_cents: Option<i64>,
+    pub low_availability: bool,
+    pub source: Source,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct HotelResult {
+    pub hotel_id: i64,
+    pub name: String,
+    pub city: String,
+    pub stars: Option<i16>,
+    /// The cheapest offered room type's stay price.
+    pub price_cents: Option<i64>,
+    pub room_types: Vec<RoomOffer>,
+    #[serde(skip)]
+    score: f32,
+}
+
+impl HotelResult {
+    fn free_units(&self) -> i64 {
+        self.room_types
+            .iter()
+            .map(|r| i64::from(r.free_units))
+            .sum()
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SearchAnswer {
+    /// Every owner change committed before this LSN is in the copy's numbers.
+    pub lsn: Lsn,
+    pub lag_ms: u64,
+    pub total_hotels: usize,
+    pub results: Vec<HotelResult>,
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SearchError {
+    #[error(transparent)]
+    Index(#[from] IndexError),
+    #[error("no such hotel: {0}")]
+    HotelNotFound(i64),
+}
+
+/// What search needs, shared by the handlers.
+pub struct Search {
+    pub model: Arc<ReadModel>,
+    pub index: Arc<HotelIndex>,
+    pub owner: OwnerReader,
+    few_units: i32,
+    min_lsn_wait: Duration,
+}
+
+/// One room type's nights over the stay, as read from the copy.
+#[derive(Debug, Clone)]
+struct TypeNights {
+    key: CalendarKey,
+    name: String,
+    max_guests: i16,
+    nights: Vec<Option<NightCounts>>,
+    source: Source,
+}
+
+#[derive(Debug, Clone)]
+struct HotelNights {
+    hotel_id: i64,
+    name: String,
+    city: String,
+    stars: Option<i16>,
+    score: f32,
+    types: Vec<TypeNights>,
+}
+
+/// The fewest free units and the stay price, or `None` when some night has
+/// no row or no unit free.
+pub fn offer(nights: &[Option<NightCounts>]) -> Option<(i32, Option<i64>)> {
+    let mut min_free = i32::MAX;
+    let mut price = Some(0i64);
+    for n in nights {
+        let n = n.as_ref()?;
+        min_free = min_free.min(n.free());
+        price = match (price, n.price_cents) {
+            (Some(p), Some(c)) => Some(p + i64::from(c)),
+            _ => None,
+        };
+    }
+    (!nights.is_empty() && min_free >= 1).then_some((min_free, price))
+}
+
+/// Whether every room (guests each) fits into the types (max guests, units
+/// free). Eligible types for a room are all those with enough beds, so the
+/// sets are nested and Hall's condition per guest count decides it.
+pub fn placeable(rooms: &[i16], types: &[(i16, i32)]) -> bool {
+    rooms.iter().all(|&g| {
+        let need = rooms.iter().filter(|&&r| r >= g).count() as i64;
+        let have: i64 = types
+            .iter()
+            .filter(|(m, _)| *m >= g)
+            .map(|(_, f)| i64::from(*f))
+            .sum();
+        need <= have
+    })
+}
+
+impl Search {
+    pub fn new(settings: &Settings, model: Arc<ReadModel>, index: Arc<HotelIndex>) -> Search {
+        Search {
+            model,
+            index,
+            owner: OwnerReader::new(settings),
+            few_units: settings.search.few_units_threshold,
+            min_lsn_wait: Duration::from_millis(settings.search.min_lsn_wait_ms),
+        }
+    }
+
+    /// Waits (bounded) for the copy to apply `min_lsn`; false when it did not.
+    async fn reached(&self, min_lsn: Option<Lsn>) -> bool {
+        let Some(target) = min_lsn else { return true };
+        let deadline = tokio::time::Instant::now() + self.min_lsn_wait;
+        loop {
+            if self.model.freshness.applied() >= target {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    pub async fn search(&self, req: &SearchRequest) -> Result<SearchAnswer, SearchError> {
+        let caught_up = self.reached(req.min_lsn).await;
+        let candidates = self.index.candidates(&crate::index::CandidateQuery {
+            place: req.place.clone(),
+            stars_min: req.stars_min,
+            amenities: req.amenities.clone(),
+        })?;
+        let (mut hotels, lsn) = {
+            let t = self.model.read();
+            let hotels: Vec<HotelNights> = candidates
+                .iter()
+                .filter_map(|(id, score)| read_hotel(&t, *id, *score, req.stay))
+                .filter(|h| still_matches(&t, h.hotel_id, req))
+                .collect();
+            (hotels, t.applied)
+        };
+        let smallest = req.rooms.iter().copied().min().unwrap_or(1);
+        let reason = if caught_up {
+            Reason::FewUnits
+        } else {
+            Reason::MinLsn
+        };
+        self.read_owner_where_needed(&mut hotels, req.stay, smallest, req.max_price_cents, reason)
+            .await;
+        let mut results: Vec<HotelResult> = hotels
+            .into_iter()
+            .filter_map(|h| self.evaluate(h, &req.rooms, req.max_price_cents))
+            .collect();
+        sort(&mut results, req.sort);
+        let total = results.len();
+        let page: Vec<HotelResult> = results
+            .into_iter()
+            .skip(req.offset)
+            .take(req.limit)
+            .collect();
+        let next = req.offset + page.len();
+        Ok(SearchAnswer {
+            lsn,
+            lag_ms: self.model.freshness.lag_ms(Utc::now()),
+            total_hotels: total,
+            next_cursor: (next < total).then(|| Cursor::encode(req, next)),
+            results: page,
+        })
+    }
+
+    /// Replaces, with the owner's rows, the room types that would be shown
+    /// with few units (or all shown ones when the copy missed `min_lsn`).
+    async fn read_owner_where_needed(
+        &self,
+        hotels: &mut [HotelNights],
+        stay: Stay,
+        smallest_room: i16,
+        max_price: Option<i64>,
+        reason: Reason,
+    ) {
+        let mut wanted = Vec::new();
+        for h in hotels.iter() {
+            for t in &h.types {
+                if t.max_guests < smallest_room {
+                    continue;
+                }
+                let Some((free, price)) = offer(&t.nights) else {
+                    continue;
+                };
+                if max_price.is_some_and(|m| price.is_none_or(|p| p > m)) {
+                    continue;
+                }
+                if free <= self.few_units || reason == Reason::MinLsn {
+                    wanted.push(t.key);
+                }
+            }
+        }
+        if wanted.is_empty() {
+            return;
+        }
+        let read = self.owner.read(&wanted, stay, reason).await;
+        let by_night: Option<HashMap<(CalendarKey, NaiveDate), NightCounts>> = read
+            .ok()
+            .map(|rows| rows.iter().map(|(k, n, c)| ((*k, *n), *c)).collect());
+        for h in hotels.iter_mut() {
+            for t in h.types.iter_mut().filter(|t| wanted.contains(&t.key)) {
+                match &by_night {
+                    Some(rows) => {
+                        t.nights = stay
+                            .nights()
+                            .map(|n| rows.get(&(t.key, n)).copied())
+                            .collect();
+                        t.source = Source::Owner;
+                    }
+                    None => t.source = Source::CopyFallback,
+                }
+            }
+        }
+    }
+
+    fn evaluate(
+        &self,
+        h: HotelNights,
+        rooms: &[i16],
+        max_price: Option<i64>,
+    ) -> Option<HotelResult> {
+        let smallest = rooms.iter().copied().min().unwrap_or(1);
+        let offers: Vec<RoomOffer> = h
+            .types
+            .iter()
+            .filter(|t| t.max_guests >= smallest)
+            .filter_map(|t| {
+                let (free, price) = offer(&t.nights)?;
+                if max_price.is_some_and(|m| price.is_none_or(|p| p > m)) {
+                    return None;
+                }
+                Some(RoomOffer {
+                    room_type_id: t.key.room_type_id,
+                    name: t.name.clone(),
+                    max_guests: t.max_guests,
+                    free_units: free,
+                    price_cents: price,
+                    low_availability: free <= self.few_units,
+                    source: t.source,
+                })
+            })
+            .collect();
+        let capacity: Vec<(i16, i32)> = offers
+            .iter()
+            .map(|o| (o.max_guests, o.free_units))
+            .collect();
+        if offers.is_empty() || !placeable(rooms, &capacity) {
+            return None;
+        }
+        Some(HotelResult {
+            hotel_id: h.hotel_id,
+            name: h.name,
+            city: h.city,
+            stars: h.stars,
+            price_cents: offers.iter().filter_map(|o| o.price_cents).min(),
+            room_types: offers,
+            score: h.score,
+        })
+    }
+
+    /// Every room type of one hotel over the stay, night by night.
+    pub async fn availability(
+        &self,
+        hotel_id: i64,
+        req: &AvailabilityRequest,
+    ) -> Result<Availability, SearchError> {
+        let caught_up = self.reached(req.min_lsn).await;
+        let (mut hotel, lsn) = {
+            let t = self.model.read();
+            let h = read_hotel(&t, hotel_id, 1.0, req.stay)
+                .ok_or(SearchError::HotelNotFound(hotel_id))?;
+            (h, t.applied)
+        };
+        let reason = if caught_up {
+            Reason::FewUnits
+        } else {
+            Reason::MinLsn
+        };
+        self.read_owner_where_needed(std::slice::from_mut(&mut hotel), req.stay, 1, None, reason)
+            .await;
+        let smallest = req.rooms.iter().copied().min().unwrap_or(1);
+        let hotel_fits = self.evaluate(hotel.clone(), &req.rooms, None).is_some();
+        let room_types = hotel
+            .types
+            .iter()
+            .map(|t| {
+                let offered = offer(&t.nights);
+                RoomAvailability {
+                    room_type_id: t.key.room_type_id,
+                    name: t.name.clone(),
+                    max_guests: t.max_guests,
+                    nights: req
+                        .stay
+                        .nights()
+                        .zip(&t.nights)
+                        .map(|(night, c)| NightAvailability {
+                            night,
+                            free_units: c.map(|c| c.free()),
+                            price_cents: c.and_then(|c| c.price_cents),
+                        })
+                        .collect(),
+                    free_units: offered.map_or(0, |(f, _)| f),
+                    price_cents: offered.and_then(|(_, p)| p),
+                    fits: offered.is_some() && t.max_guests >= smallest,
+                    low_availability: offered.is_some_and(|(f, _)| f <= self.few_units),
+                    source: t.source,
+                }
+            })
+            .collect();
+        Ok(Availability {
+            hotel_id,
+            lsn,
+            lag_ms: self.model.freshness.lag_ms(Utc::now()),
+            hotel_fits,
+            room_types,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Availability {
+    pub hotel_id: i64,
+    pub lsn: Lsn,
+    pub lag_ms: u64,
+    /// Every requested room can be placed on every night.
+    pub hotel_fits: bool,
+    pub room_types: Vec<RoomAvailability>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RoomAvailability {
+    pub room_type_id: i64,
+    pub name: String,
+    pub max_guests: i16,
+    pub nights: Vec<NightAvailability>,
+    pub free_units: i32,
+    pub price_cents: Option<i64>,
+    /// Free on every night and big enough for the smallest requested room.
+    pub fits: bool,
+    pub low_availability: bool,
+    pub source: Source,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct NightAvailability {
+    pub night: NaiveDate,
+    /// Null when the owner has no row for this night (not on sale).
+    pub free_units: Option<i32>,
+    pub price_cents: Option<i32>,
+}
+
+fn read_hotel(t: &Tables, hotel_id: i64, score: f32, stay: Stay) -> Option<HotelNights> {
+    let h = t.hotels.get(&hotel_id)?;
+    let types = t
+        .room_types_of(hotel_id)
+        .map(|rt| {
+            let key = CalendarKey {
+                hotel_id,
+                room_type_id: rt.id,
+            };
+            let cal = t.calendars.get(&key);
+            TypeNights {
+                key,
+                name: rt.name.clone(),
+                max_guests: rt.max_guests,
+                nights: stay.nights().map(|n| cal.and_then(|c| c.get(n))).collect(),
+                source: Source::Copy,
+            }
+        })
+        .collect();
+    Some(HotelNights {
+        hotel_id,
+        name: h.name.clone(),
+        city: h.city.clone(),
+        stars: h.stars,
+        score,
+        types,
+    })
+}
+
+/// The index may trail the copy by a batch; re-check the structured
+/// conditions against the copy itself so an answer never shows a hotel that
+/// no longer matches.
+fn still_matches(t: &Tables, hotel_id: i64, req: &SearchRequest) -> bool {
+    let Some(h) = t.hotels.get(&hotel_id) else {
+        return false;
+    };
+    let place_ok = match &req.place {
+        Place::City(c) => h.city.to_lowercase() == c.to_lowercase(),
+        Place::Text(_) => true,
+        Place::BBox {
+            min_lat,
+            min_lon,
+            max_lat,
+            max_lon,
+        } => match (h.latitude, h.longitude) {
+            (Some(lat), Some(lon)) => {
+                lat >= *min_lat && lat <= *max_lat && lon >= *min_lon && lon <= *max_lon
+            }
+            _ => false,
+        },
+        Place::Ids(ids) => ids.contains(&hotel_id),
+    };
+    let stars_ok = req.stars_min.is_none_or(|m| h.stars.unwrap_or(0) >= m);
+    let amenities_ok = req
+        .amenities
+        .iter()
+        .all(|a| h.amenities.iter().any(|x| x.to_lowercase() == *a));
+    place_ok && stars_ok && amenities_ok
+}
+
+fn sort(results: &mut [HotelResult], by: Sort) {
+    match by {
+        Sort::Price => results.sort_by(|a, b| {
+            (a.price_cents.is_none(), a.price_cents, a.hotel_id).cmp(&(
+                b.price_cents.is_none(),
+                b.price_cents,
+                b.hotel_id,
+            ))
+        }),
+        Sort::Stars => results.sort_by(|a, b| {
+            b.stars
+                .unwrap_or(-1)
+                .cmp(&a.stars.unwrap_or(-1))
+                .then(
+                    (a.price_cents.is_none(), a.price_cents)
+                        .cmp(&(b.price_cents.is_none(), b.price_cents)),
+                )
+                .then(a.hotel_id.cmp(&b.hotel_id))
+        }),
+        Sort::Availability => results.sort_by(|a, b| {
+            b.free_units()
+                .cmp(&a.free_units())
+                .then(a.hotel_id.cmp(&b.hotel_id))
+        }),
+        Sort::Relevance => results.sort_by(|a, b| {
+            b.score
+                .total_cmp(&a.score)
+                .then(a.hotel_id.cmp(&b.hotel_id))
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn night(total: i32, taken: i32, price: Option<i32>) -> Option<NightCounts> {
+        Some(NightCounts {
+            total,
+            taken,
+            sell_limit: None,
+            price_cents: price,
+        })
+    }
+
+    #[test]
+    fn offer_takes_the_tightest_night_and_sums_prices() {
+        assert_eq!(
+            offer(&[night(5, 1, Some(100)), night(5, 3, Some(120))]),
+            Some((2, Some(220)))
+        );
+        assert_eq!(
+            offer(&[night(5, 1, Some(100)), night(5, 1, None)]),
+            Some((4, None))
+        );
+        assert_eq!(
+            offer(&[night(5, 1, Some(100)), None]),
+            None,
+            "a missing night is not on sale"
+        );
+        assert_eq!(offer(&[night(5, 5, Some(100))]), None, "full");
+        let over = Some(NightCounts {
+            total: 2,
+            taken: 2,
+            sell_limit: Some(3),
+            price_cents: None,
+        });
+        assert_eq!(offer(&[over]), Some((1, None)), "sell_limit above total");
+    }
+
+    #[test]
+    fn placement_shares_types_and_respects_beds() {
+        assert!(
+            placeable(&[2, 2], &[(2, 2)]),
+            "two rooms share a type with two free"
+        );
+        assert!(!placeable(&[2, 2], &[(2, 1)]));
+        assert!(!placeable(&[4], &[(2, 9)]), "not enough beds");
+        assert!(placeable(&[4, 1], &[(4, 1), (1, 1)]));
+        assert!(!placeable(&[4, 4], &[(4, 1), (6, 0), (1, 5)]));
+    }
+
+    /// Brute force: try every assignment of rooms to types.
+    fn brute(rooms: &[i16], types: &[(i16, i32)]) -> bool {
+        fn go(rooms: &[i16], left: &mut Vec<i32>, types: &[(i16, i32)]) -> bool {
+            let Some((&g, rest)) = rooms.split_first() else {
+                return true;
+            };
+            for (i, (m, _)) in types.iter().enumerate() {
+                if *m >= g && left[i] > 0 {
+                    left[i] -= 1;
+                    if go(rest, left, types) {
+                        return true;
+                    }
+                    left[i] += 1;
+                }
+            }
+            false
+        }
+        let mut left: Vec<i32> = types.iter().map(|t| t.1).collect();
+        go(rooms, &mut left, types)
+    }
+
+    proptest! {
+        #[test]
+        fn placement_agrees_with_brute_force(
+            rooms in proptest::collection::vec(1i16..=6, 1..=5),
+            types in proptest::collection::vec((1i16..=6, 0i32..=3), 0..=5),
+        ) {
+            prop_assert_eq!(placeable(&rooms, &types), brute(&rooms, &types));
+        }
+    }
+}

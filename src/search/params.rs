@@ -1,0 +1,522 @@
+//! Search parameters: the raw query string into a checked `SearchRequest`.
+//!
+//! Parsed by hand from `form_urlencoded` pairs because `room` repeats (one
+//! per room wanted) and because each rule must name the field it rejects.
+//! Nothing here panics on any input.
+
+use base64::Engine;
+use chrono::NaiveDate;
+
+use crate::index::Place;
+use crate::lsn::Lsn;
+
+pub const MAX_ROOMS: usize = 8;
+pub const MAX_GUESTS_PER_ROOM: i16 = 20;
+pub const MAX_HOTEL_IDS: usize = 250;
+pub const MAX_LIMIT: usize = 100;
+pub const DEFAULT_LIMIT: usize = 20;
+
+/// A rejected parameter: the field and what was wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {detail}")]
+pub struct ParamError {
+    pub field: &'static str,
+    pub detail: String,
+}
+
+fn err(field: &'static str, detail: impl Into<String>) -> ParamError {
+    ParamError {
+        field,
+        detail: detail.into(),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sort {
+    Price,
+    Stars,
+    Availability,
+    Relevance,
+}
+
+impl Sort {
+    fn parse(s: &str) -> Result<Sort, ParamError> {
+        match s {
+            "price" => Ok(Sort::Price),
+            "stars" => Ok(Sort::Stars),
+            "availability" => Ok(Sort::Availability),
+            "relevance" => Ok(Sort::Relevance),
+            _ => Err(err(
+                "sort",
+                "must be one of price, stars, availability, relevance",
+            )),
+        }
+    }
+}
+
+/// The nights `[check_in, check_out)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Stay {
+    pub check_in: NaiveDate,
+    pub check_out: NaiveDate,
+}
+
+impl Stay {
+    pub fn nights(&self) -> impl Iterator<Item = NaiveDate> {
+        self.check_in
+            .iter_days()
+            .take_while(move |d| *d < self.check_out)
+    }
+
+    pub fn len(&self) -> i64 {
+        (self.check_out - self.check_in).num_days()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() <= 0
+    }
+}
+
+/// The limits a stay is checked against.
+#[derive(Debug, Clone, Copy)]
+pub struct StayRules {
+    pub today: NaiveDate,
+    pub horizon_days: u32,
+    pub max_stay_nights: u32,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SearchRequest {
+    pub place: Place,
+    pub stay: Stay,
+    /// Guests per room wanted.
+    pub rooms: Vec<i16>,
+    pub stars_min: Option<i16>,
+    pub amenities: Vec<String>,
+    pub max_price_cents: Option<i64>,
+    pub sort: Sort,
+    pub limit: usize,
+    pub offset: usize,
+    pub min_lsn: Option<Lsn>,
+}
+
+/// The parameters of `/v1/hotels/{id}/availability`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AvailabilityRequest {
+    pub stay: Stay,
+    pub rooms: Vec<i16>,
+    pub min_lsn: Option<Lsn>,
+}
+
+fn pairs(query: &str) -> Vec<(String, String)> {
+    form_urlencoded::parse(query.as_bytes())
+        .into_owned()
+        .collect()
+}
+
+fn single<'a>(
+    pairs: &'a [(String, String)],
+    field: &'static str,
+) -> Result<Option<&'a str>, ParamError> {
+    let mut found = pairs.iter().filter(|(k, _)| k == field);
+    let first = found.next();
+    if found.next().is_some() {
+        return Err(err(field, "may be given only once"));
+    }
+    Ok(first.map(|(_, v)| v.as_str()))
+}
+
+fn date(pairs: &[(String, String)], field: &'static str) -> Result<NaiveDate, ParamError> {
+    let v = single(pairs, field)?.ok_or_else(|| err(field, "is required (YYYY-MM-DD)"))?;
+    NaiveDate::parse_from_str(v, "%Y-%m-%d")
+        .map_err(|_| err(field, "must be a date like 2027-06-10"))
+}
+
+fn number<T: std::str::FromStr>(
+    pairs: &[(String, String)],
+    field: &'static str,
+    what: &str,
+) -> Result<Option<T>, ParamError> {
+    single(pairs, field)?
+        .map(|v| {
+            v.trim()
+                .parse::<T>()
+                .map_err(|_| err(field, format!("must be {what}")))
+        })
+        .transpose()
+}
+
+fn stay(pairs: &[(String, String)], rules: StayRules) -> Result<Stay, ParamError> {
+    let check_in = date(pairs, "check_in")?;
+    let check_out = date(pairs, "check_out")?;
+    if check_out <= check_in {
+        return Err(err("check_out", "must be after check_in"));
+    }
+    if check_in < rules.today {
+        return Err(err(
+            "check_in",
+            format!("must not be in the past (today is {})", rules.today),
+        ));
+    }
+    let stay = Stay {
+        check_in,
+        check_out,
+    };
+    if stay.len() > i64::from(rules.max_stay_nights) {
+        return Err(err(
+            "check_out",
+            format!("a stay may last at most {} nights", rules.max_stay_nights),
+        ));
+    }
+    let horizon = rules.today + chrono::Days::new(u64::from(rules.horizon_days));
+    if check_out > horizon {
+        return Err(err(
+            "check_out",
+            format!(
+                "must be at most {} days ahead ({horizon})",
+                rules.horizon_days
+            ),
+        ));
+    }
+    Ok(stay)
+}
+
+fn rooms(pairs: &[(String, String)]) -> Result<Vec<i16>, ParamError> {
+    let rooms: Vec<&str> = pairs
+        .iter()
+        .filter(|(k, _)| k == "room")
+        .map(|(_, v)| v.as_str())
+        .collect();
+    if rooms.is_empty() {
+        return Err(err(
+            "room",
+            "at least one room is required: room=<guests>, once per room",
+        ));
+    }
+    if rooms.len() > MAX_ROOMS {
+        return Err(err("room", format!("at most {MAX_ROOMS} rooms")));
+    }
+    rooms
+        .iter()
+        .map(|v| match v.trim().parse::<i16>() {
+            Ok(g) if (1..=MAX_GUESTS_PER_ROOM).contains(&g) => Ok(g),
+            _ => Err(err(
+                "room",
+                format!("each room is a number of guests from 1 to {MAX_GUESTS_PER_ROOM}"),
+            )),
+        })
+        .collect()
+}
+
+fn min_lsn(pairs: &[(String, String)]) -> Result<Option<Lsn>, ParamError> {
+    single(pairs, "min_lsn")?
+        .map(|v| {
+            v.parse::<Lsn>()
+                .map_err(|_| err("min_lsn", "must be an LSN like 0/16B3748"))
+        })
+        .transpose()
+}
+
+const KNOWN: &[&str] = &[
+    "city",
+    "q",
+    "bbox",
+    "hotel_ids",
+    "check_in",
+    "check_out",
+    "room",
+    "stars_min",
+    "amenities",
+    "max_price_cents",
+    "sort",
+    "limit",
+    "cursor",
+    "min_lsn",
+];
+
+pub fn parse_search(query: &str, rules: StayRules) -> Result<SearchRequest, ParamError> {
+    let pairs = pairs(query);
+    if let Some((k, _)) = pairs.iter().find(|(k, _)| !KNOWN.contains(&k.as_str())) {
+        return Err(ParamError {
+            field: "query",
+            detail: format!(
+                "unknown parameter {:?}",
+                k.chars().take(40).collect::<String>()
+            ),
+        });
+    }
+    let mut places = Vec::new();
+    if let Some(city) = single(&pairs, "city")? {
+        let city = city.trim();
+        if city.is_empty() || city.len() > 200 {
+            return Err(err("city", "must be 1 to 200 characters"));
+        }
+        places.push(Place::City(city.to_string()));
+    }
+    if let Some(q) = single(&pairs, "q")? {
+        if q.trim().is_empty() || q.len() > 200 {
+            return Err(err("q", "must be 1 to 200 characters"));
+        }
+        places.push(Place::Text(q.to_string()));
+    }
+    if let Some(b) = single(&pairs, "bbox")? {
+        let v: Vec<f64> = b
+            .split(',')
+            .map(|x| x.trim().parse::<f64>())
+            .collect::<Result<_, _>>()
+            .map_err(|_| err("bbox", "must be min_lat,min_lon,max_lat,max_lon"))?;
+        let [min_lat, min_lon, max_lat, max_lon] = v[..] else {
+            return Err(err("bbox", "must be min_lat,min_lon,max_lat,max_lon"));
+        };
+        let lat_ok = |x: f64| (-90.0..=90.0).contains(&x);
+        let lon_ok = |x: f64| (-180.0..=180.0).contains(&x);
+        if !(lat_ok(min_lat) && lat_ok(max_lat) && lon_ok(min_lon) && lon_ok(max_lon))
+            || min_lat > max_lat
+            || min_lon > max_lon
+        {
+            return Err(err(
+                "bbox",
+                "latitudes in -90..90, longitudes in -180..180, each min at most its max",
+            ));
+        }
+        places.push(Place::BBox {
+            min_lat,
+            min_lon,
+            max_lat,
+            max_lon,
+        });
+    }
+    if let Some(ids) = single(&pairs, "hotel_ids")? {
+        let ids: Vec<i64> = ids
+            .split(',')
+            .map(|x| x.trim().parse::<i64>())
+            .collect::<Result<_, _>>()
+            .map_err(|_| err("hotel_ids", "must be comma-separated integers"))?;
+        if ids.is_empty() || ids.len() > MAX_HOTEL_IDS {
+            return Err(err("hotel_ids", format!("1 to {MAX_HOTEL_IDS} ids")));
+        }
+        places.push(Place::Ids(ids));
+    }
+    if places.len() != 1 {
+        return Err(err(
+            "city",
+            "give exactly one of city, q, bbox or hotel_ids",
+        ));
+    }
+    let place = places.remove(0);
+    let stay = stay(&pairs, rules)?;
+    let rooms = rooms(&pairs)?;
+    let stars_min = number::<i16>(&pairs, "stars_min", "a number of stars from 0 to 5")?;
+    if stars_min.is_some_and(|s| !(0..=5).contains(&s)) {
+        return Err(err("stars_min", "must be from 0 to 5"));
+    }
+    let amenities: Vec<String> = single(&pairs, "amenities")?
+        .map(|a| {
+            a.split(',')
+                .map(|x| x.trim().to_lowercase())
+                .filter(|x| !x.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    if amenities.len() > 20 {
+        return Err(err("amenities", "at most 20"));
+    }
+    let max_price_cents = number::<i64>(&pairs, "max_price_cents", "a whole number of cents")?;
+    if max_price_cents.is_some_and(|p| p <= 0) {
+        return Err(err("max_price_cents", "must be above 0"));
+    }
+    let default_sort = if matches!(place, Place::Text(_)) {
+        Sort::Relevance
+    } else {
+        Sort::Price
+    };
+    let sort = single(&pairs, "sort")?
+        .map(Sort::parse)
+        .transpose()?
+        .unwrap_or(default_sort);
+    let limit = number::<usize>(&pairs, "limit", "a whole number")?.unwrap_or(DEFAULT_LIMIT);
+    if !(1..=MAX_LIMIT).contains(&limit) {
+        return Err(err("limit", format!("must be from 1 to {MAX_LIMIT}")));
+    }
+    let min_lsn = min_lsn(&pairs)?;
+    let mut request = SearchRequest {
+        place,
+        stay,
+        rooms,
+        stars_min,
+        amenities,
+        max_price_cents,
+        sort,
+        limit,
+        offset: 0,
+        min_lsn,
+    };
+    if let Some(cursor) = single(&pairs, "cursor")? {
+        request.offset = Cursor::decode(cursor, &request)?;
+    }
+    Ok(request)
+}
+
+pub fn parse_availability(
+    query: &str,
+    rules: StayRules,
+) -> Result<AvailabilityRequest, ParamError> {
+    let pairs = pairs(query);
+    if let Some((k, _)) = pairs
+        .iter()
+        .find(|(k, _)| !["check_in", "check_out", "room", "min_lsn"].contains(&k.as_str()))
+    {
+        return Err(ParamError {
+            field: "query",
+            detail: format!(
+                "unknown parameter {:?}",
+                k.chars().take(40).collect::<String>()
+            ),
+        });
+    }
+    Ok(AvailabilityRequest {
+        stay: stay(&pairs, rules)?,
+        rooms: rooms(&pairs)?,
+        min_lsn: min_lsn(&pairs)?,
+    })
+}
+
+/// An opaque page token: the offset of the next page, bound to the question
+/// it belongs to, so a cursor from one search cannot page another.
+pub struct Cursor;
+
+impl Cursor {
+    /// A stable fingerprint of everything but the page (FNV-1a over a
+    /// canonical rendering; stable across builds, unlike `DefaultHasher`).
+    fn fingerprint(r: &SearchRequest) -> u64 {
+        let canonical = format!(
+            "{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{:?}|{}",
+            r.place, r.stay, r.rooms, r.stars_min, r.amenities, r.max_price_cents, r.sort, r.limit
+        );
+        canonical.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+    }
+
+    pub fn encode(r: &SearchRequest, offset: usize) -> String {
+        let raw = format!("v1.{offset}.{:016x}", Self::fingerprint(r));
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw)
+    }
+
+    fn decode(cursor: &str, r: &SearchRequest) -> Result<usize, ParamError> {
+        let malformed = || err("cursor", "is not a cursor this search returned");
+        let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(cursor.as_bytes())
+            .map_err(|_| malformed())?;
+        let raw = String::from_utf8(raw).map_err(|_| malformed())?;
+        let mut parts = raw.split('.');
+        let (Some("v1"), Some(offset), Some(fp), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(malformed());
+        };
+        let offset: usize = offset.parse().map_err(|_| malformed())?;
+        if fp != format!("{:016x}", Self::fingerprint(r)) || offset > 1_000_000 {
+            return Err(malformed());
+        }
+        Ok(offset)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn rules() -> StayRules {
+        StayRules {
+            today: NaiveDate::from_ymd_opt(2030, 1, 1).unwrap(),
+            horizon_days: 730,
+            max_stay_nights: 30,
+        }
+    }
+
+    const OK: &str = "city=Lisbon&check_in=2030-01-10&check_out=2030-01-13&room=2&room=1";
+
+    #[test]
+    fn parses_a_search() {
+        let r = parse_search(OK, rules()).unwrap();
+        assert_eq!(r.place, Place::City("Lisbon".into()));
+        assert_eq!(r.rooms, vec![2, 1]);
+        assert_eq!(r.stay.nights().count(), 3);
+        assert_eq!(r.sort, Sort::Price);
+        assert_eq!(r.limit, DEFAULT_LIMIT);
+    }
+
+    fn field_of(q: &str) -> &'static str {
+        parse_search(q, rules()).unwrap_err().field
+    }
+
+    #[test]
+    fn each_rule_names_its_field() {
+        let base = "city=Lisbon&room=2";
+        assert_eq!(
+            field_of(&format!("{base}&check_in=2030-01-10&check_out=2030-01-10")),
+            "check_out"
+        );
+        assert_eq!(
+            field_of(&format!("{base}&check_in=2029-12-31&check_out=2030-01-02")),
+            "check_in"
+        );
+        assert_eq!(
+            field_of(&format!("{base}&check_in=2030-01-10&check_out=2030-02-20")),
+            "check_out"
+        );
+        assert_eq!(
+            field_of(&format!("{base}&check_in=2031-12-30&check_out=2032-01-02")),
+            "check_out"
+        );
+        assert_eq!(field_of(&format!("{OK}&sort=cheapest")), "sort");
+        assert_eq!(field_of(&format!("{OK}&cursor=bm9wZQ")), "cursor");
+        assert_eq!(
+            field_of(&format!(
+                "{OK}&room=1&room=1&room=1&room=1&room=1&room=1&room=1"
+            )),
+            "room"
+        );
+        assert_eq!(
+            field_of("city=Lisbon&check_in=2030-01-10&check_out=2030-01-13"),
+            "room"
+        );
+        assert_eq!(field_of(&format!("{OK}&limit=101")), "limit");
+        assert_eq!(
+            field_of("check_in=2030-01-10&check_out=2030-01-13&room=2"),
+            "city"
+        );
+        assert_eq!(field_of(&format!("{OK}&q=beach")), "city");
+        assert_eq!(field_of(&format!("{OK}&bogus=1")), "query");
+        assert_eq!(
+            field_of("bbox=1,2,3&check_in=2030-01-10&check_out=2030-01-13&room=2"),
+            "bbox"
+        );
+    }
+
+    #[test]
+    fn cursors_round_trip_and_bind_to_their_search() {
+        let r = parse_search(OK, rules()).unwrap();
+        let c = Cursor::encode(&r, 40);
+        let next = parse_search(&format!("{OK}&cursor={c}"), rules()).unwrap();
+        assert_eq!(next.offset, 40);
+        let other = format!("{}&cursor={c}", OK.replace("Lisbon", "Porto"));
+        assert_eq!(parse_search(&other, rules()).unwrap_err().field, "cursor");
+    }
+
+    proptest! {
+        #[test]
+        fn never_panics(q in "[a-z_=&%0-9.,:/-]{0,120}") {
+            let _ = parse_search(&q, rules());
+            let _ = parse_availability(&q, rules());
+        }
+
+        #[test]
+        fn never_panics_on_any_cursor(c in "\\PC{0,60}") {
+            let q = format!("{OK}&cursor={}", form_urlencoded::byte_serialize(c.as_bytes()).collect::<String>());
+            let _ = parse_search(&q, rules());
+        }
+    }
+}
