@@ -15,6 +15,7 @@
 //! - [`config`]: settings, layered from `config/default.toml`, a file and `VACANCY_*`.
 //! - [`app`]: wiring: spawn the tasks, one shutdown token, signals.
 //! - [`bench`]: `vacancy bench`, figures beside their baselines.
+//! - [`search_bench`]: `vacancy bench-search`, search under load beside SQL on the owner.
 //! - [`demo`]: the whole job on one machine: embedded owner, seed, guests.
 //! - [`lsn`]: `Lsn`, a WAL position as PostgreSQL writes it.
 
@@ -29,4 +30,5 @@ pub mod metrics;
 pub mod model;
 pub mod owner;
 pub mod search;
+pub mod search_bench;
 pub mod stream;

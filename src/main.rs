@@ -17,6 +17,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Load-test /v1/search beside the same question asked of the owner in SQL.
+    BenchSearch(vacancy::search_bench::SearchBenchArgs),
     /// Measure speed and memory, each beside its baseline (see BENCHMARKS.md).
     Bench {
         #[command(subcommand)]
@@ -79,6 +81,9 @@ enum Command {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Command::BenchSearch(args) => {
+            vacancy::search_bench::run(args).await.context("bench-search failed")?;
+        }
         Command::Bench { which } => {
             vacancy::bench::run(which).await.context("bench failed")?;
         }
