@@ -41,6 +41,7 @@ pub fn router(state: ApiState) -> Router {
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
+        .route("/openapi.json", get(openapi))
         .route("/v1/status", get(status))
         .route("/v1/hotels/{hotel_id}/calendar", get(calendar))
         .route("/v1/search", get(search))
@@ -157,6 +158,8 @@ async fn not_found() -> Problem {
     Problem::NotFound
 }
 
+#[utoipa::path(get, path = "/healthz", tag = "operations",
+    responses((status = 200, description = "the process is alive", body = String)))]
 async fn healthz() -> &'static str {
     "ok"
 }
@@ -188,14 +191,21 @@ fn readiness(state: &ApiState) -> Result<(), Problem> {
     Ok(())
 }
 
+#[utoipa::path(get, path = "/readyz", tag = "operations",
+    responses(
+        (status = 200, description = "ready: snapshot loaded and lag under the bound", body = String),
+        (status = 503, description = "not ready", body = ProblemBody, content_type = "application/problem+json"),
+    ))]
 async fn readyz(State(state): State<ApiState>) -> Result<&'static str, Problem> {
     readiness(&state).map(|()| "ready")
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct StatusBody {
     snapshot: SnapshotBody,
+    #[schema(value_type = String, example = "0/16B3748")]
     applied_lsn: Lsn,
+    #[schema(value_type = String, example = "0/16B3748")]
     server_wal_end: Lsn,
     lag_bytes: u64,
     lag_seconds: f64,
@@ -208,25 +218,27 @@ struct StatusBody {
     model: ModelBody,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct SnapshotBody {
+    #[schema(value_type = String, example = "loaded")]
     phase: SnapshotPhase,
     rows_loaded: u64,
     rows_expected: u64,
     progress: f64,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct SlotBody {
     name: String,
     publication: String,
     active: Option<bool>,
     wal_status: Option<String>,
+    #[schema(value_type = Option<String>)]
     confirmed_flush_lsn: Option<Lsn>,
     retained_wal_bytes: Option<i64>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct ModelBody {
     hotels: usize,
     room_types: usize,
@@ -246,6 +258,8 @@ fn model_body(model: &ReadModel) -> ModelBody {
     }
 }
 
+#[utoipa::path(get, path = "/v1/status", tag = "operations",
+    responses((status = 200, description = "the stream, the slot and the copy", body = StatusBody)))]
 async fn status(State(state): State<ApiState>) -> Json<StatusBody> {
     use std::sync::atomic::Ordering::Relaxed;
     let f = &state.model.freshness;
@@ -280,6 +294,8 @@ async fn status(State(state): State<ApiState>) -> Json<StatusBody> {
     })
 }
 
+#[utoipa::path(get, path = "/metrics", tag = "operations",
+    responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
 async fn metrics_text(State(state): State<ApiState>) -> Response {
     let f = &state.model.freshness;
     let now = Utc::now();
@@ -314,15 +330,16 @@ struct CalendarQuery {
     to: Option<String>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct CalendarBody {
     hotel_id: i64,
+    #[schema(value_type = String, example = "0/16B3748")]
     lsn: Lsn,
     lag_ms: u64,
     room_types: Vec<RoomTypeCalendar>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct RoomTypeCalendar {
     room_type_id: i64,
     name: String,
@@ -330,10 +347,11 @@ struct RoomTypeCalendar {
     nights: Vec<NightBody>,
 }
 
-#[derive(Serialize)]
+#[derive(Serialize, utoipa::ToSchema)]
 struct NightBody {
     night: NaiveDate,
     #[serde(flatten)]
+    #[schema(inline)]
     counts: NightCounts,
     free: i32,
 }
@@ -353,6 +371,18 @@ fn date_param(field: &'static str, value: Option<&str>) -> Result<NaiveDate, Pro
 const MAX_CALENDAR_DAYS: i64 = 800;
 
 /// The copy's raw values for one hotel, with the LSN they reflect.
+#[utoipa::path(get, path = "/v1/hotels/{hotel_id}/calendar", tag = "operations",
+    params(
+        ("hotel_id" = i64, Path, description = "hotel id"),
+        ("from" = String, Query, description = "first night, YYYY-MM-DD"),
+        ("to" = String, Query, description = "night after the last, YYYY-MM-DD"),
+    ),
+    responses(
+        (status = 200, description = "the copy's counts per room type and night", body = CalendarBody),
+        (status = 400, description = "invalid parameter", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 404, description = "no such hotel", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "not ready", body = ProblemBody, content_type = "application/problem+json"),
+    ))]
 async fn calendar(
     State(state): State<ApiState>,
     Path(hotel_id): Path<String>,
@@ -485,6 +515,28 @@ fn fresh_json<T: Serialize>(lsn: Lsn, body: T) -> Response {
 }
 
 /// `GET /v1/search`: hotels that can host the party on every night.
+#[utoipa::path(get, path = "/v1/search", tag = "search",
+    params(
+        ("city" = Option<String>, Query, description = "exact city, case-insensitive (give exactly one of city, q, bbox, hotel_ids)"),
+        ("q" = Option<String>, Query, description = "free text over hotel names, city and room type names"),
+        ("bbox" = Option<String>, Query, description = "min_lat,min_lon,max_lat,max_lon"),
+        ("hotel_ids" = Option<String>, Query, description = "comma-separated ids, at most 250"),
+        ("check_in" = String, Query, description = "YYYY-MM-DD, not in the past"),
+        ("check_out" = String, Query, description = "YYYY-MM-DD, after check_in, at most 30 nights later"),
+        ("room" = Vec<i32>, Query, description = "guests in one room; repeat per room, at most 8", explode = true),
+        ("stars_min" = Option<i32>, Query, description = "0 to 5"),
+        ("amenities" = Option<String>, Query, description = "comma-separated; all must be present"),
+        ("max_price_cents" = Option<i64>, Query, description = "most a room type may cost for the whole stay"),
+        ("sort" = Option<String>, Query, description = "price | stars | availability | relevance"),
+        ("limit" = Option<i32>, Query, description = "1 to 100, default 20"),
+        ("cursor" = Option<String>, Query, description = "next_cursor of the previous page"),
+        ("min_lsn" = Option<String>, Query, description = "answer only with data at or past this LSN (read-your-writes)"),
+    ),
+    responses(
+        (status = 200, description = "matching hotels, with the LSN and lag the answer reflects", body = crate::search::SearchAnswer),
+        (status = 400, description = "invalid parameter", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "the copy is not ready or lags too far", body = ProblemBody, content_type = "application/problem+json"),
+    ))]
 async fn search(
     State(state): State<ApiState>,
     RawQuery(query): RawQuery,
@@ -497,6 +549,20 @@ async fn search(
 }
 
 /// `GET /v1/hotels/{id}/availability`: one hotel's room types, night by night.
+#[utoipa::path(get, path = "/v1/hotels/{hotel_id}/availability", tag = "search",
+    params(
+        ("hotel_id" = i64, Path, description = "hotel id"),
+        ("check_in" = String, Query, description = "YYYY-MM-DD"),
+        ("check_out" = String, Query, description = "YYYY-MM-DD"),
+        ("room" = Vec<i32>, Query, description = "guests in one room; repeat per room", explode = true),
+        ("min_lsn" = Option<String>, Query, description = "read-your-writes LSN"),
+    ),
+    responses(
+        (status = 200, description = "every room type night by night", body = crate::search::Availability),
+        (status = 400, description = "invalid parameter", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 404, description = "no such hotel", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "not ready", body = ProblemBody, content_type = "application/problem+json"),
+    ))]
 async fn availability(
     State(state): State<ApiState>,
     Path(hotel_id): Path<String>,
@@ -511,4 +577,32 @@ async fn availability(
     search_ready(&state)?;
     let answer = state.search.availability(hotel_id, &req).await?;
     Ok(fresh_json(answer.lsn, answer))
+}
+
+/// The shape of every error body (RFC 9457), for the OpenAPI document.
+#[derive(Serialize, utoipa::ToSchema)]
+struct ProblemBody {
+    /// Stable: clients branch on it, e.g. `/problems/invalid-parameter`.
+    r#type: String,
+    title: String,
+    status: u16,
+    detail: String,
+    /// The offending parameter, for `/problems/invalid-parameter`.
+    field: Option<String>,
+}
+
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "vacancy",
+        description = "Guest search served from a read copy of a booking site's room inventory. Every answer says which owner LSN it reflects."
+    ),
+    paths(search, availability, calendar, status, healthz, readyz, metrics_text),
+    components(schemas(ProblemBody, crate::search::SearchAnswer, crate::search::Availability))
+)]
+struct ApiDoc;
+
+/// The OpenAPI 3 document, generated from the handlers' annotations.
+async fn openapi() -> Json<utoipa::openapi::OpenApi> {
+    Json(<ApiDoc as utoipa::OpenApi>::openapi())
 }

@@ -82,7 +82,9 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::BenchSearch(args) => {
-            vacancy::search_bench::run(args).await.context("bench-search failed")?;
+            vacancy::search_bench::run(args)
+                .await
+                .context("bench-search failed")?;
         }
         Command::Bench { which } => {
             vacancy::bench::run(which).await.context("bench failed")?;

@@ -31,7 +31,7 @@ use owner_read::{OwnerReader, Reason};
 use params::{AvailabilityRequest, Cursor, SearchRequest, Sort, Stay};
 
 /// Whose numbers a room type shows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Source {
     /// The copy, as of the answer's LSN.
@@ -42,7 +42,7 @@ pub enum Source {
     CopyFallback,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct RoomOffer {
     pub room_type_id: i64,
     pub name: String,
@@ -55,7 +55,7 @@ pub struct RoomOffer {
     pub source: Source,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct HotelResult {
     pub hotel_id: i64,
     pub name: String,
@@ -77,9 +77,10 @@ impl HotelResult {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct SearchAnswer {
     /// Every owner change committed before this LSN is in the copy's numbers.
+    #[schema(value_type = String, example = "0/16B3748")]
     pub lsn: Lsn,
     pub lag_ms: u64,
     pub total_hotels: usize,
@@ -380,9 +381,10 @@ impl Search {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct Availability {
     pub hotel_id: i64,
+    #[schema(value_type = String, example = "0/16B3748")]
     pub lsn: Lsn,
     pub lag_ms: u64,
     /// Every requested room can be placed on every night.
@@ -390,7 +392,7 @@ pub struct Availability {
     pub room_types: Vec<RoomAvailability>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct RoomAvailability {
     pub room_type_id: i64,
     pub name: String,
@@ -404,7 +406,7 @@ pub struct RoomAvailability {
     pub source: Source,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct NightAvailability {
     pub night: NaiveDate,
     /// Null when the owner has no row for this night (not on sale).

@@ -108,10 +108,19 @@ pub struct AvailabilityRequest {
     pub min_lsn: Option<Lsn>,
 }
 
-fn pairs(query: &str) -> Vec<(String, String)> {
-    form_urlencoded::parse(query.as_bytes())
+/// Longest query string accepted; a search needs far less.
+pub const MAX_QUERY_BYTES: usize = 4096;
+
+fn pairs(query: &str) -> Result<Vec<(String, String)>, ParamError> {
+    if query.len() > MAX_QUERY_BYTES {
+        return Err(err(
+            "query",
+            format!("the query string may be at most {MAX_QUERY_BYTES} bytes"),
+        ));
+    }
+    Ok(form_urlencoded::parse(query.as_bytes())
         .into_owned()
-        .collect()
+        .collect())
 }
 
 fn single<'a>(
@@ -235,7 +244,7 @@ const KNOWN: &[&str] = &[
 ];
 
 pub fn parse_search(query: &str, rules: StayRules) -> Result<SearchRequest, ParamError> {
-    let pairs = pairs(query);
+    let pairs = pairs(query)?;
     if let Some((k, _)) = pairs.iter().find(|(k, _)| !KNOWN.contains(&k.as_str())) {
         return Err(ParamError {
             field: "query",
@@ -361,7 +370,7 @@ pub fn parse_availability(
     query: &str,
     rules: StayRules,
 ) -> Result<AvailabilityRequest, ParamError> {
-    let pairs = pairs(query);
+    let pairs = pairs(query)?;
     if let Some((k, _)) = pairs
         .iter()
         .find(|(k, _)| !["check_in", "check_out", "room", "min_lsn"].contains(&k.as_str()))
@@ -490,6 +499,10 @@ mod tests {
         );
         assert_eq!(field_of(&format!("{OK}&q=beach")), "city");
         assert_eq!(field_of(&format!("{OK}&bogus=1")), "query");
+        assert_eq!(
+            field_of(&format!("{OK}&q={}", "a".repeat(MAX_QUERY_BYTES))),
+            "query"
+        );
         assert_eq!(
             field_of("bbox=1,2,3&check_in=2030-01-10&check_out=2030-01-13&room=2"),
             "bbox"

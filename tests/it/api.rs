@@ -152,6 +152,27 @@ async fn status_calendar_health_and_problems() {
         }
     }
 
+    let (code, _, doc) = get(addr, "/openapi.json").await;
+    assert_eq!(code, 200);
+    let doc: serde_json::Value = serde_json::from_str(&doc).unwrap();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    for path in [
+        "/v1/search",
+        "/v1/hotels/{hotel_id}/availability",
+        "/v1/hotels/{hotel_id}/calendar",
+        "/v1/status",
+        "/readyz",
+    ] {
+        assert!(
+            doc["paths"][path]["get"].is_object(),
+            "{path} missing from /openapi.json"
+        );
+    }
+    let answer = &doc["components"]["schemas"]["SearchAnswer"]["properties"];
+    for field in ["lsn", "lag_ms", "results", "next_cursor", "total_hotels"] {
+        assert!(answer[field].is_object(), "SearchAnswer.{field} missing");
+    }
+
     let (code, _, metrics) = get(addr, "/metrics").await;
     assert_eq!(code, 200);
     for name in [
