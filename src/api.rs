@@ -17,7 +17,7 @@ use chrono::{NaiveDate, Utc};
 use problem_details::ProblemDetails;
 use serde::{Deserialize, Serialize};
 
-use crate::config::Settings;
+use crate::config::{Settings, WhenLagging};
 use crate::lsn::Lsn;
 use crate::metrics;
 use crate::model::{NightCounts, ReadModel};
@@ -478,9 +478,11 @@ impl From<SearchError> for Problem {
     }
 }
 
-/// Searches answer from the copy only while it is loaded and close enough
-/// to the owner; otherwise 503 with Retry-After, so callers back off.
-fn search_ready(state: &ApiState) -> Result<(), Problem> {
+/// Searches answer from the copy while it is loaded and close enough to the
+/// owner. Past the lag bound they answer 503 with Retry-After, so callers
+/// back off, or, with `search.when_lagging = "owner"`, read every shown room
+/// type from the owner. `Ok(true)` means "lagging: read the owner".
+fn search_ready(state: &ApiState) -> Result<bool, Problem> {
     let f = &state.model.freshness;
     if !f.is_loaded() {
         return Err(Problem::NotReady {
@@ -489,11 +491,14 @@ fn search_ready(state: &ApiState) -> Result<(), Problem> {
     }
     let lag = f.lag_ms(Utc::now());
     if lag > state.settings.search.max_lag_ms {
+        if state.settings.search.when_lagging == WhenLagging::Owner {
+            return Ok(true);
+        }
         return Err(Problem::NotReady {
             reason: format!("the copy lags {lag} ms behind the owner"),
         });
     }
-    Ok(())
+    Ok(false)
 }
 
 fn stay_rules(settings: &Settings) -> StayRules {
@@ -542,8 +547,8 @@ async fn search(
     RawQuery(query): RawQuery,
 ) -> Result<Response, Problem> {
     let req = params::parse_search(query.as_deref().unwrap_or(""), stay_rules(&state.settings))?;
-    search_ready(&state)?;
-    let answer = state.search.search(&req).await?;
+    let lagging = search_ready(&state)?;
+    let answer = state.search.search(&req, lagging).await?;
     metrics::SEARCH_RESULTS.observe(answer.total_hotels as f64);
     Ok(fresh_json(answer.lsn, answer))
 }
@@ -574,8 +579,8 @@ async fn availability(
     })?;
     let req =
         params::parse_availability(query.as_deref().unwrap_or(""), stay_rules(&state.settings))?;
-    search_ready(&state)?;
-    let answer = state.search.availability(hotel_id, &req).await?;
+    let lagging = search_ready(&state)?;
+    let answer = state.search.availability(hotel_id, &req, lagging).await?;
     Ok(fresh_json(answer.lsn, answer))
 }
 

@@ -67,6 +67,17 @@ pub struct SearchSettings {
     pub horizon_days: u32,
     pub max_stay_nights: u32,
     pub min_lsn_wait_ms: u64,
+    pub when_lagging: WhenLagging,
+}
+
+/// What a search does when the copy lags past `search.max_lag_ms`.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum WhenLagging {
+    /// 503 with Retry-After.
+    Refuse,
+    /// Read every shown room type from the owner.
+    Owner,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -312,7 +312,7 @@ pub fn init() {
     LazyLock::force(&OWNER_READ_DURATION);
     LazyLock::force(&INDEX_DOCUMENTS);
     LazyLock::force(&SEARCH_RESULTS);
-    for reason in ["few_units", "min_lsn"] {
+    for reason in ["few_units", "min_lsn", "bypass"] {
         OWNER_READS.with_label_values(&[reason]);
         OWNER_READ_ERRORS.with_label_values(&[reason]);
     }

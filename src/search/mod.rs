@@ -182,7 +182,13 @@ impl Search {
         }
     }
 
-    pub async fn search(&self, req: &SearchRequest) -> Result<SearchAnswer, SearchError> {
+    /// Answers `req`. With `lagging`, the copy is too far behind to trust
+    /// and the caller chose to read the owner instead of refusing.
+    pub async fn search(
+        &self,
+        req: &SearchRequest,
+        lagging: bool,
+    ) -> Result<SearchAnswer, SearchError> {
         let caught_up = self.reached(req.min_lsn).await;
         let candidates = self.index.candidates(&crate::index::CandidateQuery {
             place: req.place.clone(),
@@ -199,7 +205,9 @@ impl Search {
             (hotels, t.applied)
         };
         let smallest = req.rooms.iter().copied().min().unwrap_or(1);
-        let reason = if caught_up {
+        let reason = if lagging {
+            Reason::Bypass
+        } else if caught_up {
             Reason::FewUnits
         } else {
             Reason::MinLsn
@@ -228,7 +236,9 @@ impl Search {
     }
 
     /// Replaces, with the owner's rows, the room types that would be shown
-    /// with few units (or all shown ones when the copy missed `min_lsn`).
+    /// with few units; or, when the copy cannot be trusted for this answer
+    /// (it missed `min_lsn`, or lags past the bound), every room type with
+    /// enough beds, since the copy may be wrong in either direction.
     async fn read_owner_where_needed(
         &self,
         hotels: &mut [HotelNights],
@@ -237,10 +247,15 @@ impl Search {
         max_price: Option<i64>,
         reason: Reason,
     ) {
+        let everything = reason != Reason::FewUnits;
         let mut wanted = Vec::new();
         for h in hotels.iter() {
             for t in &h.types {
                 if t.max_guests < smallest_room {
+                    continue;
+                }
+                if everything {
+                    wanted.push(t.key);
                     continue;
                 }
                 let Some((free, price)) = offer(&t.nights) else {
@@ -249,7 +264,7 @@ impl Search {
                 if max_price.is_some_and(|m| price.is_none_or(|p| p > m)) {
                     continue;
                 }
-                if free <= self.few_units || reason == Reason::MinLsn {
+                if free <= self.few_units {
                     wanted.push(t.key);
                 }
             }
@@ -258,11 +273,12 @@ impl Search {
             return;
         }
         let read = self.owner.read(&wanted, stay, reason).await;
+        let wanted_set: std::collections::HashSet<CalendarKey> = wanted.into_iter().collect();
         let by_night: Option<HashMap<(CalendarKey, NaiveDate), NightCounts>> = read
             .ok()
             .map(|rows| rows.iter().map(|(k, n, c)| ((*k, *n), *c)).collect());
         for h in hotels.iter_mut() {
-            for t in h.types.iter_mut().filter(|t| wanted.contains(&t.key)) {
+            for t in h.types.iter_mut().filter(|t| wanted_set.contains(&t.key)) {
                 match &by_night {
                     Some(rows) => {
                         t.nights = stay
@@ -327,6 +343,7 @@ impl Search {
         &self,
         hotel_id: i64,
         req: &AvailabilityRequest,
+        lagging: bool,
     ) -> Result<Availability, SearchError> {
         let caught_up = self.reached(req.min_lsn).await;
         let (mut hotel, lsn) = {
@@ -335,7 +352,9 @@ impl Search {
                 .ok_or(SearchError::HotelNotFound(hotel_id))?;
             (h, t.applied)
         };
-        let reason = if caught_up {
+        let reason = if lagging {
+            Reason::Bypass
+        } else if caught_up {
             Reason::FewUnits
         } else {
             Reason::MinLsn
