@@ -1,4 +1,6 @@
-//! The HTTP surface: operator endpoints (status, calendar, health, metrics).
+//! The HTTP surface: guest search, the booking service's endpoints (take
+//! outcomes, bypass advice), and operator endpoints (stale reads, status,
+//! calendar, health, metrics).
 //!
 //! Architecture invariant: handlers only read the model; they never write it.
 //! Errors are RFC 9457 problem+json with a stable `type`, built in one place
@@ -7,11 +9,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::extract::{MatchedPath, Path, Query, RawQuery, Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Query, RawQuery, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use chrono::{NaiveDate, Utc};
 use problem_details::ProblemDetails;
@@ -23,6 +27,8 @@ use crate::metrics;
 use crate::model::{NightCounts, ReadModel};
 use crate::search::params::{self, ParamError, StayRules};
 use crate::search::{Search, SearchError};
+use crate::stale::outcomes::{Recording, ReportError, TakeOutcomeBody};
+use crate::stale::{BypassQuestion, StaleLoop};
 use crate::stream::StreamStatus;
 use crate::stream::snapshot::SnapshotPhase;
 
@@ -33,6 +39,7 @@ pub struct ApiState {
     pub search: Arc<Search>,
     pub status: Arc<StreamStatus>,
     pub settings: Arc<Settings>,
+    pub stale: Arc<StaleLoop>,
 }
 
 pub fn router(state: ApiState) -> Router {
@@ -46,6 +53,12 @@ pub fn router(state: ApiState) -> Router {
         .route("/v1/hotels/{hotel_id}/calendar", get(calendar))
         .route("/v1/search", get(search))
         .route("/v1/hotels/{hotel_id}/availability", get(availability))
+        .route(
+            "/v1/take-outcomes",
+            post(take_outcomes).layer(DefaultBodyLimit::max(state.stale.max_body_bytes)),
+        )
+        .route("/v1/bypass", get(bypass))
+        .route("/v1/stale-reads", get(stale_reads))
         .fallback(not_found)
         .layer(middleware::from_fn(move |req, next| {
             observe(req, next, timeout)
@@ -78,11 +91,31 @@ async fn observe(req: Request, next: Next, timeout: Duration) -> Response {
 /// Every error the API answers with. `type` values are stable: clients branch on them.
 #[derive(Debug)]
 pub enum Problem {
-    NotReady { reason: String },
-    InvalidParameter { field: &'static str, detail: String },
+    NotReady {
+        reason: String,
+    },
+    InvalidParameter {
+        field: &'static str,
+        detail: String,
+    },
     HotelNotFound(i64),
     NotFound,
     Timeout,
+    /// No bearer token, or not one of the booking service's.
+    Unauthorized,
+    /// A quote this service did not issue, or one altered since.
+    InvalidQuote {
+        detail: String,
+    },
+    /// A genuine quote for another room, hotel or stay than the report's.
+    QuoteMismatch {
+        field: &'static str,
+    },
+    /// An attempt id reported before with a different report.
+    AttemptReused,
+    BodyTooLarge {
+        limit: usize,
+    },
 }
 
 impl Problem {
@@ -118,6 +151,36 @@ impl Problem {
                 "The request took too long",
                 "try again".to_string(),
             ),
+            Problem::Unauthorized => (
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "A booking service token is required",
+                "send Authorization: Bearer <token>".to_string(),
+            ),
+            Problem::InvalidQuote { detail } => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid-quote",
+                "The quote was not issued by this service",
+                detail.clone(),
+            ),
+            Problem::QuoteMismatch { field } => (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "quote-mismatch",
+                "The quote does not describe this take",
+                format!("the quote was issued for another {field}"),
+            ),
+            Problem::AttemptReused => (
+                StatusCode::CONFLICT,
+                "attempt-id-reused",
+                "This attempt id was reported with a different outcome",
+                "one attempt has one outcome; use a new attempt id for a new take".to_string(),
+            ),
+            Problem::BodyTooLarge { limit } => (
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body-too-large",
+                "The request body is too large",
+                format!("at most {limit} bytes"),
+            ),
         }
     }
 }
@@ -132,7 +195,11 @@ impl IntoResponse for Problem {
     fn into_response(self) -> Response {
         let (status, slug, title, detail) = self.parts();
         let field = match &self {
-            Problem::InvalidParameter { field, .. } => Some(*field),
+            Problem::InvalidParameter { field, .. } | Problem::QuoteMismatch { field } => {
+                Some(*field)
+            }
+            Problem::InvalidQuote { .. } => Some("quote"),
+            Problem::AttemptReused => Some("attempt_id"),
             _ => None,
         };
         let type_uri: axum::http::Uri = format!("/problems/{slug}")
@@ -149,6 +216,11 @@ impl IntoResponse for Problem {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         response
     }
@@ -303,6 +375,7 @@ async fn metrics_text(State(state): State<ApiState>) -> Response {
     metrics::LAG_SECONDS.set(f.lag_ms(now) as f64 / 1000.0);
     metrics::SECONDS_SINCE_LAST_MESSAGE.set(f.seconds_since_last_message(now).unwrap_or(0.0));
     metrics::SNAPSHOT_PROGRESS.set(state.status.snapshot.fraction());
+    metrics::READY.set(i64::from(readiness(&state).is_ok()));
     let m = model_body(&state.model);
     metrics::MODEL_ENTRIES
         .with_label_values(&["hotels"])
@@ -314,6 +387,8 @@ async fn metrics_text(State(state): State<ApiState>) -> Response {
         .with_label_values(&["inventory"])
         .set(m.inventory_rows as i64);
     metrics::MODEL_BYTES.set(m.inventory_bytes as i64);
+    // The share slides with time, not only when a report arrives.
+    state.stale.ledger.overall();
     (
         [(
             header::CONTENT_TYPE,
@@ -584,6 +659,113 @@ async fn availability(
     Ok(fresh_json(answer.lsn, answer))
 }
 
+impl From<ReportError> for Problem {
+    fn from(e: ReportError) -> Problem {
+        match e {
+            ReportError::Invalid { field, detail } => Problem::InvalidParameter { field, detail },
+            ReportError::Quote(e) => Problem::InvalidQuote {
+                detail: e.to_string(),
+            },
+            ReportError::QuoteMismatch { field } => Problem::QuoteMismatch { field },
+            ReportError::AttemptReused => Problem::AttemptReused,
+        }
+    }
+}
+
+/// `POST /v1/take-outcomes`: the booking service reports one take.
+///
+/// Authenticated first (nothing about the body is looked at without a
+/// valid token), then checked field by field, then recorded once per
+/// `attempt_id`: a retry gets the first answer back with
+/// `Idempotent-Replayed: true` and counts nothing.
+#[utoipa::path(post, path = "/v1/take-outcomes", tag = "booking service",
+    request_body = TakeOutcomeBody,
+    security(("booking_token" = [])),
+    responses(
+        (status = 200, description = "recorded (or a retry of a recorded attempt, with Idempotent-Replayed: true)", body = crate::stale::outcomes::Recorded),
+        (status = 400, description = "invalid field", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 401, description = "missing or wrong bearer token", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "attempt id reported before with a different report", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 413, description = "body too large", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 422, description = "forged, altered or mismatched quote", body = ProblemBody, content_type = "application/problem+json"),
+    ))]
+async fn take_outcomes(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, Problem> {
+    let authorization = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
+    if !state.stale.tokens.allows(authorization) {
+        return Err(Problem::Unauthorized);
+    }
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            Problem::BodyTooLarge {
+                limit: state.stale.max_body_bytes,
+            }
+        } else {
+            Problem::InvalidParameter {
+                field: "body",
+                detail: "could not be read".into(),
+            }
+        }
+    })?;
+    let report = TakeOutcomeBody::from_json(&body)?.check(&state.stale.key)?;
+    let (answer, replayed) = match state.stale.ledger.record(&report)? {
+        Recording::New(a) => (a, false),
+        Recording::Replay(a) => (a, true),
+    };
+    let mut response = Json(answer).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    if replayed {
+        headers.insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    Ok(response)
+}
+
+/// `GET /v1/bypass`: whether the booking service should read the owner
+/// instead of trusting the copy for this take.
+#[utoipa::path(get, path = "/v1/bypass", tag = "booking service",
+    params(
+        ("hotel_id" = i64, Query, description = "hotel id"),
+        ("room_type_id" = i64, Query, description = "room type id"),
+        ("check_in" = String, Query, description = "YYYY-MM-DD, not in the past"),
+        ("check_out" = String, Query, description = "YYYY-MM-DD, after check_in"),
+        ("rooms" = Option<i32>, Query, description = "units the take asks for, default 1"),
+    ),
+    responses(
+        (status = 200, description = "the advice and why", body = crate::stale::bypass::Advice),
+        (status = 400, description = "invalid parameter", body = ProblemBody, content_type = "application/problem+json"),
+    ))]
+async fn bypass(
+    State(state): State<ApiState>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, Problem> {
+    let req = params::parse_bypass(query.as_deref().unwrap_or(""), stay_rules(&state.settings))?;
+    let advice = state.stale.advise(&BypassQuestion {
+        key: crate::model::CalendarKey {
+            hotel_id: req.hotel_id,
+            room_type_id: req.room_type_id,
+        },
+        stay: req.stay,
+        rooms: req.rooms,
+    });
+    let mut response = Json(advice).into_response();
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Ok(response)
+}
+
+/// `GET /v1/stale-reads`: the 409-after-shown-available share over the
+/// window, the hotels with the highest share, and the audit's findings.
+#[utoipa::path(get, path = "/v1/stale-reads", tag = "operations",
+    responses((status = 200, description = "the share, counts, top hotels and the audit", body = crate::stale::StaleReadsBody)))]
+async fn stale_reads(State(state): State<ApiState>) -> Json<crate::stale::StaleReadsBody> {
+    Json(state.stale.stale_reads())
+}
+
 /// The shape of every error body (RFC 9457), for the OpenAPI document.
 #[derive(Serialize, utoipa::ToSchema)]
 struct ProblemBody {
@@ -602,10 +784,44 @@ struct ProblemBody {
         title = "vacancy",
         description = "Guest search served from a read copy of a booking site's room inventory. Every answer says which owner LSN it reflects."
     ),
-    paths(search, availability, calendar, status, healthz, readyz, metrics_text),
-    components(schemas(ProblemBody, crate::search::SearchAnswer, crate::search::Availability))
+    paths(
+        search,
+        availability,
+        take_outcomes,
+        bypass,
+        stale_reads,
+        calendar,
+        status,
+        healthz,
+        readyz,
+        metrics_text
+    ),
+    components(schemas(
+        ProblemBody,
+        crate::search::SearchAnswer,
+        crate::search::Availability,
+        TakeOutcomeBody,
+        crate::stale::outcomes::Recorded,
+        crate::stale::bypass::Advice,
+        crate::stale::StaleReadsBody
+    )),
+    modifiers(&BookingTokenScheme)
 )]
 struct ApiDoc;
+
+/// Declares the booking service's bearer token in the document.
+struct BookingTokenScheme;
+
+impl utoipa::Modify for BookingTokenScheme {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "booking_token",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
 
 /// The OpenAPI 3 document, generated from the handlers' annotations.
 async fn openapi() -> Json<utoipa::openapi::OpenApi> {

@@ -1,5 +1,6 @@
-//! Wiring: start the projector, the heartbeat, the slot watch and the HTTP
-//! server under one shutdown token, and stop them in order.
+//! Wiring: start the projector, the heartbeat, the slot watch, the
+//! divergence audit and the HTTP server under one shutdown token, and stop
+//! them in order.
 //!
 //! `start` takes an already bound listener, so tests and the demo can bind
 //! port 0 and learn the address.
@@ -18,6 +19,7 @@ use crate::metrics;
 use crate::model::ReadModel;
 use crate::owner;
 use crate::search::Search;
+use crate::stale::{self, StaleLoop};
 use crate::stream::refresh::{self, Refresh};
 use crate::stream::{Projector, StreamStatus, slot};
 
@@ -27,6 +29,8 @@ pub struct App {
     pub status: Arc<StreamStatus>,
     pub refresh: Arc<Refresh>,
     pub hotel_index: Arc<HotelIndex>,
+    /// Quote key, take-outcome ledger, bypass policy, divergence audit.
+    pub stale: Arc<StaleLoop>,
     pub addr: std::net::SocketAddr,
     shutdown: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
@@ -44,6 +48,8 @@ pub enum AppError {
     Io(#[from] std::io::Error),
     #[error(transparent)]
     Index(#[from] crate::index::IndexError),
+    #[error(transparent)]
+    Stale(#[from] stale::StaleError),
 }
 
 /// Starts every task; returns once the HTTP listener is serving.
@@ -55,6 +61,7 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
     let shutdown = CancellationToken::new();
     let addr = listener.local_addr()?;
 
+    let stale = Arc::new(StaleLoop::new(&settings, model.clone(), status.clone())?);
     let refresh = Refresh::new(Duration::from_secs(settings.model.ttl_secs));
     let hotel_index = HotelIndex::new()?;
     let projector = Projector::new(
@@ -88,12 +95,20 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
         shutdown.clone(),
     )));
 
-    let search = Arc::new(Search::new(&settings, model.clone(), hotel_index.clone()));
+    tasks.push(tokio::spawn(stale::audit::run(
+        stale.audit.clone(),
+        shutdown.clone(),
+    )));
+
+    let search = Arc::new(
+        Search::new(&settings, model.clone(), hotel_index.clone()).with_stale(stale.clone()),
+    );
     let router = api::router(ApiState {
         model: model.clone(),
         search,
         status: status.clone(),
         settings: settings.clone(),
+        stale: stale.clone(),
     });
     let http_shutdown = shutdown.clone();
     tasks.push(tokio::spawn(async move {
@@ -110,6 +125,7 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
         status,
         refresh,
         hotel_index,
+        stale,
         addr,
         shutdown,
         tasks,

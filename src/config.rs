@@ -25,6 +25,7 @@ pub struct Settings {
     pub search: SearchSettings,
     pub http: HttpSettings,
     pub log: LogSettings,
+    pub stale: StaleSettings,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -78,6 +79,64 @@ pub enum WhenLagging {
     Refuse,
     /// Read every shown room type from the owner.
     Owner,
+}
+
+/// The stale-read loop: quote tokens, take outcomes, bypass advice, audit.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StaleSettings {
+    pub quote_key: String,
+    pub quote_key_file: String,
+    pub booking_tokens: Vec<String>,
+    pub booking_tokens_file: String,
+    pub attempt_capacity: u64,
+    pub attempt_ttl_secs: u64,
+    pub window_secs: u64,
+    pub window_buckets: u32,
+    pub max_hotels: usize,
+    pub top_hotels: usize,
+    pub hotel_min_takes: u64,
+    pub hotel_share_bound: f64,
+    pub bypass_max_lag_ms: u64,
+    pub max_body_bytes: usize,
+    pub audit_interval_ms: u64,
+    pub audit_sample: usize,
+    pub audit_wait_ms: u64,
+}
+
+impl std::fmt::Debug for StaleSettings {
+    // Settings are logged at startup; the key and the tokens must not be.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StaleSettings")
+            .field(
+                "quote_key",
+                &if self.quote_key.is_empty() {
+                    ""
+                } else {
+                    "<redacted>"
+                },
+            )
+            .field("quote_key_file", &self.quote_key_file)
+            .field(
+                "booking_tokens",
+                &format_args!("<{} redacted>", self.booking_tokens.len()),
+            )
+            .field("booking_tokens_file", &self.booking_tokens_file)
+            .field("attempt_capacity", &self.attempt_capacity)
+            .field("attempt_ttl_secs", &self.attempt_ttl_secs)
+            .field("window_secs", &self.window_secs)
+            .field("window_buckets", &self.window_buckets)
+            .field("max_hotels", &self.max_hotels)
+            .field("top_hotels", &self.top_hotels)
+            .field("hotel_min_takes", &self.hotel_min_takes)
+            .field("hotel_share_bound", &self.hotel_share_bound)
+            .field("bypass_max_lag_ms", &self.bypass_max_lag_ms)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("audit_interval_ms", &self.audit_interval_ms)
+            .field("audit_sample", &self.audit_sample)
+            .field("audit_wait_ms", &self.audit_wait_ms)
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -238,6 +297,7 @@ impl Settings {
         if self.http.request_timeout_ms == 0 {
             return Err(invalid("http.request_timeout_ms", "must be above 0"));
         }
+        self.validate_stale()?;
         if self
             .log
             .level
@@ -248,6 +308,101 @@ impl Settings {
                 "log.level",
                 "must be a tracing filter such as `info`",
             ));
+        }
+        Ok(())
+    }
+
+    fn validate_stale(&self) -> Result<(), ConfigError> {
+        fn invalid(field: &'static str, rule: impl Into<String>) -> ConfigError {
+            ConfigError::Invalid {
+                field,
+                rule: rule.into(),
+            }
+        }
+        let s = &self.stale;
+        if !s.quote_key.is_empty() && !s.quote_key_file.is_empty() {
+            return Err(invalid(
+                "stale.quote_key",
+                "set stale.quote_key or stale.quote_key_file, not both",
+            ));
+        }
+        if !s.quote_key.is_empty() && s.quote_key.len() < crate::stale::token::MIN_KEY_BYTES {
+            return Err(invalid(
+                "stale.quote_key",
+                format!(
+                    "must be at least {} bytes",
+                    crate::stale::token::MIN_KEY_BYTES
+                ),
+            ));
+        }
+        if s.booking_tokens
+            .iter()
+            .any(|t| t.len() < crate::stale::MIN_BOOKING_TOKEN_BYTES || t.trim() != t)
+        {
+            return Err(invalid(
+                "stale.booking_tokens",
+                format!(
+                    "every token must be at least {} bytes, without surrounding spaces",
+                    crate::stale::MIN_BOOKING_TOKEN_BYTES
+                ),
+            ));
+        }
+        if s.attempt_capacity == 0 {
+            return Err(invalid("stale.attempt_capacity", "must be above 0"));
+        }
+        if s.attempt_ttl_secs == 0 {
+            return Err(invalid("stale.attempt_ttl_secs", "must be above 0"));
+        }
+        if s.window_buckets == 0 || s.window_buckets > 3600 {
+            return Err(invalid(
+                "stale.window_buckets",
+                "must be between 1 and 3600",
+            ));
+        }
+        if s.window_secs * 1000 / u64::from(s.window_buckets) < 100 {
+            return Err(invalid(
+                "stale.window_secs",
+                "must give each of stale.window_buckets at least 100 ms",
+            ));
+        }
+        if s.window_secs > 86_400 {
+            return Err(invalid(
+                "stale.window_secs",
+                "must be at most a day (86400)",
+            ));
+        }
+        if s.max_hotels == 0 {
+            return Err(invalid("stale.max_hotels", "must be above 0"));
+        }
+        if !(1..=1000).contains(&s.top_hotels) {
+            return Err(invalid("stale.top_hotels", "must be between 1 and 1000"));
+        }
+        if s.hotel_min_takes == 0 {
+            return Err(invalid("stale.hotel_min_takes", "must be above 0"));
+        }
+        if !(0.0..1.0).contains(&s.hotel_share_bound) {
+            return Err(invalid(
+                "stale.hotel_share_bound",
+                "must be a ratio from 0 up to (not including) 1",
+            ));
+        }
+        if !(1024..=1024 * 1024).contains(&s.max_body_bytes) {
+            return Err(invalid(
+                "stale.max_body_bytes",
+                "must be between 1024 and 1048576",
+            ));
+        }
+        if s.audit_interval_ms > 0 && s.audit_interval_ms < 100 {
+            return Err(invalid(
+                "stale.audit_interval_ms",
+                "must be 0 (off) or at least 100",
+            ));
+        }
+        if !(1..=10_000).contains(&s.audit_sample) {
+            return Err(invalid("stale.audit_sample", "must be between 1 and 10000"));
+        }
+        if s.audit_wait_ms == 0 {
+            return Err(invalid("stale.audit_wait_ms", "must be above 0"));
         }
         Ok(())
     }
@@ -319,6 +474,31 @@ mod tests {
         assert!(e.contains("owner.url"), "{e}");
         let e = load_with_env(&[("VACANCY_MODEL__TTL_SECS", "0")]).unwrap_err();
         assert!(e.contains("model.ttl_secs"), "{e}");
+        let e = load_with_env(&[("VACANCY_STALE__QUOTE_KEY", "too short")]).unwrap_err();
+        assert!(e.contains("stale.quote_key"), "{e}");
+        let e = load_with_env(&[("VACANCY_STALE__HOTEL_SHARE_BOUND", "1.5")]).unwrap_err();
+        assert!(e.contains("stale.hotel_share_bound"), "{e}");
+        let e = load_with_env(&[("VACANCY_STALE__WINDOW_BUCKETS", "0")]).unwrap_err();
+        assert!(e.contains("stale.window_buckets"), "{e}");
+    }
+
+    #[test]
+    fn secrets_never_show_in_debug_output() {
+        let s = load_with_env(&[
+            (
+                "VACANCY_STALE__QUOTE_KEY",
+                "a-quote-key-of-thirty-two-bytes-or-more",
+            ),
+            (
+                "VACANCY_STALE__BOOKING_TOKENS",
+                "[\"booking-token-0123456789\"]",
+            ),
+        ])
+        .expect("env");
+        assert_eq!(s.stale.booking_tokens, vec!["booking-token-0123456789"]);
+        let shown = format!("{s:?}");
+        assert!(!shown.contains("a-quote-key"), "{shown}");
+        assert!(!shown.contains("booking-token"), "{shown}");
     }
 
     #[test]

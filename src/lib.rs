@@ -9,13 +9,19 @@
 //! - [`model`]: the in-memory read model of hotels, room types and nightly
 //!   counts, applied one whole transaction at a time, with its freshness.
 //! - [`index`]: hotels and room types in tantivy, re-indexed in batches.
-//! - [`search`]: which hotels fit the party on every night; owner reads for few units.
-//! - [`api`]: the HTTP surface (status, calendar, health, metrics).
+//! - [`search`]: which hotels fit the party on every night; owner reads for few
+//!   units; a signed quote on every room type shown.
+//! - [`stale`]: the stale-read loop: quote tokens, take outcomes and the
+//!   409-after-shown-available share, bypass advice, the divergence audit.
+//! - [`api`]: the HTTP surface (search, take outcomes, bypass, status, calendar,
+//!   health, metrics).
 //! - [`metrics`]: every Prometheus metric, defined in one place.
 //! - [`config`]: settings, layered from `config/default.toml`, a file and `VACANCY_*`.
 //! - [`app`]: wiring: spawn the tasks, one shutdown token, signals.
 //! - [`bench`]: `vacancy bench`, figures beside their baselines.
 //! - [`search_bench`]: `vacancy bench-search`, search under load beside SQL on the owner.
+//! - [`simulator`]: booking-service guests over the real API and owner
+//!   operations, reporting each take (tests, benchmarks, the demo).
 //! - [`demo`]: the whole job on one machine: embedded owner, seed, guests.
 //! - [`lsn`]: `Lsn`, a WAL position as PostgreSQL writes it.
 
@@ -31,4 +37,6 @@ pub mod model;
 pub mod owner;
 pub mod search;
 pub mod search_bench;
+pub mod simulator;
+pub mod stale;
 pub mod stream;

@@ -143,6 +143,12 @@ pub static SLOT_RETAINED_WAL: LazyLock<IntGauge> = LazyLock::new(|| {
         "WAL the owner keeps for the slot (pg_replication_slots)",
     )
 });
+pub static READY: LazyLock<IntGauge> = LazyLock::new(|| {
+    gauge(
+        "vacancy_ready",
+        "1 while /readyz answers 200 (snapshot loaded, lag under http.ready_max_lag_ms)",
+    )
+});
 pub static SLOT_ACTIVE: LazyLock<IntGauge> = LazyLock::new(|| {
     gauge(
         "vacancy_slot_active",
@@ -242,6 +248,63 @@ pub static OWNER_READ_DURATION: LazyLock<Histogram> = LazyLock::new(|| {
     )
 });
 
+// --- stale-read loop ---------------------------------------------------------
+
+pub static TAKES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "vacancy_takes_total",
+        "Takes reported by the booking service, by outcome (taken, conflict, error) and by where the numbers the guest saw came from (copy, owner, copy_fallback, none)",
+        &["outcome", "source"],
+    )
+});
+pub static CONFLICTS_AFTER_SHOWN: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "vacancy_conflicts_after_shown_available_total",
+        "Takes refused by the owner (409) after the quote showed at least the units asked for, by source",
+        &["source"],
+    )
+});
+pub static STALE_SHARE: LazyLock<prometheus::Gauge> = LazyLock::new(|| {
+    float_gauge(
+        "vacancy_stale_read_share_ratio",
+        "Conflicts after the copy showed the units free, per take, over the sliding window (0 to 1)",
+    )
+});
+pub static CONFLICT_SHOW_LAG: LazyLock<Histogram> = LazyLock::new(|| {
+    histogram(
+        "vacancy_conflict_show_lag_seconds",
+        "The copy's lag when it showed what turned into a conflict",
+        vec![
+            0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+        ],
+    )
+});
+pub static BYPASS_ADVICE: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "vacancy_bypass_advice_total",
+        "Bypass advice given, by reason (few_units, lagging, not_ready, hotel_conflicts; none when the copy may be trusted)",
+        &["reason"],
+    )
+});
+pub static DIVERGENCE_CHECKED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "vacancy_divergence_checked_total",
+        "Rows the divergence audit compared with the owner",
+    )
+});
+pub static DIVERGENCE_MISMATCHES: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "vacancy_divergence_mismatches_total",
+        "Rows the copy showed differently from the owner although it was past the owner's read",
+    )
+});
+pub static DIVERGENCE_LAST_PASS: LazyLock<IntGauge> = LazyLock::new(|| {
+    gauge(
+        "vacancy_divergence_last_pass_mismatches",
+        "Mismatches found by the latest audit pass (0 once the copy is repaired)",
+    )
+});
+
 // --- http -------------------------------------------------------------------
 
 pub static HTTP_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
@@ -305,6 +368,7 @@ pub fn init() {
     LazyLock::force(&BUFFERED_CHANGES);
     LazyLock::force(&SLOT_RETAINED_WAL);
     LazyLock::force(&SLOT_ACTIVE);
+    LazyLock::force(&READY);
     LazyLock::force(&MODEL_BYTES);
     LazyLock::force(&TTL_ROWS_REREAD);
     LazyLock::force(&TTL_ROWS_REPAIRED);
@@ -322,6 +386,30 @@ pub fn init() {
     OWNER_READ_ERRORS.with_label_values(&["ttl"]);
     LazyLock::force(&HTTP_REQUESTS);
     LazyLock::force(&HTTP_DURATION);
+    OWNER_READS.with_label_values(&["audit"]);
+    OWNER_READ_ERRORS.with_label_values(&["audit"]);
+    for outcome in ["taken", "conflict", "error"] {
+        for source in ["copy", "owner", "copy_fallback", "none"] {
+            TAKES.with_label_values(&[outcome, source]);
+        }
+    }
+    for source in ["copy", "owner", "copy_fallback", "none"] {
+        CONFLICTS_AFTER_SHOWN.with_label_values(&[source]);
+    }
+    for reason in [
+        "few_units",
+        "lagging",
+        "not_ready",
+        "hotel_conflicts",
+        "none",
+    ] {
+        BYPASS_ADVICE.with_label_values(&[reason]);
+    }
+    LazyLock::force(&STALE_SHARE);
+    LazyLock::force(&CONFLICT_SHOW_LAG);
+    LazyLock::force(&DIVERGENCE_CHECKED);
+    LazyLock::force(&DIVERGENCE_MISMATCHES);
+    LazyLock::force(&DIVERGENCE_LAST_PASS);
 }
 
 /// The text exposition of everything registered.

@@ -6,6 +6,11 @@
 //! free units are then read from the owner (`owner_read`), and the answer
 //! says, per room type, whose numbers it shows.
 //!
+//! Every room type shown carries a `quote`: a signed token of what was shown
+//! (see `stale::token`), which the booking service sends back with the
+//! outcome of the take. Hotels whose recent takes keep turning into stale
+//! reads (`stale::bypass`) have all their room types read from the owner.
+//!
 //! A room type is *offered* when it has a row on every night of the stay, at
 //! least one unit free on each (`coalesce(sell_limit, total) - taken`), a
 //! `max_guests` that fits the smallest requested room, and, with
@@ -20,13 +25,15 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{NaiveDate, Utc};
+use chrono::{DateTime, NaiveDate, Utc};
 use serde::Serialize;
 
 use crate::config::Settings;
 use crate::index::{HotelIndex, IndexError, Place};
 use crate::lsn::Lsn;
 use crate::model::{CalendarKey, NightCounts, ReadModel, Tables};
+use crate::stale::StaleLoop;
+use crate::stale::token::{Quote, QuoteKey};
 use owner_read::{OwnerReader, Reason};
 use params::{AvailabilityRequest, Cursor, SearchRequest, Sort, Stay};
 
@@ -53,6 +60,8 @@ pub struct RoomOffer {
     pub price_cents: Option<i64>,
     pub low_availability: bool,
     pub source: Source,
+    /// Opaque: send it back with the take's outcome (`POST /v1/take-outcomes`).
+    pub quote: String,
 }
 
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
@@ -103,7 +112,45 @@ pub struct Search {
     pub owner: OwnerReader,
     few_units: i32,
     min_lsn_wait: Duration,
+    /// Signs the quotes. A random key until `with_stale` gives the app's.
+    quotes: QuoteKey,
+    /// The stale-read loop, for the hotels to read from the owner.
+    stale: Option<Arc<StaleLoop>>,
 }
+
+/// What every quote of one answer shares.
+#[derive(Debug, Clone, Copy)]
+struct QuoteContext {
+    stay: Stay,
+    lsn: Lsn,
+    shown_at: DateTime<Utc>,
+    lag_ms: u64,
+}
+
+impl QuoteContext {
+    fn sign(&self, key: &QuoteKey, k: CalendarKey, free_units: i32, source: Source) -> String {
+        let quote = Quote {
+            source,
+            hotel_id: k.hotel_id,
+            room_type_id: k.room_type_id,
+            check_in: self.stay.check_in,
+            check_out: self.stay.check_out,
+            free_units,
+            lsn: self.lsn,
+            shown_at: self.shown_at,
+            lag_ms: u32::try_from(self.lag_ms).unwrap_or(u32::MAX),
+        };
+        // Stays are checked (1 to 30 nights) before a search runs, and
+        // signing refuses only stays that do not fit in a u16.
+        key.sign(&quote).unwrap_or_default()
+    }
+}
+
+/// Owner rows read for some calendars; `None` rows: the read failed.
+type OwnerNights = (
+    std::collections::HashSet<CalendarKey>,
+    Option<HashMap<(CalendarKey, NaiveDate), NightCounts>>,
+);
 
 /// One room type's nights over the stay, as read from the copy.
 #[derive(Debug, Clone)]
@@ -164,6 +211,24 @@ impl Search {
             owner: OwnerReader::new(settings),
             few_units: settings.search.few_units_threshold,
             min_lsn_wait: Duration::from_millis(settings.search.min_lsn_wait_ms),
+            quotes: QuoteKey::random(),
+            stale: None,
+        }
+    }
+
+    /// Signs quotes with the loop's key and reads the hotels its policy
+    /// flags from the owner.
+    pub fn with_stale(mut self, stale: Arc<StaleLoop>) -> Search {
+        self.quotes = stale.key.clone();
+        self.stale = Some(stale);
+        self
+    }
+
+    /// The hotels among `hotels` the stale-read policy says to read from the owner.
+    fn bypassed(&self, hotels: &[HotelNights]) -> std::collections::HashSet<i64> {
+        match &self.stale {
+            Some(s) => s.bypassed_hotels(hotels.iter().map(|h| h.hotel_id)),
+            None => Default::default(),
         }
     }
 
@@ -212,23 +277,48 @@ impl Search {
         } else {
             Reason::MinLsn
         };
-        self.read_owner_where_needed(&mut hotels, req.stay, smallest, req.max_price_cents, reason)
-            .await;
+        let bypassed = self.bypassed(&hotels);
+        self.read_owner_where_needed(
+            &mut hotels,
+            req.stay,
+            smallest,
+            req.max_price_cents,
+            reason,
+            &bypassed,
+        )
+        .await;
+        let quotes = QuoteContext {
+            stay: req.stay,
+            lsn,
+            shown_at: Utc::now(),
+            lag_ms: self.model.freshness.lag_ms(Utc::now()),
+        };
         let mut results: Vec<HotelResult> = hotels
             .into_iter()
             .filter_map(|h| self.evaluate(h, &req.rooms, req.max_price_cents))
             .collect();
         sort(&mut results, req.sort);
         let total = results.len();
-        let page: Vec<HotelResult> = results
+        let mut page: Vec<HotelResult> = results
             .into_iter()
             .skip(req.offset)
             .take(req.limit)
             .collect();
         let next = req.offset + page.len();
+        // Only the page shown is quoted: signing costs about a microsecond
+        // per room type, and a broad search can match thousands.
+        for h in &mut page {
+            for o in &mut h.room_types {
+                let key = CalendarKey {
+                    hotel_id: h.hotel_id,
+                    room_type_id: o.room_type_id,
+                };
+                o.quote = quotes.sign(&self.quotes, key, o.free_units, o.source);
+            }
+        }
         Ok(SearchAnswer {
             lsn,
-            lag_ms: self.model.freshness.lag_ms(Utc::now()),
+            lag_ms: quotes.lag_ms,
             total_hotels: total,
             next_cursor: (next < total).then(|| Cursor::encode(req, next)),
             results: page,
@@ -238,7 +328,10 @@ impl Search {
     /// Replaces, with the owner's rows, the room types that would be shown
     /// with few units; or, when the copy cannot be trusted for this answer
     /// (it missed `min_lsn`, or lags past the bound), every room type with
-    /// enough beds, since the copy may be wrong in either direction.
+    /// enough beds, since the copy may be wrong in either direction. The
+    /// hotels in `bypassed` (the stale-read policy) have every room type with
+    /// enough beds read too, under reason `bypass`, in a second query that
+    /// runs beside the first.
     async fn read_owner_where_needed(
         &self,
         hotels: &mut [HotelNights],
@@ -246,16 +339,23 @@ impl Search {
         smallest_room: i16,
         max_price: Option<i64>,
         reason: Reason,
+        bypassed: &std::collections::HashSet<i64>,
     ) {
         let everything = reason != Reason::FewUnits;
         let mut wanted = Vec::new();
+        let mut bypass = Vec::new();
         for h in hotels.iter() {
+            let hotel_bypassed = !everything && bypassed.contains(&h.hotel_id);
             for t in &h.types {
                 if t.max_guests < smallest_room {
                     continue;
                 }
                 if everything {
                     wanted.push(t.key);
+                    continue;
+                }
+                if hotel_bypassed {
+                    bypass.push(t.key);
                     continue;
                 }
                 let Some((free, price)) = offer(&t.nights) else {
@@ -269,30 +369,35 @@ impl Search {
                 }
             }
         }
-        if wanted.is_empty() {
-            return;
-        }
-        let read = self.owner.read(&wanted, stay, reason).await;
-        let wanted_set: std::collections::HashSet<CalendarKey> = wanted.into_iter().collect();
-        let by_night: Option<HashMap<(CalendarKey, NaiveDate), NightCounts>> = read
-            .ok()
-            .map(|rows| rows.iter().map(|(k, n, c)| ((*k, *n), *c)).collect());
-        for h in hotels.iter_mut() {
-            for t in h.types.iter_mut().filter(|t| wanted_set.contains(&t.key)) {
-                match &by_night {
-                    Some(rows) => {
-                        t.nights = stay
-                            .nights()
-                            .map(|n| rows.get(&(t.key, n)).copied())
-                            .collect();
-                        t.source = Source::Owner;
-                    }
-                    None => t.source = Source::CopyFallback,
-                }
-            }
+        let (few, flagged) = futures_util::future::join(
+            self.owner_nights(wanted, stay, reason),
+            self.owner_nights(bypass, stay, Reason::Bypass),
+        )
+        .await;
+        for read in [few, flagged].into_iter().flatten() {
+            apply_owner_nights(hotels, stay, read);
         }
     }
 
+    /// Reads `keys` from the owner; `None` when there is nothing to read.
+    async fn owner_nights(
+        &self,
+        keys: Vec<CalendarKey>,
+        stay: Stay,
+        reason: Reason,
+    ) -> Option<OwnerNights> {
+        if keys.is_empty() {
+            return None;
+        }
+        let read = self.owner.read(&keys, stay, reason).await;
+        let by_night = read
+            .ok()
+            .map(|rows| rows.iter().map(|(k, n, c)| ((*k, *n), *c)).collect());
+        Some((keys.into_iter().collect(), by_night))
+    }
+
+    /// The hotel with its offered room types, when the party can be placed.
+    /// Quotes are left empty; the caller signs those it shows.
     fn evaluate(
         &self,
         h: HotelNights,
@@ -317,6 +422,7 @@ impl Search {
                     price_cents: price,
                     low_availability: free <= self.few_units,
                     source: t.source,
+                    quote: String::new(),
                 })
             })
             .collect();
@@ -359,8 +465,22 @@ impl Search {
         } else {
             Reason::MinLsn
         };
-        self.read_owner_where_needed(std::slice::from_mut(&mut hotel), req.stay, 1, None, reason)
-            .await;
+        let bypassed = self.bypassed(std::slice::from_ref(&hotel));
+        self.read_owner_where_needed(
+            std::slice::from_mut(&mut hotel),
+            req.stay,
+            1,
+            None,
+            reason,
+            &bypassed,
+        )
+        .await;
+        let quotes = QuoteContext {
+            stay: req.stay,
+            lsn,
+            shown_at: Utc::now(),
+            lag_ms: self.model.freshness.lag_ms(Utc::now()),
+        };
         let smallest = req.rooms.iter().copied().min().unwrap_or(1);
         let hotel_fits = self.evaluate(hotel.clone(), &req.rooms, None).is_some();
         let room_types = hotel
@@ -368,6 +488,7 @@ impl Search {
             .iter()
             .map(|t| {
                 let offered = offer(&t.nights);
+                let free_units = offered.map_or(0, |(f, _)| f);
                 RoomAvailability {
                     room_type_id: t.key.room_type_id,
                     name: t.name.clone(),
@@ -382,18 +503,19 @@ impl Search {
                             price_cents: c.and_then(|c| c.price_cents),
                         })
                         .collect(),
-                    free_units: offered.map_or(0, |(f, _)| f),
+                    free_units,
                     price_cents: offered.and_then(|(_, p)| p),
                     fits: offered.is_some() && t.max_guests >= smallest,
                     low_availability: offered.is_some_and(|(f, _)| f <= self.few_units),
                     source: t.source,
+                    quote: quotes.sign(&self.quotes, t.key, free_units, t.source),
                 }
             })
             .collect();
         Ok(Availability {
             hotel_id,
             lsn,
-            lag_ms: self.model.freshness.lag_ms(Utc::now()),
+            lag_ms: quotes.lag_ms,
             hotel_fits,
             room_types,
         })
@@ -423,6 +545,8 @@ pub struct RoomAvailability {
     pub fits: bool,
     pub low_availability: bool,
     pub source: Source,
+    /// Opaque: send it back with the take's outcome (`POST /v1/take-outcomes`).
+    pub quote: String,
 }
 
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
@@ -431,6 +555,26 @@ pub struct NightAvailability {
     /// Null when the owner has no row for this night (not on sale).
     pub free_units: Option<i32>,
     pub price_cents: Option<i32>,
+}
+
+/// Puts the owner's rows over the copy's for the calendars read; when the
+/// read failed, flags them as showing the copy's numbers instead.
+fn apply_owner_nights(hotels: &mut [HotelNights], stay: Stay, read: OwnerNights) {
+    let (keys, by_night) = read;
+    for h in hotels.iter_mut() {
+        for t in h.types.iter_mut().filter(|t| keys.contains(&t.key)) {
+            match &by_night {
+                Some(rows) => {
+                    t.nights = stay
+                        .nights()
+                        .map(|n| rows.get(&(t.key, n)).copied())
+                        .collect();
+                    t.source = Source::Owner;
+                }
+                None => t.source = Source::CopyFallback,
+            }
+        }
+    }
 }
 
 fn read_hotel(t: &Tables, hotel_id: i64, score: f32, stay: Stay) -> Option<HotelNights> {

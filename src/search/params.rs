@@ -390,6 +390,50 @@ pub fn parse_availability(
     })
 }
 
+/// The parameters of `GET /v1/bypass`: one take the booking service is about to try.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BypassRequest {
+    pub hotel_id: i64,
+    pub room_type_id: i64,
+    pub stay: Stay,
+    /// Units the take asks for (default 1).
+    pub rooms: i32,
+}
+
+/// Most units one bypass question may name (a take of more is not a guest's).
+pub const MAX_TAKE_ROOMS: i32 = 1000;
+
+pub fn parse_bypass(query: &str, rules: StayRules) -> Result<BypassRequest, ParamError> {
+    let pairs = pairs(query)?;
+    const KNOWN_BYPASS: &[&str] = &["hotel_id", "room_type_id", "check_in", "check_out", "rooms"];
+    if let Some((k, _)) = pairs
+        .iter()
+        .find(|(k, _)| !KNOWN_BYPASS.contains(&k.as_str()))
+    {
+        return Err(err(
+            "query",
+            format!(
+                "unknown parameter {:?}",
+                k.chars().take(40).collect::<String>()
+            ),
+        ));
+    }
+    let hotel_id = number::<i64>(&pairs, "hotel_id", "an integer")?
+        .ok_or_else(|| err("hotel_id", "is required"))?;
+    let room_type_id = number::<i64>(&pairs, "room_type_id", "an integer")?
+        .ok_or_else(|| err("room_type_id", "is required"))?;
+    let rooms = number::<i32>(&pairs, "rooms", "an integer")?.unwrap_or(1);
+    if !(1..=MAX_TAKE_ROOMS).contains(&rooms) {
+        return Err(err("rooms", format!("must be 1 to {MAX_TAKE_ROOMS}")));
+    }
+    Ok(BypassRequest {
+        hotel_id,
+        room_type_id,
+        stay: stay(&pairs, rules)?,
+        rooms,
+    })
+}
+
 /// An opaque page token: the offset of the next page, bound to the question
 /// it belongs to, so a cursor from one search cannot page another.
 pub struct Cursor;
@@ -455,6 +499,37 @@ mod tests {
         assert_eq!(r.stay.nights().count(), 3);
         assert_eq!(r.sort, Sort::Price);
         assert_eq!(r.limit, DEFAULT_LIMIT);
+    }
+
+    #[test]
+    fn parses_a_bypass_question_and_names_bad_fields() {
+        let q = "hotel_id=3&room_type_id=4&check_in=2030-01-10&check_out=2030-01-12";
+        let r = parse_bypass(q, rules()).unwrap();
+        assert_eq!((r.hotel_id, r.room_type_id, r.rooms), (3, 4, 1));
+        assert_eq!(r.stay.len(), 2);
+        assert_eq!(
+            parse_bypass(&format!("{q}&rooms=3"), rules())
+                .unwrap()
+                .rooms,
+            3
+        );
+        for (bad, field) in [
+            (format!("{q}&rooms=0"), "rooms"),
+            (format!("{q}&rooms=x"), "rooms"),
+            (format!("{q}&city=x"), "query"),
+            (q.replace("hotel_id=3&", ""), "hotel_id"),
+            (
+                q.replace("room_type_id=4", "room_type_id=a"),
+                "room_type_id",
+            ),
+            (q.replace("2030-01-12", "2030-01-10"), "check_out"),
+        ] {
+            assert_eq!(
+                parse_bypass(&bad, rules()).unwrap_err().field,
+                field,
+                "{bad}"
+            );
+        }
     }
 
     fn field_of(q: &str) -> &'static str {

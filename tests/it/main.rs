@@ -8,3 +8,4 @@ mod owner_ops;
 mod projector;
 mod search;
 mod seed;
+mod stale;

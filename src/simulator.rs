@@ -1,0 +1,683 @@
+//! A booking-service simulator: guests who search through the real HTTP API,
+//! pick a room type they were shown, ask for bypass advice, take units on
+//! the owner with the real operations (`owner::ops`), pay or walk away, and
+//! report every take with its quote to `POST /v1/take-outcomes`.
+//!
+//! Used by the tests (racing guests on a hot hotel must produce conflicts,
+//! each counted once with the right source), by benchmarks (the
+//! 409-after-shown rate with search served from the copy) and by the demo.
+//!
+//! The summary is the simulator's own account of what happened, kept apart
+//! from what `vacancy` counted, so the two can be compared.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use chrono::NaiveDate;
+use pg_walstream::CancellationToken;
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::owner::ops::{self, HoldOutcome, HoldRequest};
+use crate::owner::{self, OwnerError};
+
+/// Largest response the simulator reads; a search page is far smaller.
+const MAX_RESPONSE_BYTES: usize = 8 * 1024 * 1024;
+
+#[derive(Debug, Clone)]
+pub struct SimOptions {
+    /// Where `vacancy` serves its API.
+    pub api: SocketAddr,
+    /// The owner the guests take units on.
+    pub owner_url: String,
+    /// The booking service's bearer token for `POST /v1/take-outcomes`.
+    pub booking_token: String,
+    pub guests: usize,
+    /// Each guest stops after this many takes (attempts on the owner).
+    pub takes_per_guest: Option<u64>,
+    /// Every guest stops after this long.
+    pub duration: Option<Duration>,
+    /// The hotels guests search (`hotel_ids=`): few hotels = hot inventory.
+    pub hotel_ids: Vec<i64>,
+    /// Stays start on one of `nights_span` nights from `first_night`.
+    pub first_night: NaiveDate,
+    pub nights_span: u32,
+    /// Stay length, inclusive range of nights.
+    pub stay_nights: (u32, u32),
+    /// Units one take asks for, and guests per unit.
+    pub rooms: i32,
+    pub guests_per_room: i16,
+    /// Between seeing the answer and taking (where a count goes stale).
+    pub think_ms: (u64, u64),
+    /// Between a successful hold and paying or walking away.
+    pub hold_ms: (u64, u64),
+    /// Between one guest's attempts (the rate).
+    pub pause_ms: (u64, u64),
+    /// Out of 100 holds: how many pay; of the rest, `release_percent` out
+    /// of 100 release the hold, the others walk away and leave it to expire.
+    pub pay_percent: u32,
+    pub release_percent: u32,
+    /// The hold's time to live on the owner.
+    pub hold_secs: u64,
+    /// Run a sweeper that returns expired holds every second.
+    pub sweep: bool,
+    /// When the advice says bypass, check the owner first and give up
+    /// (without a take) when it has too few units.
+    pub follow_advice: bool,
+    /// Send every report twice, as a retry after a lost answer would.
+    pub report_twice: bool,
+    pub seed: u64,
+    pub http_timeout: Duration,
+}
+
+impl SimOptions {
+    /// A hot-inventory run: `guests` guests on `hotel_ids`, few pauses.
+    pub fn hot(
+        api: SocketAddr,
+        owner_url: &str,
+        booking_token: &str,
+        hotel_ids: Vec<i64>,
+        first_night: NaiveDate,
+    ) -> SimOptions {
+        SimOptions {
+            api,
+            owner_url: owner_url.to_string(),
+            booking_token: booking_token.to_string(),
+            guests: 8,
+            takes_per_guest: Some(20),
+            duration: Some(Duration::from_secs(120)),
+            hotel_ids,
+            first_night,
+            nights_span: 1,
+            stay_nights: (1, 2),
+            rooms: 1,
+            guests_per_room: 1,
+            think_ms: (0, 20),
+            hold_ms: (0, 20),
+            pause_ms: (0, 10),
+            pay_percent: 20,
+            release_percent: 100,
+            hold_secs: 60,
+            sweep: true,
+            follow_advice: false,
+            report_twice: false,
+            seed: 1,
+            http_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    #[error(transparent)]
+    Owner(#[from] OwnerError),
+    #[error("invalid options: {0}")]
+    Options(&'static str),
+    #[error("a guest task failed: {0}")]
+    Join(#[from] tokio::task::JoinError),
+}
+
+/// What the guests did, by their own account.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SimSummary {
+    pub searches: u64,
+    pub search_errors: u64,
+    /// Searches that showed no room type the guest could take.
+    pub empty_searches: u64,
+    pub advice_asked: u64,
+    pub advice_bypass: u64,
+    /// Guests who, told to bypass, found too few units on the owner and gave up.
+    pub abandoned_after_bypass: u64,
+    pub taken: u64,
+    pub conflicts: u64,
+    pub errors: u64,
+    /// By the `source` the chosen room type was shown with.
+    pub takes_by_source: BTreeMap<String, u64>,
+    pub conflicts_by_source: BTreeMap<String, u64>,
+    /// Conflicts where the room type was shown with at least `rooms` free.
+    pub conflicts_after_shown: u64,
+    pub paid: u64,
+    pub released: u64,
+    pub walked_away: u64,
+    pub swept: u64,
+    /// Reports `vacancy` accepted (first time), replayed, refused or lost.
+    pub reports_recorded: u64,
+    pub reports_replayed: u64,
+    pub reports_failed: u64,
+    /// Reports `vacancy` answered as stale reads.
+    pub stale_reads: u64,
+}
+
+impl SimSummary {
+    fn merge(&mut self, o: &SimSummary) {
+        self.searches += o.searches;
+        self.search_errors += o.search_errors;
+        self.empty_searches += o.empty_searches;
+        self.advice_asked += o.advice_asked;
+        self.advice_bypass += o.advice_bypass;
+        self.abandoned_after_bypass += o.abandoned_after_bypass;
+        self.taken += o.taken;
+        self.conflicts += o.conflicts;
+        self.errors += o.errors;
+        for (k, v) in &o.takes_by_source {
+            *self.takes_by_source.entry(k.clone()).or_default() += v;
+        }
+        for (k, v) in &o.conflicts_by_source {
+            *self.conflicts_by_source.entry(k.clone()).or_default() += v;
+        }
+        self.conflicts_after_shown += o.conflicts_after_shown;
+        self.paid += o.paid;
+        self.released += o.released;
+        self.walked_away += o.walked_away;
+        self.swept += o.swept;
+        self.reports_recorded += o.reports_recorded;
+        self.reports_replayed += o.reports_replayed;
+        self.reports_failed += o.reports_failed;
+        self.stale_reads += o.stale_reads;
+    }
+
+    /// Conflicts per take the owner answered.
+    pub fn conflict_share(&self) -> f64 {
+        let takes = self.taken + self.conflicts;
+        if takes == 0 {
+            0.0
+        } else {
+            self.conflicts as f64 / takes as f64
+        }
+    }
+}
+
+/// Runs the guests until each reaches its limit or `stop` is cancelled.
+pub async fn run(options: SimOptions, stop: CancellationToken) -> Result<SimSummary, SimError> {
+    if options.guests == 0 || options.hotel_ids.is_empty() {
+        return Err(SimError::Options("guests and hotel_ids must not be empty"));
+    }
+    if options.rooms < 1
+        || options.stay_nights.0 < 1
+        || options.stay_nights.0 > options.stay_nights.1
+    {
+        return Err(SimError::Options(
+            "rooms and stay_nights must be positive ranges",
+        ));
+    }
+    if options.takes_per_guest.is_none() && options.duration.is_none() {
+        return Err(SimError::Options(
+            "give takes_per_guest or duration (or both)",
+        ));
+    }
+    let done = stop.child_token();
+    if let Some(d) = options.duration {
+        let done = done.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = done.cancelled() => {}
+                _ = tokio::time::sleep(d) => done.cancel(),
+            }
+        });
+    }
+    let mut guests = Vec::with_capacity(options.guests);
+    for guest in 0..options.guests {
+        let client = owner::connect(&options.owner_url, Duration::from_secs(10)).await?;
+        guests.push(tokio::spawn(guest_loop(
+            options.clone(),
+            guest,
+            client,
+            done.clone(),
+        )));
+    }
+    let sweeper = if options.sweep {
+        let client = owner::connect(&options.owner_url, Duration::from_secs(10)).await?;
+        Some(tokio::spawn(sweeper(client, done.clone())))
+    } else {
+        None
+    };
+    let mut summary = SimSummary::default();
+    for g in guests {
+        summary.merge(&g.await?);
+    }
+    done.cancel();
+    if let Some(s) = sweeper {
+        summary.swept = s.await?;
+    }
+    Ok(summary)
+}
+
+/// One room type a guest was shown.
+#[derive(Debug, Clone)]
+struct Shown {
+    hotel_id: i64,
+    room_type_id: i64,
+    free_units: i64,
+    source: String,
+    quote: String,
+}
+
+async fn guest_loop(
+    o: SimOptions,
+    guest: usize,
+    mut client: tokio_postgres::Client,
+    stop: CancellationToken,
+) -> SimSummary {
+    let mut rng =
+        ChaCha8Rng::seed_from_u64(o.seed.wrapping_mul(1_000_003).wrapping_add(guest as u64));
+    let mut s = SimSummary::default();
+    let hotels: Vec<String> = o.hotel_ids.iter().map(i64::to_string).collect();
+    let mut attempt = 0u64;
+    while !stop.is_cancelled() && o.takes_per_guest.is_none_or(|n| attempt < n) {
+        pause(&mut rng, o.pause_ms, &stop).await;
+        let check_in =
+            o.first_night + chrono::Days::new(rng.random_range(0..u64::from(o.nights_span.max(1))));
+        let check_out = check_in
+            + chrono::Days::new(u64::from(
+                rng.random_range(o.stay_nights.0..=o.stay_nights.1),
+            ));
+        let mut path = format!(
+            "/v1/search?hotel_ids={}&check_in={check_in}&check_out={check_out}&sort=availability&limit=100",
+            hotels.join(",")
+        );
+        for _ in 0..o.rooms {
+            path.push_str(&format!("&room={}", o.guests_per_room));
+        }
+        s.searches += 1;
+        let answer = match http(o.api, "GET", &path, None, None, o.http_timeout).await {
+            Ok(r) if r.status == 200 => serde_json::from_slice::<Value>(&r.body).ok(),
+            _ => None,
+        };
+        let Some(answer) = answer else {
+            s.search_errors += 1;
+            continue;
+        };
+        let shown = shown_room_types(&answer, o.rooms);
+        if shown.is_empty() {
+            s.empty_searches += 1;
+            continue;
+        }
+        let pick = shown[rng.random_range(0..shown.len())].clone();
+
+        let advice_path = format!(
+            "/v1/bypass?hotel_id={}&room_type_id={}&check_in={check_in}&check_out={check_out}&rooms={}",
+            pick.hotel_id, pick.room_type_id, o.rooms
+        );
+        s.advice_asked += 1;
+        let bypass = match http(o.api, "GET", &advice_path, None, None, o.http_timeout).await {
+            Ok(r) if r.status == 200 => serde_json::from_slice::<Value>(&r.body)
+                .ok()
+                .and_then(|v| v["bypass"].as_bool())
+                .unwrap_or(false),
+            _ => false,
+        };
+        s.advice_bypass += u64::from(bypass);
+        if bypass
+            && o.follow_advice
+            && !owner_has(&client, &pick, check_in, check_out, o.rooms).await
+        {
+            s.abandoned_after_bypass += 1;
+            continue;
+        }
+
+        pause(&mut rng, o.think_ms, &stop).await;
+        attempt += 1;
+        let attempt_id = format!("sim-{}-{guest}-{attempt}", o.seed);
+        let req = HoldRequest {
+            booking_id: attempt_id.clone(),
+            hotel_id: pick.hotel_id,
+            room_type_id: pick.room_type_id,
+            check_in,
+            check_out,
+            rooms: o.rooms,
+            hold_for: Duration::from_secs(o.hold_secs.max(1)),
+        };
+        let (outcome, commit_lsn) = match ops::hold(&mut client, &req).await {
+            Ok(HoldOutcome::Held) => ("taken", current_lsn(&client).await),
+            // Not enough units, or a night no longer on sale: the 409.
+            Ok(HoldOutcome::Full | HoldOutcome::NotFound) => ("conflict", None),
+            Ok(_) => ("error", None),
+            Err(_) => {
+                // The connection may be gone; the next attempt gets a new one.
+                if let Ok(c) = owner::connect(&o.owner_url, Duration::from_secs(10)).await {
+                    client = c;
+                }
+                ("error", None)
+            }
+        };
+        match outcome {
+            "taken" => {
+                s.taken += 1;
+                *s.takes_by_source.entry(pick.source.clone()).or_default() += 1;
+            }
+            "conflict" => {
+                s.conflicts += 1;
+                *s.takes_by_source.entry(pick.source.clone()).or_default() += 1;
+                *s.conflicts_by_source
+                    .entry(pick.source.clone())
+                    .or_default() += 1;
+                s.conflicts_after_shown += u64::from(pick.free_units >= i64::from(o.rooms));
+            }
+            _ => s.errors += 1,
+        }
+
+        let report = serde_json::json!({
+            "attempt_id": attempt_id,
+            "quote": pick.quote,
+            "hotel_id": pick.hotel_id,
+            "room_type_id": pick.room_type_id,
+            "check_in": check_in,
+            "check_out": check_out,
+            "rooms": o.rooms,
+            "outcome": outcome,
+            "commit_lsn": commit_lsn,
+        })
+        .to_string();
+        let sends = if o.report_twice { 2 } else { 1 };
+        for _ in 0..sends {
+            let sent = http(
+                o.api,
+                "POST",
+                "/v1/take-outcomes",
+                Some(&o.booking_token),
+                Some(report.as_bytes()),
+                o.http_timeout,
+            )
+            .await;
+            match sent {
+                Ok(r) if r.status == 200 && r.header("idempotent-replayed").is_some() => {
+                    s.reports_replayed += 1;
+                }
+                Ok(r) if r.status == 200 => {
+                    let v: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+                    s.reports_recorded += 1;
+                    s.stale_reads += u64::from(v["stale_read"].as_bool() == Some(true));
+                }
+                _ => s.reports_failed += 1,
+            }
+        }
+
+        if outcome == "taken" {
+            pause(&mut rng, o.hold_ms, &stop).await;
+            if rng.random_range(0..100) < o.pay_percent {
+                if matches!(
+                    ops::confirm(&client, &attempt_id).await,
+                    Ok(ops::Transition::Done)
+                ) {
+                    s.paid += 1;
+                }
+            } else if rng.random_range(0..100) < o.release_percent {
+                if matches!(
+                    ops::release(&mut client, &attempt_id).await,
+                    Ok(ops::Transition::Done)
+                ) {
+                    s.released += 1;
+                }
+            } else {
+                s.walked_away += 1;
+            }
+        }
+    }
+    s
+}
+
+/// The room types of an answer a guest could take `rooms` units of.
+fn shown_room_types(answer: &Value, rooms: i32) -> Vec<Shown> {
+    let mut out = Vec::new();
+    for h in answer["results"].as_array().into_iter().flatten() {
+        let Some(hotel_id) = h["hotel_id"].as_i64() else {
+            continue;
+        };
+        for t in h["room_types"].as_array().into_iter().flatten() {
+            let (Some(room_type_id), Some(free), Some(source), Some(quote)) = (
+                t["room_type_id"].as_i64(),
+                t["free_units"].as_i64(),
+                t["source"].as_str(),
+                t["quote"].as_str(),
+            ) else {
+                continue;
+            };
+            if free >= i64::from(rooms) {
+                out.push(Shown {
+                    hotel_id,
+                    room_type_id,
+                    free_units: free,
+                    source: source.to_string(),
+                    quote: quote.to_string(),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// What a booking service does when told to bypass: ask the owner.
+async fn owner_has(
+    client: &tokio_postgres::Client,
+    pick: &Shown,
+    check_in: NaiveDate,
+    check_out: NaiveDate,
+    rooms: i32,
+) -> bool {
+    let row = client
+        .query_one(
+            "SELECT count(*), coalesce(min(coalesce(sell_limit, total) - taken), 0)
+             FROM inventory
+             WHERE hotel_id = $1 AND room_type_id = $2 AND night >= $3 AND night < $4",
+            &[&pick.hotel_id, &pick.room_type_id, &check_in, &check_out],
+        )
+        .await;
+    match row {
+        Ok(r) => {
+            let nights: i64 = r.get(0);
+            let free: i32 = r.get(1);
+            nights == (check_out - check_in).num_days() && free >= rooms
+        }
+        // The owner did not answer: let the take itself decide.
+        Err(_) => true,
+    }
+}
+
+async fn current_lsn(client: &tokio_postgres::Client) -> Option<String> {
+    client
+        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+        .await
+        .ok()
+        .map(|r| r.get(0))
+}
+
+async fn pause(rng: &mut ChaCha8Rng, range: (u64, u64), stop: &CancellationToken) {
+    let ms = if range.1 > range.0 {
+        rng.random_range(range.0..=range.1)
+    } else {
+        range.0
+    };
+    if ms == 0 {
+        return;
+    }
+    tokio::select! {
+        _ = stop.cancelled() => {}
+        _ = tokio::time::sleep(Duration::from_millis(ms)) => {}
+    }
+}
+
+/// Returns expired holds every second until `stop`; how many it expired.
+async fn sweeper(mut client: tokio_postgres::Client, stop: CancellationToken) -> u64 {
+    let mut swept = 0;
+    loop {
+        if let Ok(n) = ops::sweep(&mut client, 500).await {
+            swept += n;
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return swept,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    #[error("malformed response")]
+    Malformed,
+    #[error("response larger than {MAX_RESPONSE_BYTES} bytes")]
+    TooLarge,
+}
+
+/// An HTTP response: status, headers (names lowercased), body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl HttpResponse {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
+}
+
+/// A minimal HTTP/1.1 exchange (one request per connection). Enough for the
+/// simulator and tests; bounded in time and size.
+pub async fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    bearer: Option<&str>,
+    body: Option<&[u8]>,
+    timeout: Duration,
+) -> Result<HttpResponse, HttpError> {
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        let mut head =
+            format!("{method} {path} HTTP/1.1\r\nHost: vacancy\r\nConnection: close\r\n");
+        if let Some(token) = bearer {
+            head.push_str(&format!("Authorization: Bearer {token}\r\n"));
+        }
+        if let Some(b) = body {
+            head.push_str(&format!(
+                "Content-Type: application/json\r\nContent-Length: {}\r\n",
+                b.len()
+            ));
+        }
+        head.push_str("\r\n");
+        stream.write_all(head.as_bytes()).await?;
+        if let Some(b) = body {
+            stream.write_all(b).await?;
+        }
+        let mut raw = Vec::new();
+        let mut limited = stream.take(MAX_RESPONSE_BYTES as u64 + 1);
+        limited.read_to_end(&mut raw).await?;
+        if raw.len() > MAX_RESPONSE_BYTES {
+            return Err(HttpError::TooLarge);
+        }
+        parse_response(&raw)
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| HttpError::Timeout(timeout))?
+}
+
+/// A complete HTTP/1.1 response (with or without chunking).
+pub fn parse_response(raw: &[u8]) -> Result<HttpResponse, HttpError> {
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or(HttpError::Malformed)?;
+    let head = std::str::from_utf8(&raw[..split]).map_err(|_| HttpError::Malformed)?;
+    let body = &raw[split + 4..];
+    let status: u16 = head
+        .lines()
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|s| s.parse().ok())
+        .ok_or(HttpError::Malformed)?;
+    let headers: Vec<(String, String)> = head
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"));
+    if !chunked {
+        return Ok(HttpResponse {
+            status,
+            headers,
+            body: body.to_vec(),
+        });
+    }
+    let mut out = Vec::new();
+    let mut rest = body;
+    loop {
+        let line_end = rest
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .ok_or(HttpError::Malformed)?;
+        let size_text = std::str::from_utf8(&rest[..line_end]).map_err(|_| HttpError::Malformed)?;
+        let size_text = size_text.split(';').next().unwrap_or("").trim();
+        let size = usize::from_str_radix(size_text, 16).map_err(|_| HttpError::Malformed)?;
+        rest = &rest[line_end + 2..];
+        if size == 0 {
+            return Ok(HttpResponse {
+                status,
+                headers,
+                body: out,
+            });
+        }
+        let chunk = rest.get(..size).ok_or(HttpError::Malformed)?;
+        out.extend_from_slice(chunk);
+        rest = rest.get(size + 2..).ok_or(HttpError::Malformed)?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_plain_and_chunked_responses() {
+        let plain = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}";
+        let r = parse_response(plain).unwrap();
+        assert_eq!((r.status, r.body.as_slice()), (200, &b"{}"[..]));
+        assert_eq!(r.header("content-length"), Some("2"));
+        let chunked =
+            b"HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n";
+        let r = parse_response(chunked).unwrap();
+        assert_eq!((r.status, r.body), (201, b"abcde".to_vec()));
+        assert!(parse_response(b"garbage").is_err());
+        assert!(
+            parse_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n").is_err()
+        );
+        assert!(
+            parse_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n9\r\nab")
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn only_room_types_with_enough_units_are_picked() {
+        let answer = serde_json::json!({"results": [{"hotel_id": 1, "room_types": [
+            {"room_type_id": 1, "free_units": 1, "source": "owner", "quote": "q1"},
+            {"room_type_id": 2, "free_units": 3, "source": "copy", "quote": "q2"},
+            {"room_type_id": 3, "free_units": 5, "source": "copy"}
+        ]}]});
+        let shown = shown_room_types(&answer, 2);
+        assert_eq!(shown.len(), 1);
+        assert_eq!(
+            (shown[0].room_type_id, shown[0].source.as_str()),
+            (2, "copy")
+        );
+        assert_eq!(shown_room_types(&answer, 1).len(), 2, "no quote, no pick");
+    }
+}

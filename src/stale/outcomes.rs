@@ -1,0 +1,734 @@
+//! Take outcomes: what the booking service reports after each take, and the
+//! ledger that counts them once.
+//!
+//! A report is checked (fields, the quote's signature, the quote against the
+//! report), then recorded under its attempt id in a bounded `moka` cache. The
+//! first report of an attempt is counted (metrics and the sliding window);
+//! a retry of the same attempt gets the first answer back and counts
+//! nothing. A retry that changes the report is refused: one attempt has one
+//! outcome.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::NaiveDate;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use super::token::{Quote, QuoteError, QuoteKey};
+use super::window::{Counts, HotelShare, Window};
+use crate::lsn::Lsn;
+use crate::metrics;
+use crate::search::Source;
+
+/// Longest attempt id accepted; ids are made by the caller and stored as given.
+pub const MAX_ATTEMPT_ID_BYTES: usize = 200;
+/// Most units one take may ask for.
+pub const MAX_ROOMS: i32 = 1000;
+/// Longest stay one report may name.
+pub const MAX_NIGHTS: i64 = 366;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The owner took the units.
+    Taken,
+    /// The owner refused: not enough units (HTTP 409 in the booking service).
+    Conflict,
+    /// The take failed for another reason (timeout, owner error).
+    Error,
+}
+
+impl Outcome {
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Taken => "taken",
+            Outcome::Conflict => "conflict",
+            Outcome::Error => "error",
+        }
+    }
+}
+
+/// The metric label for where the shown numbers came from; `none` without a quote.
+pub fn source_label(source: Option<Source>) -> &'static str {
+    match source {
+        None => "none",
+        Some(Source::Copy) => "copy",
+        Some(Source::Owner) => "owner",
+        Some(Source::CopyFallback) => "copy_fallback",
+    }
+}
+
+/// The body of `POST /v1/take-outcomes`, as sent. Every field is optional
+/// here so a missing one is refused by name, not by a parser message.
+#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+pub struct TakeOutcomeBody {
+    /// Made by the booking service before its first report; a retry repeats it.
+    pub attempt_id: Option<String>,
+    /// The `quote` of the room type the guest chose, when the take came from a search.
+    pub quote: Option<String>,
+    pub hotel_id: Option<i64>,
+    pub room_type_id: Option<i64>,
+    #[schema(value_type = Option<String>, example = "2030-06-10")]
+    pub check_in: Option<NaiveDate>,
+    #[schema(value_type = Option<String>, example = "2030-06-12")]
+    pub check_out: Option<NaiveDate>,
+    pub rooms: Option<i32>,
+    pub outcome: Option<Outcome>,
+    /// When the take committed: its commit LSN (or an LSN at or after it).
+    #[schema(value_type = Option<String>, example = "0/16B3748")]
+    pub commit_lsn: Option<Lsn>,
+}
+
+/// A checked report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TakeReport {
+    pub attempt_id: String,
+    pub quote: Option<Quote>,
+    pub hotel_id: i64,
+    pub room_type_id: i64,
+    pub check_in: NaiveDate,
+    pub check_out: NaiveDate,
+    pub rooms: i32,
+    pub outcome: Outcome,
+    pub commit_lsn: Option<Lsn>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReportError {
+    #[error("{field}: {detail}")]
+    Invalid { field: &'static str, detail: String },
+    #[error("quote: {0}")]
+    Quote(#[source] QuoteError),
+    #[error("quote: was issued for another {field}")]
+    QuoteMismatch { field: &'static str },
+    #[error("attempt_id: was reported before with a different outcome or stay")]
+    AttemptReused,
+}
+
+fn invalid(field: &'static str, detail: impl Into<String>) -> ReportError {
+    ReportError::Invalid {
+        field,
+        detail: detail.into(),
+    }
+}
+
+impl TakeOutcomeBody {
+    /// Parses a JSON body field by field, so a wrong type or an unknown
+    /// field is refused by name (and nothing in the body is ever echoed to
+    /// the log).
+    pub fn from_json(body: &[u8]) -> Result<TakeOutcomeBody, ReportError> {
+        use serde_json::Value;
+        let value: Value =
+            serde_json::from_slice(body).map_err(|_| invalid("body", "must be a JSON object"))?;
+        let Value::Object(map) = value else {
+            return Err(invalid("body", "must be a JSON object"));
+        };
+        fn field<T: serde::de::DeserializeOwned>(
+            map: &serde_json::Map<String, Value>,
+            name: &'static str,
+            what: &str,
+        ) -> Result<Option<T>, ReportError> {
+            match map.get(name) {
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => T::deserialize(v)
+                    .map(Some)
+                    .map_err(|_| invalid(name, format!("must be {what}"))),
+            }
+        }
+        const KNOWN: [&str; 9] = [
+            "attempt_id",
+            "quote",
+            "hotel_id",
+            "room_type_id",
+            "check_in",
+            "check_out",
+            "rooms",
+            "outcome",
+            "commit_lsn",
+        ];
+        if let Some(unknown) = map.keys().find(|k| !KNOWN.contains(&k.as_str())) {
+            return Err(invalid(
+                "body",
+                format!(
+                    "unknown field {:?}",
+                    unknown.chars().take(40).collect::<String>()
+                ),
+            ));
+        }
+        Ok(TakeOutcomeBody {
+            attempt_id: field(&map, "attempt_id", "a string")?,
+            quote: field(&map, "quote", "the quote string of a search answer")?,
+            hotel_id: field(&map, "hotel_id", "an integer")?,
+            room_type_id: field(&map, "room_type_id", "an integer")?,
+            check_in: field(&map, "check_in", "a date like 2030-06-10")?,
+            check_out: field(&map, "check_out", "a date like 2030-06-12")?,
+            rooms: field(&map, "rooms", "an integer")?,
+            outcome: field(&map, "outcome", "one of taken, conflict, error")?,
+            commit_lsn: field(&map, "commit_lsn", "an LSN like 0/16B3748")?,
+        })
+    }
+
+    /// Checks every field and the quote (signature, then its match with the
+    /// report), naming the first field that fails.
+    pub fn check(self, key: &QuoteKey) -> Result<TakeReport, ReportError> {
+        let attempt_id = self
+            .attempt_id
+            .ok_or_else(|| invalid("attempt_id", "is required"))?;
+        if attempt_id.is_empty() || attempt_id.len() > MAX_ATTEMPT_ID_BYTES {
+            return Err(invalid(
+                "attempt_id",
+                format!("must be 1 to {MAX_ATTEMPT_ID_BYTES} bytes"),
+            ));
+        }
+        if attempt_id.chars().any(char::is_control) {
+            return Err(invalid("attempt_id", "must not contain control characters"));
+        }
+        let hotel_id = self
+            .hotel_id
+            .ok_or_else(|| invalid("hotel_id", "is required"))?;
+        let room_type_id = self
+            .room_type_id
+            .ok_or_else(|| invalid("room_type_id", "is required"))?;
+        let check_in = self
+            .check_in
+            .ok_or_else(|| invalid("check_in", "is required (YYYY-MM-DD)"))?;
+        let check_out = self
+            .check_out
+            .ok_or_else(|| invalid("check_out", "is required (YYYY-MM-DD)"))?;
+        let nights = (check_out - check_in).num_days();
+        if nights <= 0 {
+            return Err(invalid("check_out", "must be after check_in"));
+        }
+        if nights > MAX_NIGHTS {
+            return Err(invalid(
+                "check_out",
+                format!("a stay is at most {MAX_NIGHTS} nights"),
+            ));
+        }
+        let rooms = self.rooms.ok_or_else(|| invalid("rooms", "is required"))?;
+        if !(1..=MAX_ROOMS).contains(&rooms) {
+            return Err(invalid("rooms", format!("must be 1 to {MAX_ROOMS}")));
+        }
+        let outcome = self
+            .outcome
+            .ok_or_else(|| invalid("outcome", "is required: taken, conflict or error"))?;
+        if self.commit_lsn.is_some() && outcome != Outcome::Taken {
+            return Err(invalid(
+                "commit_lsn",
+                "only a take that committed (outcome taken) has one",
+            ));
+        }
+        let quote = match self.quote.as_deref() {
+            None | Some("") => None,
+            Some(token) => Some(key.verify(token).map_err(ReportError::Quote)?),
+        };
+        if let Some(q) = &quote {
+            // The quote must describe the room this take was for; otherwise
+            // its source would be credited to someone else's take.
+            let mismatch = if q.hotel_id != hotel_id {
+                Some("hotel_id")
+            } else if q.room_type_id != room_type_id {
+                Some("room_type_id")
+            } else if q.check_in != check_in {
+                Some("check_in")
+            } else if q.check_out != check_out {
+                Some("check_out")
+            } else {
+                None
+            };
+            if let Some(field) = mismatch {
+                return Err(ReportError::QuoteMismatch { field });
+            }
+        }
+        Ok(TakeReport {
+            attempt_id,
+            quote,
+            hotel_id,
+            room_type_id,
+            check_in,
+            check_out,
+            rooms,
+            outcome,
+            commit_lsn: self.commit_lsn,
+        })
+    }
+}
+
+impl TakeReport {
+    pub fn source(&self) -> Option<Source> {
+        self.quote.map(|q| q.source)
+    }
+
+    /// The quote showed at least as many units free as the take asked for.
+    pub fn shown_available(&self) -> bool {
+        self.quote.is_some_and(|q| q.free_units >= self.rooms)
+    }
+
+    /// A conflict after the copy's own numbers (not the owner's) showed
+    /// enough units free: the stale read this loop exists to count.
+    pub fn stale_read(&self) -> bool {
+        self.outcome == Outcome::Conflict
+            && self.shown_available()
+            && matches!(self.source(), Some(Source::Copy | Source::CopyFallback))
+    }
+
+    fn counts(&self) -> Counts {
+        let answered = matches!(self.outcome, Outcome::Taken | Outcome::Conflict);
+        Counts {
+            takes: u64::from(answered),
+            conflicts: u64::from(self.outcome == Outcome::Conflict),
+            stale: u64::from(self.stale_read()),
+            errors: u64::from(self.outcome == Outcome::Error),
+        }
+    }
+
+    /// What makes two reports the same report (the quote included, so a
+    /// retry that swaps the quote is a different report).
+    fn fingerprint(&self) -> [u8; 32] {
+        let canonical = format!(
+            "{}|{:?}|{}|{}|{}|{}|{}|{:?}|{:?}",
+            self.attempt_id,
+            self.quote,
+            self.hotel_id,
+            self.room_type_id,
+            self.check_in,
+            self.check_out,
+            self.rooms,
+            self.outcome,
+            self.commit_lsn
+        );
+        Sha256::digest(canonical.as_bytes()).into()
+    }
+}
+
+/// The answer to a report; a retry gets the same one back.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct Recorded {
+    pub attempt_id: String,
+    pub outcome: Outcome,
+    /// copy | owner | copy_fallback | none
+    pub source: &'static str,
+    /// The quote showed at least `rooms` units free.
+    pub shown_available: bool,
+    /// Counted as a stale read: a conflict after the copy showed enough units.
+    pub stale_read: bool,
+}
+
+/// How the ledger sizes itself.
+#[derive(Debug, Clone)]
+pub struct LedgerSettings {
+    pub attempt_capacity: u64,
+    pub attempt_ttl: Duration,
+    pub bucket_width: Duration,
+    pub buckets: usize,
+    pub max_hotels: usize,
+}
+
+/// Totals since start, per instance (the metrics are process-wide).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct Totals {
+    pub taken: u64,
+    pub conflicts: u64,
+    pub errors: u64,
+    pub stale_reads: u64,
+    /// Reports that repeated an attempt id and were not counted again.
+    pub replays: u64,
+    /// Conflicts by the source of the quote: copy, owner, copy_fallback, none.
+    pub conflicts_by_source: std::collections::BTreeMap<String, u64>,
+    pub takes_by_source: std::collections::BTreeMap<String, u64>,
+}
+
+struct Entry {
+    fingerprint: [u8; 32],
+    answer: Recorded,
+}
+
+pub struct Ledger {
+    /// Attempt id → first answer. Bounded in entries and in age: a retry
+    /// arrives within seconds, so a day is generous.
+    attempts: moka::sync::Cache<String, Arc<Entry>>,
+    /// A std Mutex: every critical section is a few hash operations, never
+    /// held across an await.
+    window: Mutex<Window>,
+    totals: Mutex<Totals>,
+}
+
+/// Whether a report was new or a retry.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Recording {
+    New(Recorded),
+    Replay(Recorded),
+}
+
+impl Ledger {
+    pub fn new(s: &LedgerSettings) -> Ledger {
+        Ledger {
+            attempts: moka::sync::Cache::builder()
+                .max_capacity(s.attempt_capacity)
+                .time_to_live(s.attempt_ttl)
+                .build(),
+            window: Mutex::new(Window::new(
+                Instant::now(),
+                s.bucket_width,
+                s.buckets,
+                s.max_hotels,
+            )),
+            totals: Mutex::new(Totals::default()),
+        }
+    }
+
+    fn window(&self) -> std::sync::MutexGuard<'_, Window> {
+        self.window.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records `report` once per attempt id.
+    pub fn record(&self, report: &TakeReport) -> Result<Recording, ReportError> {
+        let fingerprint = report.fingerprint();
+        let answer = Recorded {
+            attempt_id: report.attempt_id.clone(),
+            outcome: report.outcome,
+            source: source_label(report.source()),
+            shown_available: report.shown_available(),
+            stale_read: report.stale_read(),
+        };
+        // `entry().or_insert_with` runs the insert once for concurrent
+        // reports of one attempt: exactly one of them sees `is_fresh`.
+        let entry = self
+            .attempts
+            .entry(report.attempt_id.clone())
+            .or_insert_with(|| {
+                Arc::new(Entry {
+                    fingerprint,
+                    answer: answer.clone(),
+                })
+            });
+        let stored = entry.value().clone();
+        if !entry.is_fresh() {
+            if !bool::from(stored.fingerprint.ct_eq(&fingerprint)) {
+                return Err(ReportError::AttemptReused);
+            }
+            self.totals
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .replays += 1;
+            return Ok(Recording::Replay(stored.answer.clone()));
+        }
+        self.count(report);
+        Ok(Recording::New(answer))
+    }
+
+    /// Counts a new report: metrics, per-instance totals, the window. Each
+    /// report is counted here and nowhere else.
+    fn count(&self, report: &TakeReport) {
+        let source = source_label(report.source());
+        metrics::TAKES
+            .with_label_values(&[report.outcome.label(), source])
+            .inc();
+        if report.outcome == Outcome::Conflict && report.shown_available() {
+            metrics::CONFLICTS_AFTER_SHOWN
+                .with_label_values(&[source])
+                .inc();
+        }
+        if report.stale_read()
+            && let Some(q) = report.quote
+        {
+            metrics::CONFLICT_SHOW_LAG.observe(f64::from(q.lag_ms) / 1000.0);
+        }
+        {
+            let mut t = self.totals.lock().unwrap_or_else(|p| p.into_inner());
+            match report.outcome {
+                Outcome::Taken => t.taken += 1,
+                Outcome::Conflict => {
+                    t.conflicts += 1;
+                    *t.conflicts_by_source.entry(source.to_string()).or_default() += 1;
+                }
+                Outcome::Error => t.errors += 1,
+            }
+            if report.outcome != Outcome::Error {
+                *t.takes_by_source.entry(source.to_string()).or_default() += 1;
+            }
+            t.stale_reads += u64::from(report.stale_read());
+        }
+        let share = {
+            let mut w = self.window();
+            let now = Instant::now();
+            w.record(now, report.hotel_id, report.counts());
+            w.overall(now).share()
+        };
+        metrics::STALE_SHARE.set(share);
+    }
+
+    /// The overall figures over the window; also refreshes the share gauge,
+    /// which otherwise would only move when a report arrives.
+    pub fn overall(&self) -> Counts {
+        let counts = self.window().overall(Instant::now());
+        metrics::STALE_SHARE.set(counts.share());
+        counts
+    }
+
+    pub fn hotel(&self, hotel_id: i64) -> Counts {
+        self.window().hotel(Instant::now(), hotel_id)
+    }
+
+    /// The hotels among `ids` whose counts `flag` says to read from the owner.
+    pub fn hotels_where(
+        &self,
+        ids: impl Iterator<Item = i64>,
+        flag: impl Fn(&Counts) -> bool,
+    ) -> std::collections::HashSet<i64> {
+        let mut w = self.window();
+        let now = Instant::now();
+        w.advance(now);
+        if w.tracked_hotels() == 0 {
+            return Default::default();
+        }
+        ids.filter(|id| flag(&w.hotel(now, *id))).collect()
+    }
+
+    pub fn top(&self, min_takes: u64, limit: usize) -> Vec<HotelShare> {
+        self.window().top(Instant::now(), min_takes, limit)
+    }
+
+    pub fn untracked(&self) -> u64 {
+        self.window().untracked(Instant::now())
+    }
+
+    pub fn span(&self) -> Duration {
+        self.window().span()
+    }
+
+    pub fn totals(&self) -> Totals {
+        self.totals
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// The booking service's bearer tokens, kept as SHA-256 digests: comparing
+/// digests in constant time hides the tokens' lengths and contents alike.
+pub struct BookingTokens {
+    digests: Vec<[u8; 32]>,
+}
+
+impl std::fmt::Debug for BookingTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BookingTokens({} configured)", self.digests.len())
+    }
+}
+
+impl BookingTokens {
+    pub fn new<'a>(tokens: impl IntoIterator<Item = &'a str>) -> BookingTokens {
+        BookingTokens {
+            digests: tokens
+                .into_iter()
+                .map(|t| Sha256::digest(t.as_bytes()).into())
+                .collect(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.digests.is_empty()
+    }
+
+    /// Whether an `Authorization` header value carries one of the tokens.
+    /// Every configured token is compared, with no early exit.
+    pub fn allows(&self, authorization: Option<&[u8]>) -> bool {
+        let Some(value) = authorization else {
+            return false;
+        };
+        let Some(presented) = value
+            .strip_prefix(b"Bearer ")
+            .or_else(|| value.strip_prefix(b"bearer "))
+        else {
+            return false;
+        };
+        let presented: [u8; 32] = Sha256::digest(presented).into();
+        let mut ok = subtle::Choice::from(0);
+        for d in &self.digests {
+            ok |= d.ct_eq(&presented);
+        }
+        bool::from(ok)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::Utc;
+
+    fn day(d: u32) -> NaiveDate {
+        NaiveDate::from_ymd_opt(2030, 3, d).unwrap()
+    }
+
+    fn body(key: &QuoteKey, source: Source, free: i32, outcome: Outcome) -> TakeOutcomeBody {
+        let quote = key
+            .sign(&Quote {
+                source,
+                hotel_id: 1,
+                room_type_id: 2,
+                check_in: day(1),
+                check_out: day(3),
+                free_units: free,
+                lsn: Lsn(99),
+                shown_at: Utc::now(),
+                lag_ms: 40,
+            })
+            .unwrap();
+        TakeOutcomeBody {
+            attempt_id: Some("a-1".into()),
+            quote: Some(quote),
+            hotel_id: Some(1),
+            room_type_id: Some(2),
+            check_in: Some(day(1)),
+            check_out: Some(day(3)),
+            rooms: Some(1),
+            outcome: Some(outcome),
+            commit_lsn: None,
+        }
+    }
+
+    fn ledger() -> Ledger {
+        Ledger::new(&LedgerSettings {
+            attempt_capacity: 100,
+            attempt_ttl: Duration::from_secs(60),
+            bucket_width: Duration::from_secs(5),
+            buckets: 60,
+            max_hotels: 10,
+        })
+    }
+
+    #[test]
+    fn stale_read_needs_a_conflict_after_the_copy_showed_enough() {
+        let key = QuoteKey::random();
+        let r = body(&key, Source::Copy, 2, Outcome::Conflict)
+            .check(&key)
+            .unwrap();
+        assert!(r.stale_read());
+        let r = body(&key, Source::CopyFallback, 1, Outcome::Conflict)
+            .check(&key)
+            .unwrap();
+        assert!(r.stale_read());
+        let r = body(&key, Source::Owner, 2, Outcome::Conflict)
+            .check(&key)
+            .unwrap();
+        assert!(r.shown_available() && !r.stale_read(), "owner numbers");
+        let mut b = body(&key, Source::Copy, 1, Outcome::Conflict);
+        b.rooms = Some(2);
+        let r = b.check(&key).unwrap();
+        assert!(!r.shown_available() && !r.stale_read(), "showed too few");
+        let r = body(&key, Source::Copy, 2, Outcome::Taken)
+            .check(&key)
+            .unwrap();
+        assert!(!r.stale_read());
+        let mut b = body(&key, Source::Copy, 2, Outcome::Conflict);
+        b.quote = None;
+        let r = b.check(&key).unwrap();
+        assert!(!r.stale_read() && r.source().is_none());
+    }
+
+    #[test]
+    fn checks_name_the_field() {
+        let key = QuoteKey::random();
+        type Mutation = Box<dyn Fn(&mut TakeOutcomeBody)>;
+        let cases: Vec<(&str, Mutation)> = vec![
+            ("attempt_id", Box::new(|b| b.attempt_id = None)),
+            (
+                "attempt_id",
+                Box::new(|b| b.attempt_id = Some("x\n".into())),
+            ),
+            ("hotel_id", Box::new(|b| b.hotel_id = None)),
+            ("check_out", Box::new(|b| b.check_out = Some(day(1)))),
+            ("rooms", Box::new(|b| b.rooms = Some(0))),
+            ("outcome", Box::new(|b| b.outcome = None)),
+            ("commit_lsn", Box::new(|b| b.commit_lsn = Some(Lsn(5)))),
+        ];
+        for (field, mutate) in cases {
+            let mut b = body(&key, Source::Copy, 2, Outcome::Conflict);
+            mutate(&mut b);
+            match b.check(&key) {
+                Err(ReportError::Invalid { field: f, .. }) => assert_eq!(f, field),
+                other => panic!("{field}: {other:?}"),
+            }
+        }
+        let mut b = body(&key, Source::Copy, 2, Outcome::Conflict);
+        b.room_type_id = Some(3);
+        assert_eq!(
+            b.check(&key),
+            Err(ReportError::QuoteMismatch {
+                field: "room_type_id"
+            })
+        );
+        let b = body(&QuoteKey::random(), Source::Copy, 2, Outcome::Conflict);
+        assert_eq!(
+            b.check(&key),
+            Err(ReportError::Quote(QuoteError::BadSignature))
+        );
+    }
+
+    #[test]
+    fn json_bodies_are_read_field_by_field() {
+        let b = TakeOutcomeBody::from_json(
+            br#"{"attempt_id":"x","hotel_id":1,"room_type_id":2,"check_in":"2030-03-01",
+                "check_out":"2030-03-02","rooms":1,"outcome":"taken","commit_lsn":"0/10","quote":null}"#,
+        )
+        .unwrap();
+        assert_eq!(b.commit_lsn, Some(Lsn(16)));
+        assert_eq!(b.outcome, Some(Outcome::Taken));
+        assert!(b.quote.is_none());
+        for (json, field) in [
+            (r#"[1]"#, "body"),
+            (r#"{"hotel_id":"one"}"#, "hotel_id"),
+            (r#"{"outcome":"lost"}"#, "outcome"),
+            (r#"{"check_in":"tomorrow"}"#, "check_in"),
+            (r#"{"commit_lsn":"x"}"#, "commit_lsn"),
+            (r#"{"hotel":1}"#, "body"),
+            ("not json", "body"),
+        ] {
+            match TakeOutcomeBody::from_json(json.as_bytes()) {
+                Err(ReportError::Invalid { field: f, .. }) => assert_eq!(f, field, "{json}"),
+                other => panic!("{json}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_retry_is_answered_the_same_and_counted_once() {
+        let key = QuoteKey::random();
+        let l = ledger();
+        let r = body(&key, Source::Copy, 3, Outcome::Conflict)
+            .check(&key)
+            .unwrap();
+        let first = l.record(&r).unwrap();
+        let second = l.record(&r).unwrap();
+        let (Recording::New(a), Recording::Replay(b)) = (first, second) else {
+            panic!("first new, then replay");
+        };
+        assert_eq!(a, b);
+        assert!(a.stale_read);
+        let t = l.totals();
+        assert_eq!((t.conflicts, t.stale_reads, t.replays), (1, 1, 1));
+        assert_eq!(l.overall().takes, 1);
+        assert_eq!(l.hotel(1).stale, 1);
+        // Same attempt, another outcome: refused, nothing counted.
+        let mut other = r.clone();
+        other.outcome = Outcome::Taken;
+        assert_eq!(l.record(&other), Err(ReportError::AttemptReused));
+        assert_eq!(l.totals().taken, 0);
+    }
+
+    #[test]
+    fn bearer_tokens_match_exactly() {
+        let t = BookingTokens::new(["first-token-0123456789", "second-token-0123456789"]);
+        assert!(t.allows(Some(b"Bearer second-token-0123456789")));
+        assert!(t.allows(Some(b"Bearer first-token-0123456789")));
+        assert!(!t.allows(Some(b"Bearer first-token-012345678")));
+        assert!(!t.allows(Some(b"Bearer first-token-0123456789 ")));
+        assert!(!t.allows(Some(b"Basic first-token-0123456789")));
+        assert!(!t.allows(Some(b"first-token-0123456789")));
+        assert!(!t.allows(None));
+        assert!(!BookingTokens::new([]).allows(Some(b"Bearer ")));
+    }
+}

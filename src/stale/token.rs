@@ -1,0 +1,348 @@
+//! Quote tokens: what one search answer showed for one room type, signed.
+//!
+//! A token is `base64url(payload ‖ HMAC-SHA256(key, payload))`, no padding.
+//! The payload is a fixed 48-byte big-endian record (below), so decoding is a
+//! length check and a handful of slice reads, and a token costs one HMAC over
+//! one SHA-256 block on the hot search path (the keyed state is computed once
+//! and cloned per token).
+//!
+//! ```text
+//! version u8 | source u8 | hotel_id i64 | room_type_id i64 | check_in i32
+//! (days from CE) | nights u16 | free_units i32 | lsn u64 | shown_at_ms i64 |
+//! lag_ms u32
+//! ```
+//!
+//! The tag is checked (in constant time, by `hmac`) before a single payload
+//! field is read, so a forged or altered token is refused without the parser
+//! ever seeing attacker-chosen fields. Tokens are not encrypted: what they
+//! record is what the answer showed in the clear anyway.
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use chrono::{DateTime, Datelike, NaiveDate, Utc};
+use hmac::{Hmac, KeyInit, Mac};
+use rand::RngExt;
+use sha2::Sha256;
+
+use crate::lsn::Lsn;
+use crate::search::Source;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// Bumped when the payload layout changes; older tokens are then refused.
+const VERSION: u8 = 1;
+const PAYLOAD_LEN: usize = 48;
+const TAG_LEN: usize = 32;
+const TOKEN_LEN: usize = PAYLOAD_LEN + TAG_LEN;
+/// base64url of `TOKEN_LEN` bytes without padding; anything longer is refused
+/// before decoding.
+const MAX_ENCODED_LEN: usize = TOKEN_LEN.div_ceil(3) * 4;
+/// Shortest key accepted: a key shorter than the hash output weakens HMAC.
+pub const MIN_KEY_BYTES: usize = 32;
+
+/// What one answer showed for one room type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quote {
+    pub source: Source,
+    pub hotel_id: i64,
+    pub room_type_id: i64,
+    pub check_in: NaiveDate,
+    pub check_out: NaiveDate,
+    /// The fewest free units shown over the stay (0 when the room type was
+    /// listed but not offered, as `/availability` does).
+    pub free_units: i32,
+    /// The LSN the answer reflects. For `source = owner` the numbers are newer.
+    pub lsn: Lsn,
+    /// When the answer was made (ms precision).
+    pub shown_at: DateTime<Utc>,
+    /// How far behind the owner the copy was when the answer was made.
+    pub lag_ms: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuoteError {
+    #[error("the quote is not a token this service issued (malformed)")]
+    Malformed,
+    #[error("the quote's signature does not match (forged or altered)")]
+    BadSignature,
+    #[error("the quote was issued by an incompatible version")]
+    UnknownVersion,
+    #[error("the quote's fields are out of range")]
+    BadField,
+    #[error("a stay of {0} nights cannot be quoted")]
+    StayTooLong(i64),
+}
+
+/// The signing key, with HMAC's keyed state computed once.
+#[derive(Clone)]
+pub struct QuoteKey {
+    mac: HmacSha256,
+}
+
+impl std::fmt::Debug for QuoteKey {
+    // Never print key material, not even in a debug dump.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("QuoteKey(..)")
+    }
+}
+
+impl QuoteKey {
+    /// A key from configured bytes; the caller checks `MIN_KEY_BYTES`.
+    pub fn new(key: &[u8]) -> QuoteKey {
+        QuoteKey {
+            // HMAC accepts keys of any length (long ones are hashed first).
+            mac: HmacSha256::new_from_slice(key).expect("hmac takes any key length"),
+        }
+    }
+
+    /// A fresh random key: tokens then only verify in this process.
+    pub fn random() -> QuoteKey {
+        let key: [u8; 32] = rand::rng().random();
+        QuoteKey::new(&key)
+    }
+
+    pub fn sign(&self, quote: &Quote) -> Result<String, QuoteError> {
+        let payload = encode_payload(quote)?;
+        let mut mac = self.mac.clone();
+        mac.update(&payload);
+        let tag = mac.finalize().into_bytes();
+        let mut token = [0u8; TOKEN_LEN];
+        token[..PAYLOAD_LEN].copy_from_slice(&payload);
+        token[PAYLOAD_LEN..].copy_from_slice(&tag);
+        Ok(URL_SAFE_NO_PAD.encode(token))
+    }
+
+    pub fn verify(&self, token: &str) -> Result<Quote, QuoteError> {
+        if token.len() > MAX_ENCODED_LEN {
+            return Err(QuoteError::Malformed);
+        }
+        let raw = URL_SAFE_NO_PAD
+            .decode(token.as_bytes())
+            .map_err(|_| QuoteError::Malformed)?;
+        if raw.len() != TOKEN_LEN {
+            return Err(QuoteError::Malformed);
+        }
+        let (payload, tag) = raw.split_at(PAYLOAD_LEN);
+        let mut mac = self.mac.clone();
+        mac.update(payload);
+        // Constant time: the comparison does not stop at the first wrong byte.
+        mac.verify_slice(tag)
+            .map_err(|_| QuoteError::BadSignature)?;
+        decode_payload(payload)
+    }
+}
+
+impl Quote {
+    /// The stay's length in nights.
+    pub fn nights(&self) -> i64 {
+        (self.check_out - self.check_in).num_days()
+    }
+}
+
+fn encode_payload(q: &Quote) -> Result<[u8; PAYLOAD_LEN], QuoteError> {
+    let nights = q.nights();
+    let nights = u16::try_from(nights)
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or(QuoteError::StayTooLong(nights))?;
+    let mut p = [0u8; PAYLOAD_LEN];
+    let mut w = Writer { buf: &mut p, at: 0 };
+    w.put(&[VERSION, source_byte(q.source)]);
+    w.put(&q.hotel_id.to_be_bytes());
+    w.put(&q.room_type_id.to_be_bytes());
+    w.put(&q.check_in.num_days_from_ce().to_be_bytes());
+    w.put(&nights.to_be_bytes());
+    w.put(&q.free_units.to_be_bytes());
+    w.put(&q.lsn.0.to_be_bytes());
+    w.put(&q.shown_at.timestamp_millis().to_be_bytes());
+    w.put(&q.lag_ms.to_be_bytes());
+    debug_assert_eq!(w.at, PAYLOAD_LEN, "every payload byte is written");
+    Ok(p)
+}
+
+fn decode_payload(p: &[u8]) -> Result<Quote, QuoteError> {
+    let mut r = Reader { buf: p, at: 0 };
+    let [version, source] = r.take::<2>()?;
+    if version != VERSION {
+        return Err(QuoteError::UnknownVersion);
+    }
+    let source = match source {
+        0 => Source::Copy,
+        1 => Source::Owner,
+        2 => Source::CopyFallback,
+        _ => return Err(QuoteError::BadField),
+    };
+    let hotel_id = i64::from_be_bytes(r.take()?);
+    let room_type_id = i64::from_be_bytes(r.take()?);
+    let check_in = NaiveDate::from_num_days_from_ce_opt(i32::from_be_bytes(r.take()?))
+        .ok_or(QuoteError::BadField)?;
+    let nights = u16::from_be_bytes(r.take()?);
+    let check_out = check_in
+        .checked_add_days(chrono::Days::new(u64::from(nights)))
+        .ok_or(QuoteError::BadField)?;
+    let free_units = i32::from_be_bytes(r.take()?);
+    let lsn = Lsn(u64::from_be_bytes(r.take()?));
+    let shown_at = DateTime::from_timestamp_millis(i64::from_be_bytes(r.take()?))
+        .ok_or(QuoteError::BadField)?;
+    let lag_ms = u32::from_be_bytes(r.take()?);
+    Ok(Quote {
+        source,
+        hotel_id,
+        room_type_id,
+        check_in,
+        check_out,
+        free_units,
+        lsn,
+        shown_at,
+        lag_ms,
+    })
+}
+
+fn source_byte(s: Source) -> u8 {
+    match s {
+        Source::Copy => 0,
+        Source::Owner => 1,
+        Source::CopyFallback => 2,
+    }
+}
+
+struct Writer<'a> {
+    buf: &'a mut [u8; PAYLOAD_LEN],
+    at: usize,
+}
+
+impl Writer<'_> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.buf[self.at..self.at + bytes.len()].copy_from_slice(bytes);
+        self.at += bytes.len();
+    }
+}
+
+/// Checked reads: a short buffer is an error, never a panic.
+struct Reader<'a> {
+    buf: &'a [u8],
+    at: usize,
+}
+
+impl Reader<'_> {
+    fn take<const N: usize>(&mut self) -> Result<[u8; N], QuoteError> {
+        let bytes = self
+            .buf
+            .get(self.at..self.at + N)
+            .ok_or(QuoteError::Malformed)?;
+        self.at += N;
+        bytes.try_into().map_err(|_| QuoteError::Malformed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn quote() -> Quote {
+        Quote {
+            source: Source::CopyFallback,
+            hotel_id: 42,
+            room_type_id: -7,
+            check_in: NaiveDate::from_ymd_opt(2030, 1, 30).unwrap(),
+            check_out: NaiveDate::from_ymd_opt(2030, 2, 2).unwrap(),
+            free_units: 3,
+            lsn: Lsn(0x1_16B3_0748),
+            shown_at: DateTime::from_timestamp_millis(1_900_000_000_123).unwrap(),
+            lag_ms: 250,
+        }
+    }
+
+    #[test]
+    fn round_trips_every_field() {
+        let key = QuoteKey::new(&[7u8; 32]);
+        let token = key.sign(&quote()).unwrap();
+        assert_eq!(token.len(), MAX_ENCODED_LEN - 1, "80 bytes → 107 chars");
+        assert!(
+            token
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        );
+        assert_eq!(key.verify(&token), Ok(quote()));
+    }
+
+    #[test]
+    fn another_key_refuses_the_token() {
+        let token = QuoteKey::new(&[7u8; 32]).sign(&quote()).unwrap();
+        assert_eq!(
+            QuoteKey::new(&[8u8; 32]).verify(&token),
+            Err(QuoteError::BadSignature)
+        );
+        assert_eq!(
+            QuoteKey::random().verify(&token),
+            Err(QuoteError::BadSignature)
+        );
+    }
+
+    #[test]
+    fn an_altered_payload_is_refused() {
+        let key = QuoteKey::new(&[1u8; 40]);
+        let token = key.sign(&quote()).unwrap();
+        let mut raw = URL_SAFE_NO_PAD.decode(&token).unwrap();
+        // Raise free_units (bytes 24..28) the way a tamperer would.
+        raw[27] ^= 0x10;
+        let altered = URL_SAFE_NO_PAD.encode(&raw);
+        assert_eq!(key.verify(&altered), Err(QuoteError::BadSignature));
+    }
+
+    #[test]
+    fn garbage_is_malformed_not_a_panic() {
+        let key = QuoteKey::random();
+        for bad in ["", "x", "!!!!", &"A".repeat(107), &"A".repeat(5000)] {
+            assert!(key.verify(bad).is_err(), "{bad:?} verified");
+        }
+        assert_eq!(key.verify("not base64 at all"), Err(QuoteError::Malformed));
+    }
+
+    #[test]
+    fn stays_that_do_not_fit_are_refused_when_signing() {
+        let mut q = quote();
+        q.check_out = q.check_in;
+        assert_eq!(QuoteKey::random().sign(&q), Err(QuoteError::StayTooLong(0)));
+    }
+
+    proptest! {
+        #[test]
+        fn any_single_bit_flip_is_refused(byte in 0usize..TOKEN_LEN, bit in 0u8..8) {
+            let key = QuoteKey::new(b"a key long enough for hmac-sha256!!");
+            let token = key.sign(&quote()).unwrap();
+            let mut raw = URL_SAFE_NO_PAD.decode(&token).unwrap();
+            raw[byte] ^= 1 << bit;
+            prop_assert!(key.verify(&URL_SAFE_NO_PAD.encode(&raw)).is_err());
+        }
+
+        #[test]
+        fn never_panics_on_text(s in "\\PC{0,140}") {
+            let _ = QuoteKey::random().verify(&s);
+        }
+
+        #[test]
+        fn round_trips_any_values(
+            hotel in any::<i64>(), rt in any::<i64>(), free in any::<i32>(),
+            lsn in any::<u64>(), lag in any::<u32>(), nights in 1u64..=400,
+            start in 0u64..100_000, ms in 0i64..4_000_000_000_000,
+            src in 0u8..3,
+        ) {
+            let check_in = NaiveDate::from_ymd_opt(2000, 1, 1).unwrap() + chrono::Days::new(start);
+            let q = Quote {
+                source: [Source::Copy, Source::Owner, Source::CopyFallback][usize::from(src)],
+                hotel_id: hotel,
+                room_type_id: rt,
+                check_in,
+                check_out: check_in + chrono::Days::new(nights),
+                free_units: free,
+                lsn: Lsn(lsn),
+                shown_at: DateTime::from_timestamp_millis(ms).unwrap(),
+                lag_ms: lag,
+            };
+            let key = QuoteKey::random();
+            prop_assert_eq!(key.verify(&key.sign(&q).unwrap()), Ok(q));
+        }
+    }
+}

@@ -1,0 +1,343 @@
+//! The sliding window over take outcomes: overall and per hotel.
+//!
+//! Time is cut into `buckets` buckets of `width` each, in a ring; an outcome
+//! is added to the bucket of its arrival time, and a bucket that falls out of
+//! the window is subtracted from the running totals before its slot is
+//! reused. So a read (the share of one hotel, on every search) is one hash
+//! lookup, and a write touches one bucket and the totals.
+//!
+//! Memory is bounded: at most `max_hotels` hotels are tracked at once (the
+//! totals admit a new hotel only while below the cap, and a bucket only
+//! holds hotels the totals hold). Outcomes of hotels past the cap still count
+//! in the overall figures and are reported as untracked.
+//!
+//! Pure data: the caller passes the time, so tests step through it exactly.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+/// Outcome counts over some span.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Takes the owner answered (taken or conflict): the share's denominator.
+    pub takes: u64,
+    /// Takes refused by the owner (409), whatever the quote said.
+    pub conflicts: u64,
+    /// Conflicts after the copy showed enough units free: the stale reads.
+    pub stale: u64,
+    /// Takes that failed for another reason (not in `takes`).
+    pub errors: u64,
+}
+
+impl Counts {
+    /// Stale reads per take, 0 when nothing was taken.
+    pub fn share(&self) -> f64 {
+        if self.takes == 0 {
+            0.0
+        } else {
+            self.stale as f64 / self.takes as f64
+        }
+    }
+
+    fn add(&mut self, o: &Counts) {
+        self.takes += o.takes;
+        self.conflicts += o.conflicts;
+        self.stale += o.stale;
+        self.errors += o.errors;
+    }
+
+    fn sub(&mut self, o: &Counts) {
+        // Totals are sums of live buckets, so this never goes below zero;
+        // saturate anyway rather than wrap if that ever stops being true.
+        debug_assert!(self.takes >= o.takes && self.stale >= o.stale);
+        self.takes = self.takes.saturating_sub(o.takes);
+        self.conflicts = self.conflicts.saturating_sub(o.conflicts);
+        self.stale = self.stale.saturating_sub(o.stale);
+        self.errors = self.errors.saturating_sub(o.errors);
+    }
+
+    fn is_zero(&self) -> bool {
+        *self == Counts::default()
+    }
+}
+
+#[derive(Debug, Default)]
+struct Bucket {
+    overall: Counts,
+    hotels: HashMap<i64, Counts>,
+    /// Takes of hotels the cap kept out.
+    untracked: u64,
+}
+
+#[derive(Debug)]
+pub struct Window {
+    origin: Instant,
+    width: Duration,
+    ring: Vec<Bucket>,
+    /// Absolute number (since `origin`) of the newest bucket in the ring.
+    head: u64,
+    overall: Counts,
+    hotels: HashMap<i64, Counts>,
+    untracked: u64,
+    max_hotels: usize,
+}
+
+/// One hotel's figures over the window.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HotelShare {
+    pub hotel_id: i64,
+    pub counts: Counts,
+}
+
+impl Window {
+    pub fn new(now: Instant, width: Duration, buckets: usize, max_hotels: usize) -> Window {
+        assert!(buckets > 0 && !width.is_zero(), "a window needs buckets");
+        Window {
+            origin: now,
+            width,
+            ring: (0..buckets).map(|_| Bucket::default()).collect(),
+            head: 0,
+            overall: Counts::default(),
+            hotels: HashMap::new(),
+            untracked: 0,
+            max_hotels,
+        }
+    }
+
+    pub fn span(&self) -> Duration {
+        self.width * self.ring.len() as u32
+    }
+
+    fn bucket_number(&self, now: Instant) -> u64 {
+        let since = now.saturating_duration_since(self.origin);
+        (since.as_nanos() / self.width.as_nanos()) as u64
+    }
+
+    /// Drops the buckets that fell out of the window by `now`.
+    pub fn advance(&mut self, now: Instant) {
+        let target = self.bucket_number(now);
+        if target <= self.head {
+            return;
+        }
+        let n = self.ring.len() as u64;
+        // Past a whole window, every bucket expires: no need to step through
+        // each absolute number in between.
+        let first = self.head + 1;
+        let from = first.max(target.saturating_sub(n - 1));
+        if from > first {
+            for slot in 0..self.ring.len() {
+                self.expire(slot);
+            }
+        } else {
+            for number in from..=target {
+                self.expire((number % n) as usize);
+            }
+        }
+        self.head = target;
+    }
+
+    fn expire(&mut self, slot: usize) {
+        let old = std::mem::take(&mut self.ring[slot]);
+        self.overall.sub(&old.overall);
+        self.untracked = self.untracked.saturating_sub(old.untracked);
+        for (hotel, counts) in old.hotels {
+            if let Some(total) = self.hotels.get_mut(&hotel) {
+                total.sub(&counts);
+                if total.is_zero() {
+                    self.hotels.remove(&hotel);
+                }
+            }
+        }
+    }
+
+    /// Adds one outcome for `hotel_id` at `now`.
+    pub fn record(&mut self, now: Instant, hotel_id: i64, counts: Counts) {
+        self.advance(now);
+        let slot = (self.head % self.ring.len() as u64) as usize;
+        let tracked = self.hotels.contains_key(&hotel_id) || self.hotels.len() < self.max_hotels;
+        let bucket = &mut self.ring[slot];
+        bucket.overall.add(&counts);
+        self.overall.add(&counts);
+        if tracked {
+            bucket.hotels.entry(hotel_id).or_default().add(&counts);
+            self.hotels.entry(hotel_id).or_default().add(&counts);
+        } else {
+            bucket.untracked += counts.takes;
+            self.untracked += counts.takes;
+        }
+    }
+
+    pub fn overall(&mut self, now: Instant) -> Counts {
+        self.advance(now);
+        self.overall
+    }
+
+    pub fn hotel(&mut self, now: Instant, hotel_id: i64) -> Counts {
+        self.advance(now);
+        self.hotels.get(&hotel_id).copied().unwrap_or_default()
+    }
+
+    /// Takes not attributed to a hotel because of the cap.
+    pub fn untracked(&mut self, now: Instant) -> u64 {
+        self.advance(now);
+        self.untracked
+    }
+
+    pub fn tracked_hotels(&self) -> usize {
+        self.hotels.len()
+    }
+
+    /// Hotels with at least `min_takes` takes, highest share first (then
+    /// most stale reads, then id), at most `limit`.
+    pub fn top(&mut self, now: Instant, min_takes: u64, limit: usize) -> Vec<HotelShare> {
+        self.advance(now);
+        let mut all: Vec<HotelShare> = self
+            .hotels
+            .iter()
+            .filter(|(_, c)| c.takes >= min_takes.max(1))
+            .map(|(h, c)| HotelShare {
+                hotel_id: *h,
+                counts: *c,
+            })
+            .collect();
+        all.sort_by(|a, b| {
+            b.counts
+                .share()
+                .total_cmp(&a.counts.share())
+                .then(b.counts.stale.cmp(&a.counts.stale))
+                .then(a.hotel_id.cmp(&b.hotel_id))
+        });
+        all.truncate(limit);
+        all
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const W: Duration = Duration::from_secs(5);
+
+    fn take(stale: bool) -> Counts {
+        Counts {
+            takes: 1,
+            conflicts: u64::from(stale),
+            stale: u64::from(stale),
+            errors: 0,
+        }
+    }
+
+    #[test]
+    fn outcomes_leave_the_window_after_its_span() {
+        let t0 = Instant::now();
+        let mut w = Window::new(t0, W, 60, 100);
+        assert_eq!(w.span(), Duration::from_secs(300));
+        w.record(t0, 1, take(true));
+        w.record(t0 + Duration::from_secs(4), 1, take(false));
+        w.record(t0 + Duration::from_secs(100), 2, take(false));
+        let at = t0 + Duration::from_secs(299);
+        assert_eq!(w.overall(at).takes, 3);
+        assert_eq!(w.hotel(at, 1).stale, 1);
+        // Bucket 0 (0..5 s) leaves at 300 s; bucket 20 (100..105 s) stays.
+        let at = t0 + Duration::from_secs(300);
+        assert_eq!(w.overall(at).takes, 1);
+        assert_eq!(w.hotel(at, 1), Counts::default());
+        assert_eq!(w.tracked_hotels(), 1, "an empty hotel is forgotten");
+        assert_eq!(w.hotel(at, 2).takes, 1);
+        assert_eq!(w.overall(t0 + Duration::from_secs(405)).takes, 0);
+    }
+
+    #[test]
+    fn a_long_silence_clears_everything() {
+        let t0 = Instant::now();
+        let mut w = Window::new(t0, W, 4, 100);
+        for s in 0..20 {
+            w.record(t0 + Duration::from_secs(s), s as i64 % 3, take(s % 2 == 0));
+        }
+        assert!(w.overall(t0 + Duration::from_secs(19)).takes > 0);
+        assert_eq!(
+            w.overall(t0 + Duration::from_secs(10_000)),
+            Counts::default()
+        );
+        assert_eq!(w.tracked_hotels(), 0);
+    }
+
+    #[test]
+    fn share_is_stale_over_takes() {
+        let c = Counts {
+            takes: 8,
+            conflicts: 3,
+            stale: 2,
+            errors: 5,
+        };
+        assert_eq!(c.share(), 0.25);
+        assert_eq!(Counts::default().share(), 0.0);
+    }
+
+    #[test]
+    fn the_hotel_cap_bounds_memory_but_not_the_overall_count() {
+        let t0 = Instant::now();
+        let mut w = Window::new(t0, W, 10, 2);
+        for h in 0..5 {
+            w.record(t0, h, take(false));
+        }
+        assert_eq!(w.tracked_hotels(), 2);
+        assert_eq!(w.overall(t0).takes, 5);
+        assert_eq!(w.untracked(t0), 3);
+        // A tracked hotel keeps counting.
+        w.record(t0, 1, take(true));
+        assert_eq!(w.hotel(t0, 1).takes, 2);
+        // Once the first two expire, others may enter.
+        let later = t0 + Duration::from_secs(50);
+        w.record(later, 4, take(false));
+        assert_eq!(w.hotel(later, 4).takes, 1);
+        assert_eq!(w.untracked(later), 0);
+    }
+
+    #[test]
+    fn top_orders_by_share_and_needs_min_takes() {
+        let t0 = Instant::now();
+        let mut w = Window::new(t0, W, 10, 100);
+        for _ in 0..4 {
+            w.record(t0, 1, take(false));
+        }
+        w.record(t0, 1, take(true)); // 1/5
+        w.record(t0, 2, take(true));
+        w.record(t0, 2, take(false)); // 1/2
+        w.record(t0, 3, take(true)); // 1/1 but one take only
+        let top = w.top(t0, 2, 10);
+        let ids: Vec<i64> = top.iter().map(|h| h.hotel_id).collect();
+        assert_eq!(ids, vec![2, 1]);
+        assert_eq!(w.top(t0, 1, 1)[0].hotel_id, 3);
+    }
+
+    proptest! {
+        /// The running totals always equal a recount of the outcomes still
+        /// inside the window, whatever the arrival times.
+        #[test]
+        fn totals_match_a_recount(
+            events in proptest::collection::vec((0u64..2_000, 0i64..6, any::<bool>()), 1..200),
+        ) {
+            let t0 = Instant::now();
+            let buckets = 8usize;
+            let mut events = events;
+            events.sort_by_key(|e| e.0);
+            let mut w = Window::new(t0, Duration::from_millis(100), buckets, 100);
+            for (i, (ms, hotel, stale)) in events.iter().enumerate() {
+                let now = t0 + Duration::from_millis(*ms);
+                w.record(now, *hotel, take(*stale));
+                let bucket = ms / 100;
+                let live: Vec<_> = events[..=i]
+                    .iter()
+                    .filter(|(m, _, _)| m / 100 + buckets as u64 > bucket)
+                    .collect();
+                prop_assert_eq!(w.overall(now).takes, live.len() as u64);
+                for h in 0..6 {
+                    let want = live.iter().filter(|(_, x, s)| *x == h && *s).count() as u64;
+                    prop_assert_eq!(w.hotel(now, h).stale, want);
+                }
+            }
+        }
+    }
+}
