@@ -4,6 +4,7 @@
 mod support;
 
 mod api;
+mod observability;
 mod owner_ops;
 mod projector;
 mod search;
