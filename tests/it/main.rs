@@ -5,6 +5,7 @@ mod support;
 
 mod api;
 mod owner_ops;
+mod process;
 mod projector;
 mod search;
 mod seed;
