@@ -5,7 +5,7 @@
 //! indexed by day, 16 bytes, with sentinels instead of `Option`s. A night
 //! with no owner row is `total == ABSENT`.
 
-use chrono::NaiveDate;
+use chrono::{Datelike, NaiveDate};
 use serde::Serialize;
 
 const ABSENT: i32 = i32::MIN;
@@ -85,9 +85,13 @@ pub struct Calendar {
     present: u32,
 }
 
+/// 1970-01-01 in days from the common era.
+const UNIX_EPOCH_DAYS_FROM_CE: i32 = 719_163;
+
 fn day(night: NaiveDate) -> i32 {
-    // Dates PostgreSQL can store fit in i32 days.
-    (night - NaiveDate::default()).num_days() as i32
+    // Dates PostgreSQL can store fit in i32 days; this is on every read of
+    // a night, so plain day arithmetic rather than a Duration.
+    night.num_days_from_ce() - UNIX_EPOCH_DAYS_FROM_CE
 }
 
 fn date(day: i32) -> NaiveDate {
