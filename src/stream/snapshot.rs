@@ -208,6 +208,7 @@ pub async fn load(
     pin_mut!(copy);
     let mut rows = InventoryRows::default();
     let mut calendar: Option<(CalendarKey, Calendar)> = None;
+    let mut scratch = Calendar::default();
     while let Some(chunk) = copy.next().await {
         rows.push(&chunk?);
         while let Some(row) = rows.next_row()? {
@@ -215,10 +216,17 @@ pub async fn load(
             let current = match &mut calendar {
                 Some((k, c)) if *k == key => c,
                 _ => {
-                    if let Some((k, c)) = calendar.take() {
-                        tables.calendars.insert(k, c);
+                    if let Some((k, mut c)) = calendar.take() {
+                        tables.calendars.insert(k, c.packed_copy());
+                        c.clear();
+                        scratch = c;
                     }
-                    let c = tables.calendars.remove(&key).unwrap_or_default();
+                    // Rows of one calendar seldom come apart (only after
+                    // updates moved some); then the first part is reopened.
+                    let c = match tables.calendars.remove(&key) {
+                        Some(existing) => existing,
+                        None => std::mem::take(&mut scratch),
+                    };
                     &mut calendar.insert((key, c)).1
                 }
             };
@@ -234,7 +242,7 @@ pub async fn load(
         }
     }
     if let Some((k, c)) = calendar.take() {
-        tables.calendars.insert(k, c);
+        tables.calendars.insert(k, c.packed_copy());
     }
     rows.finish()?;
     tx.commit().await?;
