@@ -5,7 +5,7 @@
 //! indexed by day, 16 bytes, with sentinels instead of `Option`s. A night
 //! with no owner row is `total == ABSENT`.
 
-use chrono::NaiveDate;
+use chrono::{Datelike, NaiveDate};
 use serde::Serialize;
 
 const ABSENT: i32 = i32::MIN;
@@ -85,9 +85,13 @@ pub struct Calendar {
     present: u32,
 }
 
+/// 1970-01-01 in days from the common era.
+const UNIX_EPOCH_DAYS_FROM_CE: i32 = 719_163;
+
 fn day(night: NaiveDate) -> i32 {
-    // Dates PostgreSQL can store fit in i32 days.
-    (night - NaiveDate::default()).num_days() as i32
+    // Dates PostgreSQL can store fit in i32 days; this is on every read of
+    // a night, so plain day arithmetic rather than a Duration.
+    night.num_days_from_ce() - UNIX_EPOCH_DAYS_FROM_CE
 }
 
 fn date(day: i32) -> NaiveDate {
@@ -186,6 +190,25 @@ impl Calendar {
     /// Releases spare capacity after a bulk load.
     pub fn shrink(&mut self) {
         self.nights.shrink_to_fit();
+    }
+
+    /// A copy in one allocation of exactly its size. A calendar filled night
+    /// by night grows by doubling; built in a reused scratch calendar and
+    /// copied out once, 100,000 calendars pack without the allocator's
+    /// leftovers (measured: 22.5 → ~16 resident bytes per row at 73M rows).
+    pub fn packed_copy(&self) -> Calendar {
+        Calendar {
+            first: self.first,
+            nights: self.nights.as_slice().to_vec(),
+            present: self.present,
+        }
+    }
+
+    /// Empties the calendar but keeps its buffer for reuse.
+    pub fn clear(&mut self) {
+        self.nights.clear();
+        self.first = 0;
+        self.present = 0;
     }
 }
 

@@ -6,6 +6,7 @@ mod support;
 mod api;
 mod observability;
 mod owner_ops;
+mod process;
 mod projector;
 mod search;
 mod seed;

@@ -31,7 +31,7 @@ fn first_night() -> NaiveDate {
 }
 
 /// A small fixed inventory, loaded with plain SQL.
-async fn load_inventory(client: &Client) {
+pub(crate) async fn load_inventory(client: &Client) {
     client
         .batch_execute(&format!(
             "INSERT INTO hotels (id, name, city, country, stars, amenities)
@@ -79,9 +79,9 @@ async fn caught_up(model: &ReadModel, client: &Client) -> Lsn {
     target
 }
 
-type Rows = BTreeMap<(i64, i64, NaiveDate), NightCounts>;
+pub(crate) type Rows = BTreeMap<(i64, i64, NaiveDate), NightCounts>;
 
-async fn owner_inventory(client: &Client) -> Rows {
+pub(crate) async fn owner_inventory(client: &Client) -> Rows {
     client
         .query(
             "SELECT hotel_id, room_type_id, night, total, taken, sell_limit, price_cents FROM inventory",
@@ -274,7 +274,7 @@ async fn random_operation(client: &mut Client, rng: &mut ChaCha8Rng, worker: usi
 }
 
 /// Runs `workers` concurrent clients doing `steps` random operations each.
-async fn run_workload(owner: &TestOwner, seed: u64, workers: usize, steps: usize) {
+pub(crate) async fn run_workload(owner: &TestOwner, seed: u64, workers: usize, steps: usize) {
     let mut tasks = Vec::new();
     // Each run gets its own worker numbers, so booking and hotel ids never repeat.
     static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -293,7 +293,7 @@ async fn run_workload(owner: &TestOwner, seed: u64, workers: usize, steps: usize
     }
 }
 
-fn test_seed() -> u64 {
+pub(crate) fn test_seed() -> u64 {
     let seed = std::env::var("VACANCY_TEST_SEED")
         .ok()
         .and_then(|s| s.parse().ok())

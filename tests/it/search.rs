@@ -646,3 +646,138 @@ async fn min_lsn_reads_your_writes() {
     );
     app.stop(Duration::from_secs(5)).await;
 }
+
+/// A role for vacancy that may replicate and read the three tables, and no
+/// more, so the test can take its REPLICATION right away (superusers keep it).
+async fn replication_role(client: &Client, owner_url: &str) -> String {
+    client
+        .batch_execute(
+            "CREATE ROLE vac LOGIN REPLICATION;
+             GRANT SELECT ON hotels, room_types, inventory TO vac;
+             CREATE PUBLICATION vacancy FOR TABLE hotels, room_types, inventory;",
+        )
+        .await
+        .unwrap();
+    owner_url.replacen("postgres@", "vac@", 1)
+}
+
+/// Holds the copy back for real: the role loses REPLICATION and its
+/// walsender is ended, so the projector cannot reconnect while the owner
+/// goes on writing; ordinary reads of the owner still work. `undo` gives
+/// the right back.
+async fn hold_copy_back(client: &Client, undo: bool) {
+    if undo {
+        client
+            .batch_execute("ALTER ROLE vac REPLICATION")
+            .await
+            .unwrap();
+        return;
+    }
+    client
+        .batch_execute(
+            "ALTER ROLE vac NOREPLICATION;
+             SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE active_pid IS NOT NULL;",
+        )
+        .await
+        .unwrap();
+}
+
+/// A copy that cannot keep up is never shown as current: past the lag bound
+/// search refuses with 503 and Retry-After (`when_lagging = "refuse"`) or
+/// reads every shown room type from the owner (`"owner"`), and a `min_lsn`
+/// the copy has not reached is answered from the owner. Here the copy is held
+/// back for real: its replication connection is refused while the owner
+/// changes a room type that has plenty of units (so the few-units path alone
+/// would not read it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_back_copy_refuses_or_reads_the_owner() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    one_room_type(&client, 9).await;
+    let url = replication_role(&client, &owner.url).await;
+    let start_with = |when: vacancy::config::WhenLagging| {
+        let mut s = settings_for(&owner);
+        s.owner.url = url.clone();
+        s.search.max_lag_ms = 300;
+        s.search.min_lsn_wait_ms = 200;
+        s.search.when_lagging = when;
+        s.stream.slot = format!("vacancy_{when:?}").to_lowercase();
+        s.stream.heartbeat_interval_ms = 100;
+        s.stream.slot_watch_interval_ms = 100;
+        async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            vacancy::app::start(s, listener).expect("start vacancy")
+        }
+    };
+    let refusing = start_with(vacancy::config::WhenLagging::Refuse).await;
+    let reading = start_with(vacancy::config::WhenLagging::Owner).await;
+    settled(&refusing, &client).await;
+    settled(&reading, &client).await;
+
+    hold_copy_back(&client, false).await;
+    client
+        .batch_execute("UPDATE inventory SET taken = 3")
+        .await
+        .unwrap();
+    let lsn = slot::current_wal_lsn(&client).await.unwrap();
+
+    // Past the bound: 503 with Retry-After, as problem+json.
+    let (code, headers, body) = wait_for("a refusal", Duration::from_secs(20), || async {
+        let answer = get(refusing.addr, &stay_query("")).await;
+        (answer.0 == 503).then_some(answer)
+    })
+    .await;
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        headers.iter().any(|(k, _)| k == "retry-after"),
+        "{headers:?}"
+    );
+    assert!(body.contains("\"type\""), "{body}");
+
+    // Past the bound, configured to read the owner: the owner's 6, not the copy's 9.
+    let v: Value = wait_for("an owner answer", Duration::from_secs(20), || async {
+        let (code, _, body) = get(reading.addr, &stay_query("")).await;
+        let v: Value = serde_json::from_str(&body).ok()?;
+        (code == 200 && v["results"][0]["room_types"][0]["source"] == "owner").then_some(v)
+    })
+    .await;
+    assert_eq!(v["results"][0]["room_types"][0]["free_units"], 6, "{v}");
+    assert!(
+        v["lag_ms"].as_u64().unwrap() > 0,
+        "the answer admits its lag: {v}"
+    );
+    let copy_free = reading.model.read().calendars[&vacancy::model::CalendarKey {
+        hotel_id: 1,
+        room_type_id: 1,
+    }]
+        .get(today() + chrono::Days::new(1))
+        .unwrap()
+        .free();
+    assert_eq!(copy_free, 9, "the copy itself is still behind");
+
+    // min_lsn past what the copy applied: after the bounded wait, the owner.
+    let (code, _, body) = get(
+        reading.addr,
+        &format!(
+            "/v1/hotels/1/availability?check_in={}&check_out={}&room=2&min_lsn={lsn}",
+            today() + chrono::Days::new(1),
+            today() + chrono::Days::new(3)
+        ),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["room_types"][0]["source"], "owner", "{v}");
+    assert_eq!(v["room_types"][0]["free_units"], 6, "{v}");
+
+    // Let the copy back in: it catches up and answers from itself again.
+    hold_copy_back(&client, true).await;
+    settled(&refusing, &client).await;
+    let (code, _, body) = get(refusing.addr, &stay_query(&format!("&min_lsn={lsn}"))).await;
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["results"][0]["room_types"][0]["source"], "copy", "{v}");
+    assert_eq!(v["results"][0]["room_types"][0]["free_units"], 6, "{v}");
+    refusing.stop(Duration::from_secs(5)).await;
+    reading.stop(Duration::from_secs(5)).await;
+}
