@@ -173,6 +173,20 @@ impl Calendar {
             .filter_map(|(i, p)| Some((date(self.first + i as i32), p.unpack()?)))
     }
 
+    /// The `nights` nights from `check_in` on, each `None` when it has no
+    /// row: a walk over one contiguous slice, the inner loop of search.
+    pub fn stay(
+        &self,
+        check_in: NaiveDate,
+        nights: usize,
+    ) -> impl Iterator<Item = Option<NightCounts>> + '_ {
+        let start = i64::from(day(check_in)) - i64::from(self.first);
+        (0..nights).map(move |i| {
+            let at = usize::try_from(start + i as i64).ok()?;
+            self.nights.get(at)?.unpack()
+        })
+    }
+
     /// Nights in `[from, to)` that have a row.
     pub fn range(
         &self,

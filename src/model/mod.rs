@@ -146,7 +146,7 @@ pub struct Tables {
     pub hotels: HashMap<i64, Hotel>,
     /// Ordered, so one hotel's room types are a range (search reads them per hotel).
     pub room_types: std::collections::BTreeMap<CalendarKey, RoomType>,
-    pub calendars: HashMap<CalendarKey, Calendar>,
+    pub calendars: CalendarMap,
     /// Every owner transaction that committed before this position is applied.
     pub applied: Lsn,
     /// Commit time of the last transaction applied (None right after a snapshot).
@@ -163,6 +163,10 @@ pub enum ApplyError {
         source: UnstorableValue,
     },
 }
+
+/// Calendars by key. Fx hashing: the keys are our own integers, not
+/// attacker-chosen strings, and search looks up thousands per answer.
+pub type CalendarMap = HashMap<CalendarKey, Calendar, rustc_hash::FxBuildHasher>;
 
 /// What applying one transaction did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -156,8 +156,12 @@ type OwnerNights = (
 #[derive(Debug, Clone)]
 struct TypeNights {
     key: CalendarKey,
-    name: String,
     max_guests: i16,
+    /// The fewest free units and the stay price (`offer`), kept up to date
+    /// with `nights` and `source`.
+    offer: Option<(i32, Option<i64>)>,
+    /// Night by night; left empty when only the offer is needed (the
+    /// common search, where copying nights out would cost more than the rest).
     nights: Vec<Option<NightCounts>>,
     source: Source,
 }
@@ -165,27 +169,36 @@ struct TypeNights {
 #[derive(Debug, Clone)]
 struct HotelNights {
     hotel_id: i64,
-    name: String,
-    city: String,
     stars: Option<i16>,
     score: f32,
     types: Vec<TypeNights>,
 }
 
+/// Rounds of owner reads one page may take when the owner's numbers rule
+/// hotels out; past it the page is shorter and the cursor goes on.
+const MAX_PAGE_ROUNDS: usize = 3;
+
 /// The fewest free units and the stay price, or `None` when some night has
 /// no row or no unit free.
 pub fn offer(nights: &[Option<NightCounts>]) -> Option<(i32, Option<i64>)> {
+    offer_of(nights.iter().copied())
+}
+
+/// `offer` over any walk of the stay's nights.
+pub fn offer_of(nights: impl Iterator<Item = Option<NightCounts>>) -> Option<(i32, Option<i64>)> {
     let mut min_free = i32::MAX;
     let mut price = Some(0i64);
+    let mut any = false;
     for n in nights {
-        let n = n.as_ref()?;
+        any = true;
+        let n = n?;
         min_free = min_free.min(n.free());
         price = match (price, n.price_cents) {
             (Some(p), Some(c)) => Some(p + i64::from(c)),
             _ => None,
         };
     }
-    (!nights.is_empty() && min_free >= 1).then_some((min_free, price))
+    (any && min_free >= 1).then_some((min_free, price))
 }
 
 /// Whether every room (guests each) fits into the types (max guests, units
@@ -260,15 +273,6 @@ impl Search {
             stars_min: req.stars_min,
             amenities: req.amenities.clone(),
         })?;
-        let (mut hotels, lsn) = {
-            let t = self.model.read();
-            let hotels: Vec<HotelNights> = candidates
-                .iter()
-                .filter_map(|(id, score)| read_hotel(&t, *id, *score, req.stay))
-                .filter(|h| still_matches(&t, h.hotel_id, req))
-                .collect();
-            (hotels, t.applied)
-        };
         let smallest = req.rooms.iter().copied().min().unwrap_or(1);
         let reason = if lagging {
             Reason::Bypass
@@ -277,34 +281,86 @@ impl Search {
         } else {
             Reason::MinLsn
         };
-        let bypassed = self.bypassed(&hotels);
-        self.read_owner_where_needed(
-            &mut hotels,
-            req.stay,
-            smallest,
-            req.max_price_cents,
-            reason,
-            &bypassed,
-        )
-        .await;
+        let bypassed = match &self.stale {
+            Some(s) => s.bypassed_hotels(candidates.iter().map(|(id, _)| *id)),
+            None => Default::default(),
+        };
+        // Under the lock only what the answer needs is copied out: room types
+        // too small for every room are never shown, and (when the copy is
+        // trusted) neither are those the copy shows full. Names wait for the page.
+        let (mut hotels, lsn) = {
+            let t = self.model.read();
+            let hotels: Vec<HotelNights> = candidates
+                .iter()
+                .filter(|(id, _)| still_matches(&t, *id, req))
+                .filter_map(|(id, score)| {
+                    let offered_only = reason == Reason::FewUnits && !bypassed.contains(id);
+                    read_hotel(&t, *id, *score, req.stay, smallest, offered_only)
+                })
+                .collect();
+            (hotels, t.applied)
+        };
+        // The copy cannot be trusted for this answer (or for these hotels):
+        // read them before matching, since the copy may be wrong either way.
+        self.read_owner_where_needed(&mut hotels, req.stay, reason, &bypassed)
+            .await;
+        let mut matched: Vec<(HotelResult, HotelNights)> = hotels
+            .into_iter()
+            .filter_map(|h| Some((self.evaluate(&h, &req.rooms, req.max_price_cents)?, h)))
+            .collect();
+        matched.sort_by(|a, b| order(&a.0, &b.0, req.sort));
+        let total = matched.len();
+        // Few units left: only the hotels about to be shown are read from
+        // the owner, one query for the page. A hotel the owner's numbers
+        // rule out gives its place to the next one, so a page is full when
+        // it can be; the cursor points past the last hotel looked at.
+        let mut page: Vec<HotelResult> = Vec::with_capacity(req.limit);
+        let mut rest = matched.into_iter().skip(req.offset);
+        let mut next = req.offset;
+        let mut ruled_out = 0;
+        for _round in 0..MAX_PAGE_ROUNDS {
+            let want = req.limit.saturating_sub(page.len());
+            if want == 0 {
+                break;
+            }
+            let mut batch: Vec<(HotelResult, HotelNights)> = rest.by_ref().take(want).collect();
+            if batch.is_empty() {
+                break;
+            }
+            next += batch.len();
+            let few: Vec<CalendarKey> = batch
+                .iter()
+                .flat_map(|(r, h)| {
+                    r.room_types
+                        .iter()
+                        .filter(|o| o.source == Source::Copy && o.free_units <= self.few_units)
+                        .map(move |o| CalendarKey {
+                            hotel_id: h.hotel_id,
+                            room_type_id: o.room_type_id,
+                        })
+                })
+                .collect();
+            if let Some(read) = self.owner_nights(few, req.stay, Reason::FewUnits).await {
+                let looked_at = batch.len();
+                let mut nights: Vec<HotelNights> = batch.into_iter().map(|(_, h)| h).collect();
+                apply_owner_nights(&mut nights, req.stay, read);
+                batch = nights
+                    .into_iter()
+                    .filter_map(|h| Some((self.evaluate(&h, &req.rooms, req.max_price_cents)?, h)))
+                    .collect();
+                ruled_out += looked_at - batch.len();
+            }
+            page.extend(batch.into_iter().map(|(r, _)| r));
+        }
+        // Owner numbers may move a hotel within the page.
+        page.sort_by(|a, b| order(a, b, req.sort));
+        self.fill_names(&mut page);
         let quotes = QuoteContext {
             stay: req.stay,
             lsn,
             shown_at: Utc::now(),
             lag_ms: self.model.freshness.lag_ms(Utc::now()),
         };
-        let mut results: Vec<HotelResult> = hotels
-            .into_iter()
-            .filter_map(|h| self.evaluate(h, &req.rooms, req.max_price_cents))
-            .collect();
-        sort(&mut results, req.sort);
-        let total = results.len();
-        let mut page: Vec<HotelResult> = results
-            .into_iter()
-            .skip(req.offset)
-            .take(req.limit)
-            .collect();
-        let next = req.offset + page.len();
         // Only the page shown is quoted: signing costs about a microsecond
         // per room type, and a broad search can match thousands.
         for h in &mut page {
@@ -319,25 +375,44 @@ impl Search {
         Ok(SearchAnswer {
             lsn,
             lag_ms: quotes.lag_ms,
-            total_hotels: total,
+            // The copy's count, less the hotels the owner's numbers ruled out here.
+            total_hotels: total - ruled_out,
             next_cursor: (next < total).then(|| Cursor::encode(req, next)),
             results: page,
         })
     }
 
-    /// Replaces, with the owner's rows, the room types that would be shown
-    /// with few units; or, when the copy cannot be trusted for this answer
-    /// (it missed `min_lsn`, or lags past the bound), every room type with
-    /// enough beds, since the copy may be wrong in either direction. The
-    /// hotels in `bypassed` (the stale-read policy) have every room type with
-    /// enough beds read too, under reason `bypass`, in a second query that
-    /// runs beside the first.
+    /// Names of the hotels and room types shown, read once the page is
+    /// known (attributes, not counts: a rename between the two reads shows
+    /// the newer name).
+    fn fill_names(&self, page: &mut [HotelResult]) {
+        let t = self.model.read();
+        for h in page {
+            if let Some(hotel) = t.hotels.get(&h.hotel_id) {
+                h.name.clone_from(&hotel.name);
+                h.city.clone_from(&hotel.city);
+            }
+            for o in &mut h.room_types {
+                let key = CalendarKey {
+                    hotel_id: h.hotel_id,
+                    room_type_id: o.room_type_id,
+                };
+                if let Some(rt) = t.room_types.get(&key) {
+                    o.name.clone_from(&rt.name);
+                }
+            }
+        }
+    }
+
+    /// Replaces with the owner's rows, before matching, the room types the
+    /// copy cannot be trusted for: every one (the copy missed `min_lsn`, or
+    /// lags past the bound), or those of the hotels in `bypassed` (the
+    /// stale-read policy, reason `bypass`), in two queries run side by side.
+    /// Few-units reads happen later, for the page only.
     async fn read_owner_where_needed(
         &self,
         hotels: &mut [HotelNights],
         stay: Stay,
-        smallest_room: i16,
-        max_price: Option<i64>,
         reason: Reason,
         bypassed: &std::collections::HashSet<i64>,
     ) {
@@ -345,36 +420,19 @@ impl Search {
         let mut wanted = Vec::new();
         let mut bypass = Vec::new();
         for h in hotels.iter() {
-            let hotel_bypassed = !everything && bypassed.contains(&h.hotel_id);
-            for t in &h.types {
-                if t.max_guests < smallest_room {
-                    continue;
-                }
-                if everything {
-                    wanted.push(t.key);
-                    continue;
-                }
-                if hotel_bypassed {
-                    bypass.push(t.key);
-                    continue;
-                }
-                let Some((free, price)) = offer(&t.nights) else {
-                    continue;
-                };
-                if max_price.is_some_and(|m| price.is_none_or(|p| p > m)) {
-                    continue;
-                }
-                if free <= self.few_units {
-                    wanted.push(t.key);
-                }
+            let keys = h.types.iter().map(|t| t.key);
+            if everything {
+                wanted.extend(keys);
+            } else if bypassed.contains(&h.hotel_id) {
+                bypass.extend(keys);
             }
         }
-        let (few, flagged) = futures_util::future::join(
+        let (all, flagged) = futures_util::future::join(
             self.owner_nights(wanted, stay, reason),
             self.owner_nights(bypass, stay, Reason::Bypass),
         )
         .await;
-        for read in [few, flagged].into_iter().flatten() {
+        for read in [all, flagged].into_iter().flatten() {
             apply_owner_nights(hotels, stay, read);
         }
     }
@@ -400,7 +458,7 @@ impl Search {
     /// Quotes are left empty; the caller signs those it shows.
     fn evaluate(
         &self,
-        h: HotelNights,
+        h: &HotelNights,
         rooms: &[i16],
         max_price: Option<i64>,
     ) -> Option<HotelResult> {
@@ -410,13 +468,13 @@ impl Search {
             .iter()
             .filter(|t| t.max_guests >= smallest)
             .filter_map(|t| {
-                let (free, price) = offer(&t.nights)?;
+                let (free, price) = t.offer?;
                 if max_price.is_some_and(|m| price.is_none_or(|p| p > m)) {
                     return None;
                 }
                 Some(RoomOffer {
                     room_type_id: t.key.room_type_id,
-                    name: t.name.clone(),
+                    name: String::new(),
                     max_guests: t.max_guests,
                     free_units: free,
                     price_cents: price,
@@ -435,8 +493,8 @@ impl Search {
         }
         Some(HotelResult {
             hotel_id: h.hotel_id,
-            name: h.name,
-            city: h.city,
+            name: String::new(),
+            city: String::new(),
             stars: h.stars,
             price_cents: offers.iter().filter_map(|o| o.price_cents).min(),
             room_types: offers,
@@ -454,7 +512,7 @@ impl Search {
         let caught_up = self.reached(req.min_lsn).await;
         let (mut hotel, lsn) = {
             let t = self.model.read();
-            let h = read_hotel(&t, hotel_id, 1.0, req.stay)
+            let h = read_hotel(&t, hotel_id, 1.0, req.stay, i16::MIN, false)
                 .ok_or(SearchError::HotelNotFound(hotel_id))?;
             (h, t.applied)
         };
@@ -466,15 +524,31 @@ impl Search {
             Reason::MinLsn
         };
         let bypassed = self.bypassed(std::slice::from_ref(&hotel));
-        self.read_owner_where_needed(
-            std::slice::from_mut(&mut hotel),
-            req.stay,
-            1,
-            None,
-            reason,
-            &bypassed,
-        )
-        .await;
+        if reason == Reason::FewUnits && !bypassed.contains(&hotel_id) {
+            let few: Vec<CalendarKey> = hotel
+                .types
+                .iter()
+                .filter(|t| t.offer.is_some_and(|(free, _)| free <= self.few_units))
+                .map(|t| t.key)
+                .collect();
+            if let Some(read) = self.owner_nights(few, req.stay, reason).await {
+                apply_owner_nights(std::slice::from_mut(&mut hotel), req.stay, read);
+            }
+        } else {
+            self.read_owner_where_needed(
+                std::slice::from_mut(&mut hotel),
+                req.stay,
+                reason,
+                &bypassed,
+            )
+            .await;
+        }
+        let names: HashMap<i64, String> = {
+            let t = self.model.read();
+            t.room_types_of(hotel_id)
+                .map(|rt| (rt.id, rt.name.clone()))
+                .collect()
+        };
         let quotes = QuoteContext {
             stay: req.stay,
             lsn,
@@ -482,16 +556,16 @@ impl Search {
             lag_ms: self.model.freshness.lag_ms(Utc::now()),
         };
         let smallest = req.rooms.iter().copied().min().unwrap_or(1);
-        let hotel_fits = self.evaluate(hotel.clone(), &req.rooms, None).is_some();
+        let hotel_fits = self.evaluate(&hotel, &req.rooms, None).is_some();
         let room_types = hotel
             .types
             .iter()
             .map(|t| {
-                let offered = offer(&t.nights);
+                let offered = t.offer;
                 let free_units = offered.map_or(0, |(f, _)| f);
                 RoomAvailability {
                     room_type_id: t.key.room_type_id,
-                    name: t.name.clone(),
+                    name: names.get(&t.key.room_type_id).cloned().unwrap_or_default(),
                     max_guests: t.max_guests,
                     nights: req
                         .stay
@@ -569,6 +643,7 @@ fn apply_owner_nights(hotels: &mut [HotelNights], stay: Stay, read: OwnerNights)
                         .nights()
                         .map(|n| rows.get(&(t.key, n)).copied())
                         .collect();
+                    t.offer = offer(&t.nights);
                     t.source = Source::Owner;
                 }
                 None => t.source = Source::CopyFallback,
@@ -577,29 +652,52 @@ fn apply_owner_nights(hotels: &mut [HotelNights], stay: Stay, read: OwnerNights)
     }
 }
 
-fn read_hotel(t: &Tables, hotel_id: i64, score: f32, stay: Stay) -> Option<HotelNights> {
+/// One hotel's room types over the stay, from the copy: those with at
+/// least `min_guests` beds, and with `offered_only` only those the copy
+/// shows free on every night (the rest are never shown).
+fn read_hotel(
+    t: &Tables,
+    hotel_id: i64,
+    score: f32,
+    stay: Stay,
+    min_guests: i16,
+    offered_only: bool,
+) -> Option<HotelNights> {
     let h = t.hotels.get(&hotel_id)?;
     let types = t
         .room_types_of(hotel_id)
-        .map(|rt| {
+        .filter(|rt| rt.max_guests >= min_guests)
+        .filter_map(|rt| {
             let key = CalendarKey {
                 hotel_id,
                 room_type_id: rt.id,
             };
             let cal = t.calendars.get(&key);
-            TypeNights {
-                key,
-                name: rt.name.clone(),
-                max_guests: rt.max_guests,
-                nights: stay.nights().map(|n| cal.and_then(|c| c.get(n))).collect(),
-                source: Source::Copy,
+            let len = stay.len() as usize;
+            let walk = || {
+                cal.into_iter()
+                    .flat_map(move |c| c.stay(stay.check_in, len))
+                    .chain(std::iter::repeat_n(None, usize::from(cal.is_none()) * len))
+            };
+            let offer = offer_of(walk());
+            if offered_only && offer.is_none() {
+                return None;
             }
+            Some(TypeNights {
+                key,
+                max_guests: rt.max_guests,
+                offer,
+                nights: if offered_only {
+                    Vec::new()
+                } else {
+                    walk().collect()
+                },
+                source: Source::Copy,
+            })
         })
         .collect();
     Some(HotelNights {
         hotel_id,
-        name: h.name.clone(),
-        city: h.city.clone(),
         stars: h.stars,
         score,
         types,
@@ -614,6 +712,7 @@ fn still_matches(t: &Tables, hotel_id: i64, req: &SearchRequest) -> bool {
         return false;
     };
     let place_ok = match &req.place {
+        Place::City(c) if h.city.is_ascii() && c.is_ascii() => h.city.eq_ignore_ascii_case(c),
         Place::City(c) => h.city.to_lowercase() == c.to_lowercase(),
         Place::Text(_) => true,
         Place::BBox {
@@ -637,36 +736,20 @@ fn still_matches(t: &Tables, hotel_id: i64, req: &SearchRequest) -> bool {
     place_ok && stars_ok && amenities_ok
 }
 
-fn sort(results: &mut [HotelResult], by: Sort) {
+/// The answer's order; ties broken by hotel id so pages never overlap.
+fn order(a: &HotelResult, b: &HotelResult, by: Sort) -> std::cmp::Ordering {
+    let price = |r: &HotelResult| (r.price_cents.is_none(), r.price_cents);
     match by {
-        Sort::Price => results.sort_by(|a, b| {
-            (a.price_cents.is_none(), a.price_cents, a.hotel_id).cmp(&(
-                b.price_cents.is_none(),
-                b.price_cents,
-                b.hotel_id,
-            ))
-        }),
-        Sort::Stars => results.sort_by(|a, b| {
-            b.stars
-                .unwrap_or(-1)
-                .cmp(&a.stars.unwrap_or(-1))
-                .then(
-                    (a.price_cents.is_none(), a.price_cents)
-                        .cmp(&(b.price_cents.is_none(), b.price_cents)),
-                )
-                .then(a.hotel_id.cmp(&b.hotel_id))
-        }),
-        Sort::Availability => results.sort_by(|a, b| {
-            b.free_units()
-                .cmp(&a.free_units())
-                .then(a.hotel_id.cmp(&b.hotel_id))
-        }),
-        Sort::Relevance => results.sort_by(|a, b| {
-            b.score
-                .total_cmp(&a.score)
-                .then(a.hotel_id.cmp(&b.hotel_id))
-        }),
+        Sort::Price => price(a).cmp(&price(b)),
+        Sort::Stars => b
+            .stars
+            .unwrap_or(-1)
+            .cmp(&a.stars.unwrap_or(-1))
+            .then(price(a).cmp(&price(b))),
+        Sort::Availability => b.free_units().cmp(&a.free_units()),
+        Sort::Relevance => b.score.total_cmp(&a.score),
     }
+    .then(a.hotel_id.cmp(&b.hotel_id))
 }
 
 #[cfg(test)]

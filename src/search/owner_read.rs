@@ -12,13 +12,24 @@ use std::time::{Duration, Instant};
 
 use chrono::NaiveDate;
 use moka::future::Cache;
-use tokio_postgres::Client;
+use tokio_postgres::{Client, Statement};
 
 use super::params::Stay;
 use crate::config::Settings;
 use crate::metrics;
 use crate::model::{CalendarKey, NightCounts};
 use crate::owner;
+
+/// One index range per calendar (the primary key leads with hotel, room
+/// type, night), whatever the number of keys.
+const READ_SQL: &str =
+    "SELECT i.hotel_id, i.room_type_id, i.night, i.total, i.taken, i.sell_limit, i.price_cents
+     FROM unnest($1::bigint[], $2::bigint[]) AS k(hotel_id, room_type_id)
+     JOIN inventory i USING (hotel_id, room_type_id)
+     WHERE i.night >= $3 AND i.night < $4";
+
+/// An open connection and the read prepared on it.
+type Prepared = (Arc<Client>, Statement);
 
 /// Why a search read the owner (the metric's `reason` label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,7 +70,7 @@ pub struct OwnerReader {
     url: String,
     connect_timeout: Duration,
     timeout: Duration,
-    clients: Vec<Mutex<Option<Arc<Client>>>>,
+    clients: Vec<Mutex<Option<Prepared>>>,
     next: AtomicUsize,
     cache: Cache<ReadKey, Arc<OwnerRows>>,
 }
@@ -82,6 +93,8 @@ impl OwnerReader {
     }
 
     /// Reads the stay's nights of `keys` from the owner, in one query.
+    /// Reads, errors and durations are counted once per query actually sent,
+    /// not once per search that shared it.
     pub async fn read(
         &self,
         keys: &[CalendarKey],
@@ -92,58 +105,63 @@ impl OwnerReader {
         keys.sort();
         keys.dedup();
         let key = ReadKey { keys, stay };
-        let started = Instant::now();
-        let result = self
-            .cache
+        self.cache
             .try_get_with(key.clone(), async {
                 metrics::OWNER_READS
                     .with_label_values(&[reason.label()])
                     .inc();
-                match tokio::time::timeout(self.timeout, self.query(&key)).await {
+                let started = Instant::now();
+                let result = match tokio::time::timeout(self.timeout, self.query(&key)).await {
                     Ok(r) => r.map(Arc::new),
                     Err(_) => Err(OwnerReadError::Timeout(self.timeout)),
+                };
+                metrics::OWNER_READ_DURATION.observe(started.elapsed().as_secs_f64());
+                if result.is_err() {
+                    metrics::OWNER_READ_ERRORS
+                        .with_label_values(&[reason.label()])
+                        .inc();
                 }
+                result
             })
             .await
-            .map_err(|e: Arc<OwnerReadError>| (*e).clone());
-        metrics::OWNER_READ_DURATION.observe(started.elapsed().as_secs_f64());
-        if result.is_err() {
-            metrics::OWNER_READ_ERRORS
-                .with_label_values(&[reason.label()])
-                .inc();
-        }
-        result
+            .map_err(|e: Arc<OwnerReadError>| (*e).clone())
     }
 
-    async fn client(&self) -> Result<(usize, Arc<Client>), OwnerReadError> {
+    /// A connection with the read prepared on it: one round trip per read.
+    async fn client(&self) -> Result<(usize, Arc<Client>, Statement), OwnerReadError> {
         let slot = self.next.fetch_add(1, Ordering::Relaxed) % self.clients.len();
         let existing = self.clients[slot]
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
-        if let Some(c) = existing.filter(|c| !c.is_closed()) {
-            return Ok((slot, c));
+        if let Some((c, s)) = existing.filter(|(c, _)| !c.is_closed()) {
+            return Ok((slot, c, s));
         }
+        let failed = |e: &dyn std::fmt::Display| OwnerReadError::Failed(e.to_string());
         let c = Arc::new(
             owner::connect(&self.url, self.connect_timeout)
                 .await
-                .map_err(|e| OwnerReadError::Failed(e.to_string()))?,
+                .map_err(|e| failed(&e))?,
         );
-        *self.clients[slot].lock().unwrap_or_else(|p| p.into_inner()) = Some(c.clone());
-        Ok((slot, c))
+        let s = c.prepare(READ_SQL).await.map_err(|e| failed(&e))?;
+        *self.clients[slot].lock().unwrap_or_else(|p| p.into_inner()) =
+            Some((c.clone(), s.clone()));
+        Ok((slot, c, s))
     }
 
     async fn query(&self, key: &ReadKey) -> Result<OwnerRows, OwnerReadError> {
-        let (slot, client) = self.client().await?;
+        let (slot, client, statement) = self.client().await?;
         let hotels: Vec<i64> = key.keys.iter().map(|k| k.hotel_id).collect();
         let room_types: Vec<i64> = key.keys.iter().map(|k| k.room_type_id).collect();
         let rows = client
             .query(
-                "SELECT i.hotel_id, i.room_type_id, i.night, i.total, i.taken, i.sell_limit, i.price_cents
-                 FROM unnest($1::bigint[], $2::bigint[]) AS k(hotel_id, room_type_id)
-                 JOIN inventory i USING (hotel_id, room_type_id)
-                 WHERE i.night >= $3 AND i.night < $4",
-                &[&hotels, &room_types, &key.stay.check_in, &key.stay.check_out],
+                &statement,
+                &[
+                    &hotels,
+                    &room_types,
+                    &key.stay.check_in,
+                    &key.stay.check_out,
+                ],
             )
             .await
             .map_err(|e| {
