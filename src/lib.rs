@@ -20,6 +20,7 @@
 //! - [`app`]: wiring: spawn the tasks, one shutdown token, signals.
 //! - [`bench`]: `vacancy bench`, figures beside their baselines.
 //! - [`search_bench`]: `vacancy bench-search`, search under load beside SQL on the owner.
+//! - [`stale_bench`]: `vacancy bench-stale`, the 409-after-shown rate from the copy beside the owner floor.
 //! - [`simulator`]: booking-service guests over the real API and owner
 //!   operations, reporting each take (tests, benchmarks, the demo).
 //! - [`demo`]: the whole job on one machine: embedded owner, seed, guests.
@@ -39,4 +40,5 @@ pub mod search;
 pub mod search_bench;
 pub mod simulator;
 pub mod stale;
+pub mod stale_bench;
 pub mod stream;

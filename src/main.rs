@@ -19,6 +19,9 @@ struct Cli {
 enum Command {
     /// Load-test /v1/search beside the same question asked of the owner in SQL.
     BenchSearch(vacancy::search_bench::SearchBenchArgs),
+    /// The 409-after-shown rate with search from the copy, beside search
+    /// reading the owner, under simulated guests racing for few units.
+    BenchStale(vacancy::stale_bench::StaleBenchArgs),
     /// Measure speed and memory, each beside its baseline (see BENCHMARKS.md).
     Bench {
         #[command(subcommand)]
@@ -85,6 +88,11 @@ async fn main() -> anyhow::Result<()> {
             vacancy::search_bench::run(args)
                 .await
                 .context("bench-search failed")?;
+        }
+        Command::BenchStale(args) => {
+            vacancy::stale_bench::run(args)
+                .await
+                .context("bench-stale failed")?;
         }
         Command::Bench { which } => {
             vacancy::bench::run(which).await.context("bench failed")?;
