@@ -1,9 +1,11 @@
 //! `Calendar`: the nightly counts of one hotel's room type, packed.
 //!
 //! The copy holds up to tens of millions of nights (5,000 hotels × 20 room
-//! types × 730 nights = 73 million), so a night is four `i32`s in a vector
-//! indexed by day, 16 bytes, with sentinels instead of `Option`s. A night
-//! with no owner row is `total == ABSENT`.
+//! types × 730 nights = 73 million), so a night is three `i32`s in a vector
+//! indexed by day (total, taken, price), 12 bytes, with sentinels instead of
+//! `Option`s; a night with no owner row is `total == ABSENT`. `sell_limit` is
+//! null on most nights (it marks overbooking), so the few set ones live in a
+//! small sorted side list per calendar instead of four bytes on every night.
 
 use chrono::{Datelike, NaiveDate};
 use serde::Serialize;
@@ -37,7 +39,6 @@ impl NightCounts {
 struct Packed {
     total: i32,
     taken: i32,
-    sell_limit: i32,
     price_cents: i32,
 }
 
@@ -45,20 +46,18 @@ impl Packed {
     const EMPTY: Packed = Packed {
         total: ABSENT,
         taken: 0,
-        sell_limit: NULL,
         price_cents: NULL,
     };
 
-    fn unpack(self) -> Option<NightCounts> {
+    fn unpack(self, sell_limit: Option<i32>) -> Option<NightCounts> {
         if self.total == ABSENT {
             return None;
         }
-        let opt = |v: i32| (v != NULL).then_some(v);
         Some(NightCounts {
             total: self.total,
             taken: self.taken,
-            sell_limit: opt(self.sell_limit),
-            price_cents: opt(self.price_cents),
+            sell_limit,
+            price_cents: (self.price_cents != NULL).then_some(self.price_cents),
         })
     }
 
@@ -66,7 +65,6 @@ impl Packed {
         c.is_storable().then_some(Packed {
             total: c.total,
             taken: c.taken,
-            sell_limit: c.sell_limit.unwrap_or(NULL),
             price_cents: c.price_cents.unwrap_or(NULL),
         })
     }
@@ -83,6 +81,8 @@ pub struct Calendar {
     first: i32,
     nights: Vec<Packed>,
     present: u32,
+    /// `(day, sell_limit)` of the nights whose limit is set, sorted by day.
+    limits: Vec<(i32, i32)>,
 }
 
 /// 1970-01-01 in days from the common era.
@@ -101,7 +101,37 @@ fn date(day: i32) -> NaiveDate {
 impl Calendar {
     pub fn get(&self, night: NaiveDate) -> Option<NightCounts> {
         let i = day(night).checked_sub(self.first)?;
-        self.nights.get(usize::try_from(i).ok()?)?.unpack()
+        self.night_at(usize::try_from(i).ok()?)
+    }
+
+    /// The night at index `i` of `nights`, with its limit joined back.
+    fn night_at(&self, i: usize) -> Option<NightCounts> {
+        let p = self.nights.get(i)?;
+        if p.total == ABSENT {
+            return None;
+        }
+        p.unpack(self.limit_of(self.first + i as i32))
+    }
+
+    fn limit_of(&self, d: i32) -> Option<i32> {
+        if self.limits.is_empty() {
+            return None;
+        }
+        self.limits
+            .binary_search_by_key(&d, |(day, _)| *day)
+            .ok()
+            .map(|at| self.limits[at].1)
+    }
+
+    fn set_limit(&mut self, d: i32, limit: Option<i32>) {
+        match (self.limits.binary_search_by_key(&d, |(day, _)| *day), limit) {
+            (Ok(at), Some(l)) => self.limits[at].1 = l,
+            (Ok(at), None) => {
+                self.limits.remove(at);
+            }
+            (Err(at), Some(l)) => self.limits.insert(at, (d, l)),
+            (Err(_), None) => {}
+        }
     }
 
     /// Nights that have a row, in date order.
@@ -134,6 +164,7 @@ impl Calendar {
             self.present += 1;
         }
         self.nights[i] = packed;
+        self.set_limit(d, counts.sell_limit);
         Ok(())
     }
 
@@ -152,6 +183,7 @@ impl Calendar {
             *slot = Packed::EMPTY;
             self.present -= 1;
         }
+        self.set_limit(day(night), None);
         let lead = self.nights.iter().take_while(|n| n.total == ABSENT).count();
         if lead > 0 {
             self.nights.drain(..lead);
@@ -167,10 +199,8 @@ impl Calendar {
 
     /// Every night with a row, in date order.
     pub fn iter(&self) -> impl Iterator<Item = (NaiveDate, NightCounts)> + '_ {
-        self.nights
-            .iter()
-            .enumerate()
-            .filter_map(|(i, p)| Some((date(self.first + i as i32), p.unpack()?)))
+        (0..self.nights.len())
+            .filter_map(|i| Some((date(self.first + i as i32), self.night_at(i)?)))
     }
 
     /// The `nights` nights from `check_in` on, each `None` when it has no
@@ -183,7 +213,7 @@ impl Calendar {
         let start = i64::from(day(check_in)) - i64::from(self.first);
         (0..nights).map(move |i| {
             let at = usize::try_from(start + i as i64).ok()?;
-            self.nights.get(at)?.unpack()
+            self.night_at(at)
         })
     }
 
@@ -199,11 +229,13 @@ impl Calendar {
     /// Heap bytes held, for the memory figures.
     pub fn heap_bytes(&self) -> usize {
         self.nights.capacity() * std::mem::size_of::<Packed>()
+            + self.limits.capacity() * std::mem::size_of::<(i32, i32)>()
     }
 
     /// Releases spare capacity after a bulk load.
     pub fn shrink(&mut self) {
         self.nights.shrink_to_fit();
+        self.limits.shrink_to_fit();
     }
 
     /// A copy in one allocation of exactly its size. A calendar filled night
@@ -215,12 +247,14 @@ impl Calendar {
             first: self.first,
             nights: self.nights.as_slice().to_vec(),
             present: self.present,
+            limits: self.limits.as_slice().to_vec(),
         }
     }
 
     /// Empties the calendar but keeps its buffer for reuse.
     pub fn clear(&mut self) {
         self.nights.clear();
+        self.limits.clear();
         self.first = 0;
         self.present = 0;
     }
@@ -246,8 +280,33 @@ mod tests {
     }
 
     #[test]
-    fn packs_sixteen_bytes_per_night() {
-        assert_eq!(std::mem::size_of::<Packed>(), 16);
+    fn packs_twelve_bytes_per_night() {
+        assert_eq!(std::mem::size_of::<Packed>(), 12);
+    }
+
+    #[test]
+    fn a_sell_limit_costs_only_the_nights_that_have_one() {
+        let mut c = Calendar::default();
+        for n in 0..100 {
+            c.set(d(n), counts(5, 1)).unwrap();
+        }
+        c.set(
+            d(7),
+            NightCounts {
+                sell_limit: Some(6),
+                ..counts(5, 1)
+            },
+        )
+        .unwrap();
+        c.shrink();
+        assert_eq!(c.heap_bytes(), 100 * 12 + 8);
+        assert_eq!(c.get(d(7)).unwrap().sell_limit, Some(6));
+        assert_eq!(c.get(d(7)).unwrap().free(), 5);
+        assert_eq!(c.get(d(8)).unwrap().sell_limit, None);
+        c.set(d(7), counts(5, 1)).unwrap();
+        assert_eq!(c.get(d(7)).unwrap().sell_limit, None);
+        c.remove(d(8));
+        assert!(c.get(d(8)).is_none());
     }
 
     #[test]
