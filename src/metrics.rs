@@ -238,15 +238,46 @@ pub static OWNER_READ_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
         &["reason"],
     )
 });
-pub static OWNER_READ_DURATION: LazyLock<Histogram> = LazyLock::new(|| {
-    histogram(
-        "vacancy_owner_read_duration_seconds",
-        "Duration of one direct read of the owner",
-        vec![
-            0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0,
-        ],
+pub static OWNER_READ_DURATION: LazyLock<prometheus::HistogramVec> = LazyLock::new(|| {
+    register(
+        prometheus::HistogramVec::new(
+            HistogramOpts::new(
+                "vacancy_owner_read_duration_seconds",
+                "Duration of one direct read of the owner, by reason",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0,
+            ]),
+            &["reason"],
+        )
+        .expect("valid metric"),
     )
 });
+pub static CACHE_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "vacancy_cache_requests_total",
+        "Lookups in vacancy's caches (owner_read: search's owner reads), by result (hit, miss)",
+        &["cache", "result"],
+    )
+});
+pub static CACHE_EVICTIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "vacancy_cache_evictions_total",
+        "Entries leaving vacancy's caches (owner_read, ttl_confirmations), by moka's cause (expired, size, explicit, replaced)",
+        &["cache", "cause"],
+    )
+});
+
+/// moka's removal cause as a label value.
+pub fn removal_cause(cause: moka::notification::RemovalCause) -> &'static str {
+    use moka::notification::RemovalCause;
+    match cause {
+        RemovalCause::Expired => "expired",
+        RemovalCause::Size => "size",
+        RemovalCause::Explicit => "explicit",
+        RemovalCause::Replaced => "replaced",
+    }
+}
 
 // --- stale-read loop ---------------------------------------------------------
 
@@ -330,6 +361,13 @@ pub static HTTP_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {
     )
 });
 
+pub static HTTP_IN_FLIGHT: LazyLock<IntGauge> = LazyLock::new(|| {
+    gauge(
+        "vacancy_http_requests_in_flight",
+        "HTTP requests being answered now (at shutdown: those still draining)",
+    )
+});
+
 pub static BUILD_INFO: LazyLock<IntGaugeVec> = LazyLock::new(|| {
     register(
         IntGaugeVec::new(
@@ -356,6 +394,7 @@ pub fn init() {
     for table in ["hotels", "room_types", "inventory"] {
         MODEL_ENTRIES.with_label_values(&[table]);
     }
+    LazyLock::force(&HTTP_IN_FLIGHT);
     LazyLock::force(&TRANSACTIONS_APPLIED);
     LazyLock::force(&TRANSACTIONS_SKIPPED);
     LazyLock::force(&APPLY_DURATION);
@@ -376,9 +415,18 @@ pub fn init() {
     LazyLock::force(&OWNER_READ_DURATION);
     LazyLock::force(&INDEX_DOCUMENTS);
     LazyLock::force(&SEARCH_RESULTS);
+    for result in ["hit", "miss"] {
+        CACHE_REQUESTS.with_label_values(&["owner_read", result]);
+    }
+    for cache in ["owner_read", "ttl_confirmations"] {
+        for cause in ["expired", "size", "explicit", "replaced"] {
+            CACHE_EVICTIONS.with_label_values(&[cache, cause]);
+        }
+    }
     for reason in ["few_units", "min_lsn", "bypass"] {
         OWNER_READS.with_label_values(&[reason]);
         OWNER_READ_ERRORS.with_label_values(&[reason]);
+        OWNER_READ_DURATION.with_label_values(&[reason]);
     }
     LazyLock::force(&INDEX_SEGMENTS);
     LazyLock::force(&INDEX_COMMIT_DURATION);

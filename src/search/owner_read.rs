@@ -86,6 +86,11 @@ impl OwnerReader {
                 .collect(),
             next: AtomicUsize::new(0),
             cache: Cache::builder()
+                .eviction_listener(|_, _, cause| {
+                    metrics::CACHE_EVICTIONS
+                        .with_label_values(&["owner_read", metrics::removal_cause(cause)])
+                        .inc();
+                })
                 .max_capacity(10_000)
                 .time_to_live(Duration::from_millis(settings.search.owner_read_cache_ms))
                 .build(),
@@ -105,8 +110,11 @@ impl OwnerReader {
         keys.sort();
         keys.dedup();
         let key = ReadKey { keys, stay };
-        self.cache
+        let sent = std::sync::atomic::AtomicBool::new(false);
+        let result = self
+            .cache
             .try_get_with(key.clone(), async {
+                sent.store(true, Ordering::Relaxed);
                 metrics::OWNER_READS
                     .with_label_values(&[reason.label()])
                     .inc();
@@ -115,7 +123,9 @@ impl OwnerReader {
                     Ok(r) => r.map(Arc::new),
                     Err(_) => Err(OwnerReadError::Timeout(self.timeout)),
                 };
-                metrics::OWNER_READ_DURATION.observe(started.elapsed().as_secs_f64());
+                metrics::OWNER_READ_DURATION
+                    .with_label_values(&[reason.label()])
+                    .observe(started.elapsed().as_secs_f64());
                 if result.is_err() {
                     metrics::OWNER_READ_ERRORS
                         .with_label_values(&[reason.label()])
@@ -124,7 +134,16 @@ impl OwnerReader {
                 result
             })
             .await
-            .map_err(|e: Arc<OwnerReadError>| (*e).clone())
+            .map_err(|e: Arc<OwnerReadError>| (*e).clone());
+        let looked_up = if sent.load(Ordering::Relaxed) {
+            "miss"
+        } else {
+            "hit"
+        };
+        metrics::CACHE_REQUESTS
+            .with_label_values(&["owner_read", looked_up])
+            .inc();
+        result
     }
 
     /// A connection with the read prepared on it: one round trip per read.

@@ -314,7 +314,9 @@ impl Audit {
                 return Err(AuditError::Timeout(self.settings.query_timeout));
             }
         };
-        metrics::OWNER_READ_DURATION.observe(started.elapsed().as_secs_f64());
+        metrics::OWNER_READ_DURATION
+            .with_label_values(&["audit"])
+            .observe(started.elapsed().as_secs_f64());
         let mut out = vec![None; keys.len()];
         for row in rows {
             let ord: i64 = row.try_get(0)?;

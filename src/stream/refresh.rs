@@ -102,6 +102,9 @@ impl Refresh {
         let confirmations = Cache::builder()
             .expire_after(OwnTtl)
             .eviction_listener(move |key: Arc<CalendarKey>, _, cause| {
+                metrics::CACHE_EVICTIONS
+                    .with_label_values(&["ttl_confirmations", metrics::removal_cause(cause)])
+                    .inc();
                 if cause == RemovalCause::Expired {
                     queue
                         .lock()
@@ -350,10 +353,15 @@ pub async fn run_refresher(
         };
         let id = refresh.register(&keys);
         let started = Instant::now();
-        match tokio::time::timeout(settings.query_timeout(), reread(c, id, &keys, &refresh)).await {
+        // Every attempt counts as a read; the failed ones also as errors.
+        metrics::OWNER_READS.with_label_values(&["ttl"]).inc();
+        let outcome =
+            tokio::time::timeout(settings.query_timeout(), reread(c, id, &keys, &refresh)).await;
+        metrics::OWNER_READ_DURATION
+            .with_label_values(&["ttl"])
+            .observe(started.elapsed().as_secs_f64());
+        match outcome {
             Ok(Ok(rows)) => {
-                metrics::OWNER_READS.with_label_values(&["ttl"]).inc();
-                metrics::OWNER_READ_DURATION.observe(started.elapsed().as_secs_f64());
                 metrics::TTL_ROWS_REREAD.inc_by(rows);
             }
             Ok(Err(error)) => {
