@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, MatchedPath, Path, Query, RawQuery, Request, State};
+use axum::extract::{
+    ConnectInfo, DefaultBodyLimit, MatchedPath, Path, Query, RawQuery, Request, State,
+};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -21,13 +23,14 @@ use chrono::{NaiveDate, Utc};
 use problem_details::ProblemDetails;
 use serde::{Deserialize, Serialize};
 
+use crate::access::{self, ClientLimiter, CorsError};
 use crate::config::{Settings, WhenLagging};
 use crate::lsn::Lsn;
 use crate::metrics;
 use crate::model::{NightCounts, ReadModel};
 use crate::search::params::{self, ParamError, StayRules};
 use crate::search::{Search, SearchError};
-use crate::stale::outcomes::{Recording, ReportError, TakeOutcomeBody};
+use crate::stale::outcomes::{BearerTokens, Recording, ReportError, TakeOutcomeBody};
 use crate::stale::{BypassQuestion, StaleLoop};
 use crate::stream::StreamStatus;
 use crate::stream::snapshot::SnapshotPhase;
@@ -40,30 +43,101 @@ pub struct ApiState {
     pub status: Arc<StreamStatus>,
     pub settings: Arc<Settings>,
     pub stale: Arc<StaleLoop>,
+    /// Tokens for `/v1/admin/*` (`admin.tokens`, `admin.tokens_file`).
+    pub admin_tokens: Arc<BearerTokens>,
 }
 
-pub fn router(state: ApiState) -> Router {
-    let timeout = Duration::from_millis(state.settings.http.request_timeout_ms);
-    Router::new()
+/// The routes, their limits and the CORS policy. Fails only on a CORS
+/// origin that `Settings::validate` would have refused.
+pub fn router(state: ApiState) -> Result<Router, CorsError> {
+    let http = &state.settings.http;
+    let timeout = Duration::from_millis(http.request_timeout_ms);
+    let max_query = http.max_query_bytes;
+    let cors = access::cors_layer(http)?;
+    let limiter = ClientLimiter::new(
+        http.rate_limit_per_sec,
+        http.rate_limit_burst,
+        http.rate_limit_max_clients,
+    )
+    .map(Arc::new);
+    let trust_forwarded_for = http.trust_forwarded_for;
+    // Public and the most expensive to answer: limited per client.
+    let search_routes = Router::new()
+        .route("/v1/search", get(search))
+        .route("/v1/hotels/{hotel_id}/availability", get(availability))
+        .route("/v1/bypass", get(bypass))
+        .route_layer(middleware::from_fn(move |req, next| {
+            rate_limit(req, next, limiter.clone(), trust_forwarded_for)
+        }));
+    let router = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics_text))
         .route("/openapi.json", get(openapi))
         .route("/v1/status", get(status))
         .route("/v1/hotels/{hotel_id}/calendar", get(calendar))
-        .route("/v1/search", get(search))
-        .route("/v1/hotels/{hotel_id}/availability", get(availability))
+        .route(
+            "/v1/hotels/{hotel_id}/events",
+            get(crate::events::hotel_events),
+        )
         .route(
             "/v1/take-outcomes",
             post(take_outcomes).layer(DefaultBodyLimit::max(state.stale.max_body_bytes)),
         )
-        .route("/v1/bypass", get(bypass))
         .route("/v1/stale-reads", get(stale_reads))
+        .route("/v1/admin/resnapshot", post(resnapshot))
+        .merge(search_routes)
+        .merge(crate::page::router())
         .fallback(not_found)
+        // Every route: no body read past this (take-outcomes sets its own
+        // above, which wins), no query string past max_query_bytes.
+        .layer(DefaultBodyLimit::max(http.max_body_bytes))
+        .layer(middleware::from_fn(move |req, next| {
+            limit_query(req, next, max_query)
+        }))
         .layer(middleware::from_fn(move |req, next| {
             observe(req, next, timeout)
-        }))
-        .with_state(state)
+        }));
+    // Outermost: preflights are answered before the limiter counts them, and
+    // every answer (429s too) carries the CORS headers a browser needs to read it.
+    let router = match cors {
+        Some(cors) => router.layer(cors),
+        None => router,
+    };
+    Ok(router.with_state(state))
+}
+
+/// Refuses a query string longer than `http.max_query_bytes` before any
+/// handler parses it.
+async fn limit_query(req: Request, next: Next, max: usize) -> Response {
+    if req.uri().query().is_some_and(|q| q.len() > max) {
+        return Problem::QueryTooLong { limit: max }.into_response();
+    }
+    next.run(req).await
+}
+
+/// One request from the client's bucket, or 429 with `Retry-After`.
+async fn rate_limit(
+    req: Request,
+    next: Next,
+    limiter: Option<Arc<ClientLimiter>>,
+    trust_forwarded_for: bool,
+) -> Response {
+    if let Some(limiter) = limiter {
+        let client = access::client_key(
+            req.extensions().get::<ConnectInfo<std::net::SocketAddr>>(),
+            req.headers(),
+            trust_forwarded_for,
+        );
+        // Counted by `observe` as vacancy_http_requests_total{status="429"}.
+        if let Err(wait) = limiter.check(client) {
+            return Problem::RateLimited {
+                retry_after_secs: wait.header_secs(),
+            }
+            .into_response();
+        }
+    }
+    next.run(req).await
 }
 
 /// Counts and times every request by matched route (bounded labels), and
@@ -75,10 +149,12 @@ async fn observe(req: Request, next: Next, timeout: Duration) -> Response {
         .map_or("unmatched", |p| p.as_str())
         .to_string();
     let started = Instant::now();
+    let in_flight = InFlight::enter();
     let response = match tokio::time::timeout(timeout, next.run(req)).await {
         Ok(r) => r,
         Err(_) => Problem::Timeout.into_response(),
     };
+    drop(in_flight);
     metrics::HTTP_DURATION
         .with_label_values(&[&route])
         .observe(started.elapsed().as_secs_f64());
@@ -86,6 +162,23 @@ async fn observe(req: Request, next: Next, timeout: Duration) -> Response {
         .with_label_values(&[&route, response.status().as_str()])
         .inc();
     response
+}
+
+/// Counts a request in flight until dropped, so a request whose client
+/// went away (its future dropped) is not counted forever.
+struct InFlight;
+
+impl InFlight {
+    fn enter() -> InFlight {
+        metrics::HTTP_IN_FLIGHT.inc();
+        InFlight
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        metrics::HTTP_IN_FLIGHT.dec();
+    }
 }
 
 /// Every error the API answers with. `type` values are stable: clients branch on them.
@@ -116,6 +209,16 @@ pub enum Problem {
     BodyTooLarge {
         limit: usize,
     },
+    /// A query string longer than `http.max_query_bytes`.
+    QueryTooLong {
+        limit: usize,
+    },
+    /// This client's search budget is spent for now.
+    RateLimited {
+        retry_after_secs: u64,
+    },
+    /// No bearer token, or not one of the admins'.
+    AdminUnauthorized,
 }
 
 impl Problem {
@@ -181,6 +284,24 @@ impl Problem {
                 "The request body is too large",
                 format!("at most {limit} bytes"),
             ),
+            Problem::QueryTooLong { limit } => (
+                StatusCode::URI_TOO_LONG,
+                "query-too-long",
+                "The query string is too long",
+                format!("at most {limit} bytes"),
+            ),
+            Problem::RateLimited { retry_after_secs } => (
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate-limited",
+                "Too many requests from this client",
+                format!("try again in {retry_after_secs} s"),
+            ),
+            Problem::AdminUnauthorized => (
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "An admin token is required",
+                "send Authorization: Bearer <token>".to_string(),
+            ),
         }
     }
 }
@@ -200,6 +321,7 @@ impl IntoResponse for Problem {
             }
             Problem::InvalidQuote { .. } => Some("quote"),
             Problem::AttemptReused => Some("attempt_id"),
+            Problem::QueryTooLong { .. } => Some("query"),
             _ => None,
         };
         let type_uri: axum::http::Uri = format!("/problems/{slug}")
@@ -216,6 +338,11 @@ impl IntoResponse for Problem {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        if let Problem::RateLimited { retry_after_secs } = self {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
         }
         if status == StatusCode::UNAUTHORIZED {
             response
@@ -758,6 +885,42 @@ async fn bypass(
     Ok(response)
 }
 
+/// `POST /v1/admin/resnapshot`: the projector takes a new snapshot (and a
+/// new slot) while the current copy keeps serving, then swaps it in whole.
+/// Answered 202 at once; `/v1/status` shows `resnapshotting` until done.
+#[utoipa::path(post, path = "/v1/admin/resnapshot", tag = "operations",
+    security(("admin_token" = [])),
+    responses(
+        (status = 202, description = "a new snapshot will be taken; the current copy serves meanwhile", body = ResnapshotAccepted),
+        (status = 401, description = "missing or wrong admin token", body = ProblemBody, content_type = "application/problem+json"),
+    ))]
+async fn resnapshot(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+) -> Result<Response, Problem> {
+    let authorization = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
+    if !state.admin_tokens.allows(authorization) {
+        return Err(Problem::AdminUnauthorized);
+    }
+    state.status.request_resnapshot();
+    tracing::warn!("resnapshot requested through the admin API");
+    let body = ResnapshotAccepted {
+        applied_lsn: state.model.freshness.applied(),
+    };
+    let mut response = (StatusCode::ACCEPTED, Json(body)).into_response();
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Ok(response)
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+struct ResnapshotAccepted {
+    /// What the copy serving now reflects; the new one replaces it whole.
+    #[schema(value_type = String, example = "0/16B3748")]
+    applied_lsn: Lsn,
+}
+
 /// `GET /v1/stale-reads`: the 409-after-shown-available share over the
 /// window, the hotels with the highest share, and the audit's findings.
 #[utoipa::path(get, path = "/v1/stale-reads", tag = "operations",
@@ -787,6 +950,7 @@ struct ProblemBody {
     paths(
         search,
         availability,
+        crate::events::hotel_events,
         take_outcomes,
         bypass,
         stale_reads,
@@ -794,7 +958,8 @@ struct ProblemBody {
         status,
         healthz,
         readyz,
-        metrics_text
+        metrics_text,
+        resnapshot
     ),
     components(schemas(
         ProblemBody,
@@ -803,7 +968,8 @@ struct ProblemBody {
         TakeOutcomeBody,
         crate::stale::outcomes::Recorded,
         crate::stale::bypass::Advice,
-        crate::stale::StaleReadsBody
+        crate::stale::StaleReadsBody,
+        ResnapshotAccepted
     )),
     modifiers(&BookingTokenScheme)
 )]
@@ -818,6 +984,10 @@ impl utoipa::Modify for BookingTokenScheme {
         let components = openapi.components.get_or_insert_with(Default::default);
         components.add_security_scheme(
             "booking_token",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+        components.add_security_scheme(
+            "admin_token",
             SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
         );
     }

@@ -50,6 +50,15 @@ pub enum AppError {
     Index(#[from] crate::index::IndexError),
     #[error(transparent)]
     Stale(#[from] stale::StaleError),
+    #[error(transparent)]
+    Cors(#[from] crate::access::CorsError),
+}
+
+/// Tasks still running when the shutdown grace ran out.
+#[derive(Debug, thiserror::Error)]
+#[error("tasks did not stop within {grace:?}")]
+pub struct StopTimeout {
+    pub grace: Duration,
 }
 
 /// Starts every task; returns once the HTTP listener is serving.
@@ -62,8 +71,21 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
     let addr = listener.local_addr()?;
 
     let stale = Arc::new(StaleLoop::new(&settings, model.clone(), status.clone())?);
+    let admin_tokens = Arc::new(crate::access::admin_tokens(&settings.admin)?);
     let refresh = Refresh::new(Duration::from_secs(settings.model.ttl_secs));
     let hotel_index = HotelIndex::new()?;
+    // Built before any task starts, so a bad setting leaves nothing running.
+    let search = Arc::new(
+        Search::new(&settings, model.clone(), hotel_index.clone()).with_stale(stale.clone()),
+    );
+    let router = api::router(ApiState {
+        model: model.clone(),
+        search,
+        status: status.clone(),
+        settings: settings.clone(),
+        stale: stale.clone(),
+        admin_tokens,
+    })?;
     let projector = Projector::new(
         settings.clone(),
         model.clone(),
@@ -100,20 +122,17 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
         shutdown.clone(),
     )));
 
-    let search = Arc::new(
-        Search::new(&settings, model.clone(), hotel_index.clone()).with_stale(stale.clone()),
-    );
-    let router = api::router(ApiState {
-        model: model.clone(),
-        search,
-        status: status.clone(),
-        settings: settings.clone(),
-        stale: stale.clone(),
-    });
     let http_shutdown = shutdown.clone();
+    let events_model = model.clone();
     tasks.push(tokio::spawn(async move {
-        let serving = axum::serve(listener, router).with_graceful_shutdown(async move {
+        // The peer address is the rate limit's client (crate::access).
+        let service = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
+        // On shutdown: stop accepting, let requests in flight finish (each is
+        // bounded by http.request_timeout_ms; `App::stop` bounds the whole).
+        let serving = axum::serve(listener, service).with_graceful_shutdown(async move {
             http_shutdown.cancelled().await;
+            // Event streams never finish on their own: end them so the drain can.
+            events_model.feed.close();
         });
         if let Err(error) = serving.await {
             tracing::error!(%error, "http server failed");
@@ -152,11 +171,21 @@ impl App {
     /// Stops every task: the stream sends its final status update, the HTTP
     /// server drains requests in flight; all bounded by `grace`.
     pub async fn stop(self, grace: Duration) {
+        if let Err(error) = self.stop_within(grace).await {
+            tracing::warn!(%error, "shutdown incomplete");
+        }
+    }
+
+    /// As `stop`, but says whether everything stopped within `grace`, so
+    /// `vacancy serve` can exit non-zero when it did not (the last
+    /// acknowledgement may then be missing, and a supervisor should know).
+    pub async fn stop_within(self, grace: Duration) -> Result<(), StopTimeout> {
         self.shutdown.cancel();
         let all = futures_util::future::join_all(self.tasks);
-        if tokio::time::timeout(grace, all).await.is_err() {
-            tracing::warn!(?grace, "tasks did not stop in time");
-        }
+        tokio::time::timeout(grace, all)
+            .await
+            .map(|_| ())
+            .map_err(|_| StopTimeout { grace })
     }
 
     /// Waits until the shutdown token is cancelled (by a signal or a caller).

@@ -26,6 +26,7 @@ pub struct Settings {
     pub http: HttpSettings,
     pub log: LogSettings,
     pub stale: StaleSettings,
+    pub admin: AdminSettings,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -145,6 +146,32 @@ pub struct HttpSettings {
     pub listen: String,
     pub request_timeout_ms: u64,
     pub ready_max_lag_ms: u64,
+    pub max_query_bytes: usize,
+    pub max_body_bytes: usize,
+    pub cors_allowed_origins: Vec<String>,
+    pub trust_forwarded_for: bool,
+    pub rate_limit_per_sec: u32,
+    pub rate_limit_burst: u32,
+    pub rate_limit_max_clients: usize,
+    pub shutdown_grace_ms: u64,
+}
+
+/// Operator actions (`POST /v1/admin/...`).
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminSettings {
+    pub tokens: Vec<String>,
+    pub tokens_file: String,
+}
+
+impl std::fmt::Debug for AdminSettings {
+    // Settings are logged at startup; the tokens must not be.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminSettings")
+            .field("tokens", &format_args!("<{} redacted>", self.tokens.len()))
+            .field("tokens_file", &self.tokens_file)
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -297,6 +324,7 @@ impl Settings {
         if self.http.request_timeout_ms == 0 {
             return Err(invalid("http.request_timeout_ms", "must be above 0"));
         }
+        self.validate_access()?;
         self.validate_stale()?;
         if self
             .log
@@ -307,6 +335,67 @@ impl Settings {
             return Err(invalid(
                 "log.level",
                 "must be a tracing filter such as `info`",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Limits, CORS, the rate limit and admin tokens (`crate::access`).
+    fn validate_access(&self) -> Result<(), ConfigError> {
+        fn invalid(field: &'static str, rule: impl Into<String>) -> ConfigError {
+            ConfigError::Invalid {
+                field,
+                rule: rule.into(),
+            }
+        }
+        let h = &self.http;
+        if !(256..=65_536).contains(&h.max_query_bytes) {
+            return Err(invalid(
+                "http.max_query_bytes",
+                "must be between 256 and 65536",
+            ));
+        }
+        if !(1024..=16 * 1024 * 1024).contains(&h.max_body_bytes) {
+            return Err(invalid(
+                "http.max_body_bytes",
+                "must be between 1024 and 16777216",
+            ));
+        }
+        for origin in &h.cors_allowed_origins {
+            if crate::access::check_origin(origin).is_err() {
+                return Err(invalid(
+                    "http.cors_allowed_origins",
+                    "every entry must be `*` or an origin like https://shop.example (scheme, host, optional port; no path)",
+                ));
+            }
+        }
+        if h.rate_limit_per_sec > 0 && h.rate_limit_burst == 0 {
+            return Err(invalid(
+                "http.rate_limit_burst",
+                "must be above 0 while http.rate_limit_per_sec is on",
+            ));
+        }
+        if !(1..=10_000_000).contains(&h.rate_limit_max_clients) {
+            return Err(invalid(
+                "http.rate_limit_max_clients",
+                "must be between 1 and 10000000",
+            ));
+        }
+        if h.shutdown_grace_ms == 0 {
+            return Err(invalid("http.shutdown_grace_ms", "must be above 0"));
+        }
+        if self
+            .admin
+            .tokens
+            .iter()
+            .any(|t| t.len() < crate::stale::MIN_BOOKING_TOKEN_BYTES || t.trim() != t)
+        {
+            return Err(invalid(
+                "admin.tokens",
+                format!(
+                    "every token must be at least {} bytes, without surrounding spaces",
+                    crate::stale::MIN_BOOKING_TOKEN_BYTES
+                ),
             ));
         }
         Ok(())
@@ -359,7 +448,9 @@ impl Settings {
                 "must be between 1 and 3600",
             ));
         }
-        if s.window_secs * 1000 / u64::from(s.window_buckets) < 100 {
+        // Saturating: any u64 may arrive here, and the bound below refuses
+        // the huge ones by name (a plain multiply would panic instead).
+        if s.window_secs.saturating_mul(1000) / u64::from(s.window_buckets) < 100 {
             return Err(invalid(
                 "stale.window_secs",
                 "must give each of stale.window_buckets at least 100 ms",
@@ -519,5 +610,137 @@ mod tests {
             assert_eq!(s.stream.slot, "from_env");
             Ok(())
         });
+    }
+
+    /// Every `section.key` of `config/default.toml`.
+    fn known_keys() -> Vec<String> {
+        let data =
+            figment::Provider::data(&Toml::string(DEFAULT_TOML)).expect("default.toml parses");
+        let mut keys = Vec::new();
+        for dict in data.values() {
+            for (section, value) in dict {
+                if let Some(inner) = value.as_dict() {
+                    keys.extend(inner.keys().map(|k| format!("{section}.{k}")));
+                }
+            }
+        }
+        keys.sort();
+        keys
+    }
+
+    /// Defaults with one key set to `value`, extracted and validated.
+    fn with_value(key: &str, value: &serde_json::Value) -> Result<Settings, ConfigError> {
+        let settings: Settings = Figment::from(Toml::string(DEFAULT_TOML))
+            .merge(figment::providers::Serialized::default(key, value))
+            .extract()
+            .map_err(Box::new)?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Values of every shape, at the edges of their types.
+    fn any_value() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        use serde_json::Value;
+        let scalar = prop_oneof![
+            any::<i64>().prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            prop_oneof![
+                Just(0u64),
+                Just(1),
+                Just(u64::MAX),
+                Just(u64::MAX / 1000 + 1)
+            ]
+            .prop_map(Value::from),
+            any::<f64>()
+                .prop_filter("JSON numbers are finite", |f| f.is_finite())
+                .prop_map(Value::from),
+            any::<bool>().prop_map(Value::from),
+            "\\PC{0,40}".prop_map(Value::from),
+            prop_oneof![
+                Just("postgresql://u@h/db"),
+                Just("0.0.0.0:80"),
+                Just("https://shop.example"),
+                Just("refuse"),
+                Just("owner"),
+                Just("json"),
+                Just("info"),
+            ]
+            .prop_map(Value::from),
+        ];
+        scalar.prop_recursive(2, 8, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                proptest::collection::btree_map("[a-z_]{1,8}", inner, 0..3)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        /// Any value for any known key: the settings load, or the error is
+        /// typed and names the key (as the field, or in the rule of the
+        /// field it constrains); never a panic.
+        #[test]
+        fn any_value_for_a_known_key_loads_or_names_the_key(
+            key in proptest::sample::select(known_keys()),
+            value in any_value(),
+        ) {
+            match with_value(&key, &value) {
+                Ok(_) => {}
+                Err(e) => {
+                    let message = e.to_string();
+                    proptest::prop_assert!(message.contains(&key), "{} for {} = {}", message, key, value);
+                }
+            }
+        }
+    }
+
+    /// The edges of every type, for every key: exhaustive, not sampled.
+    #[test]
+    fn edge_values_for_every_key_load_or_name_the_key() {
+        use serde_json::json;
+        let edges = [
+            json!(0),
+            json!(1),
+            json!(-1),
+            json!(i64::MIN),
+            json!(u64::MAX),
+            json!(u64::MAX / 1000 + 1),
+            json!(u32::MAX),
+            json!(1e300),
+            json!(-0.5),
+            json!(""),
+            json!(" "),
+            json!("x"),
+            json!(true),
+            json!([]),
+            json!(["x"]),
+            json!({}),
+        ];
+        for key in known_keys() {
+            for value in &edges {
+                let outcome = std::panic::catch_unwind(|| with_value(&key, value));
+                match outcome {
+                    Err(_) => panic!("{key} = {value} panicked"),
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => {
+                        let message = e.to_string();
+                        assert!(message.contains(&key), "{message} for {key} = {value}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn the_key_list_covers_every_section() {
+        let keys = known_keys();
+        for section in [
+            "owner.", "stream.", "model.", "search.", "http.", "log.", "stale.", "admin.",
+        ] {
+            assert!(keys.iter().any(|k| k.starts_with(section)), "{section}");
+        }
+        assert!(keys.contains(&"http.rate_limit_per_sec".to_string()));
     }
 }

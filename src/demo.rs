@@ -1,29 +1,52 @@
 //! `vacancy demo`: the whole job on one machine with no setup.
 //!
 //! It starts an embedded owner (a throwaway PostgreSQL cluster from the
-//! machine's server binaries, removed on exit), loads a generated dataset,
-//! starts the projector and the API, and runs a stream of guests against the
-//! owner with its real operations (hold, pay or walk away, the sweeper,
-//! capacity changes), printing how closely the copy follows. At the end it
-//! checks that the copy equals the owner, row for row.
+//! machine's server binaries, removed on exit) or attaches to one, loads a
+//! generated dataset, starts the projector and the API (with the guest page
+//! at `/`), and runs a booking site against them:
+//!
+//! - two crowds of booking-service guests (`crate::simulator`): a hot crowd
+//!   racing for the few rooms of a handful of hotels in the biggest city
+//!   (where 409s happen), and a browsing crowd spread over many hotels and
+//!   dates that follows the bypass advice; both search over HTTP, hold on
+//!   the owner, pay, release or walk away, and report every take with its
+//!   quote to `POST /v1/take-outcomes`;
+//! - the sweeper (run by the hot crowd) returning expired holds;
+//! - hoteliers closing and reopening rooms (`ops::set_capacity`);
+//! - a front desk cancelling paid bookings (`ops::cancel`).
+//!
+//! Every few seconds it prints one line of figures; at the end (on its own
+//! with `duration`, or on Ctrl-C) it stops the guests, checks that the copy
+//! equals the owner row for row, prints a summary and removes the cluster.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use chrono::Utc;
+use chrono::{NaiveDate, Utc};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use pg_walstream::CancellationToken;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::app::{self, App};
 use crate::config::Settings;
+use crate::metrics;
 use crate::model::ReadModel;
 use crate::owner::cluster::{Cluster, ClusterError, ClusterOptions};
-use crate::owner::ops::{self, HoldOutcome, HoldRequest};
+use crate::owner::ops::{self, CapacityOutcome, Transition};
 use crate::owner::seed::{self, SeedError, SeedOptions};
 use crate::owner::{self, OwnerError};
+use crate::simulator::{self, SimError, SimOptions, SimSummary};
 use crate::stream::slot;
+
+/// The demo's own slot, so it never takes over a `vacancy serve`'s slot on
+/// an attached owner.
+const DEMO_SLOT: &str = "vacancy_demo";
+/// Hotels the hot crowd races for.
+const HOT_HOTELS: i64 = 4;
+/// Hotels the browsing crowd searches (a search takes at most 250 ids).
+const BROWSE_HOTELS: i64 = 200;
 
 #[derive(Debug, Clone)]
 pub struct DemoOptions {
@@ -34,10 +57,14 @@ pub struct DemoOptions {
     pub hotels: u32,
     pub room_types: u32,
     pub nights: u32,
+    /// Simulated booking-service guests, split between the two crowds.
     pub guests: usize,
+    /// How long a hold lasts before the sweeper returns it.
     pub hold_secs: u64,
     /// Stop on its own after this long; `None` runs until Ctrl-C.
     pub duration: Option<Duration>,
+    /// How often the figures line is printed.
+    pub report_every: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -52,21 +79,38 @@ pub enum DemoError {
     App(#[from] app::AppError),
     #[error(transparent)]
     Slot(#[from] slot::SlotError),
+    #[error(transparent)]
+    Simulator(#[from] SimError),
+    #[error("owner database: {0}")]
+    Query(#[from] tokio_postgres::Error),
+    #[error("the owner has no hotels with inventory to book")]
+    EmptyOwner,
+    #[error("the copy did not load the owner's snapshot within {0:?}")]
+    NotLoaded(Duration),
     #[error("the copy did not reach the owner's position within {0:?}")]
     NotCaughtUp(Duration),
     #[error("the copy differs from the owner in {0} inventory rows")]
     Diverged(u64),
 }
 
-/// What the demo did, printed at the end.
+/// What the demo's own actors (not the simulated guests) did.
 #[derive(Debug, Default)]
 pub struct Counters {
-    pub holds: AtomicU64,
-    pub full: AtomicU64,
-    pub confirmed: AtomicU64,
-    pub walked_away: AtomicU64,
-    pub swept: AtomicU64,
     pub capacity_changes: AtomicU64,
+    pub cancelled: AtomicU64,
+}
+
+/// The part of the owner's data the actors work on.
+#[derive(Debug, Clone)]
+struct Dataset {
+    city: String,
+    hot_hotels: Vec<i64>,
+    browse_hotels: Vec<i64>,
+    /// `(hotel, room type)` of the hot hotels, for the hoteliers.
+    hot_room_types: Vec<(i64, i64)>,
+    first_night: NaiveDate,
+    /// Nights on sale from `first_night` on (at least one).
+    nights: u32,
 }
 
 pub async fn run(options: DemoOptions, stop: CancellationToken) -> Result<(), DemoError> {
@@ -74,7 +118,8 @@ pub async fn run(options: DemoOptions, stop: CancellationToken) -> Result<(), De
     if let Some(bin) = &options.pg_bin {
         cluster_options.bin_dir = bin.clone();
     }
-    // Kept alive until the end of this function: dropping it removes the cluster.
+    // Kept alive until the end of this function: dropping it stops the
+    // server and removes its folder, on every path out (errors included).
     let (_cluster, owner_url) = match &options.owner_url {
         Some(url) => (None, url.clone()),
         None => {
@@ -86,195 +131,535 @@ pub async fn run(options: DemoOptions, stop: CancellationToken) -> Result<(), De
                 .await
                 .map_err(|e| ClusterError::Io(std::io::Error::other(e)))??;
             let url = cluster.create_database("owner")?;
-            let client = owner::connect(&url, Duration::from_secs(10)).await?;
-            owner::apply_schema(&client).await?;
             (Some(cluster), url)
         }
     };
-    let start = Utc::now().date_naive();
-    let report = seed::run(&SeedOptions {
-        owner_url: owner_url.clone(),
-        hotels: options.hotels,
-        room_types: options.room_types,
-        nights: options.nights,
-        start,
-        seed: 1,
-        progress: true,
-    })
-    .await?;
-    eprintln!(
-        "loaded {} hotels, {} inventory rows in {:.1}s",
-        report.hotels,
-        report.inventory_rows,
-        report.elapsed.as_secs_f64()
-    );
+    let client = owner::connect(&owner_url, Duration::from_secs(10)).await?;
+    owner::apply_schema(&client).await?;
+    let existing: i64 = client
+        .query_one("SELECT count(*) FROM hotels", &[])
+        .await?
+        .get(0);
+    let today = Utc::now().date_naive();
+    if existing == 0 {
+        let seed_options = SeedOptions {
+            owner_url: owner_url.clone(),
+            hotels: options.hotels,
+            room_types: options.room_types,
+            nights: options.nights,
+            start: today,
+            seed: 1,
+            progress: true,
+        };
+        let seeding = seed::run(&seed_options);
+        let report = tokio::select! {
+            biased;
+            _ = stop.cancelled() => {
+                eprintln!("stopped while loading; removing the cluster");
+                return Ok(());
+            }
+            r = seeding => r?,
+        };
+        eprintln!(
+            "loaded {} hotels, {} room types, {} inventory rows in {:.1}s",
+            report.hotels,
+            report.room_types,
+            report.inventory_rows,
+            report.elapsed.as_secs_f64()
+        );
+    } else {
+        eprintln!("the owner has {existing} hotels already; booking those");
+    }
+    let data = dataset(&client, today).await?;
 
+    let token = random_hex(24);
     let mut settings = Settings::defaults();
     settings.owner.url = owner_url.clone();
     settings.http.listen = options.listen.clone();
+    settings.stream.slot = DEMO_SLOT.to_string();
+    settings.stale.booking_tokens = vec![token.clone()];
+    settings.stale.quote_key = random_hex(32);
     let app = App::bind_and_start(settings).await?;
+    let loaded = tokio::select! {
+        biased;
+        _ = stop.cancelled() => false,
+        r = wait_loaded(&app, Duration::from_secs(30 * 60)) => { r?; true }
+    };
+    if !loaded {
+        app.stop(Duration::from_secs(10)).await;
+        drop_demo_slot(&options, &owner_url).await;
+        return Ok(());
+    }
+    let addr = app.addr;
+    println!("vacancy is serving on http://{addr}");
     println!(
-        "vacancy is serving on http://{}  (try /v1/status, /metrics, /v1/hotels/1/calendar?from={start}&to={})",
-        app.addr,
-        start + chrono::Days::new(7)
+        "  the guest page:  http://{addr}/#/?city={}&check_in={}&check_out={}&rooms=1&guests=1",
+        url_encode(&data.city),
+        data.first_night,
+        data.first_night + chrono::Days::new(2),
+    );
+    if let Some(h) = data.hot_hotels.first() {
+        println!(
+            "  a busy hotel:    http://{addr}/#/hotels/{h}?from={}&to={}",
+            data.first_night,
+            data.first_night + chrono::Days::new(14)
+        );
+    }
+    println!(
+        "  the API:         http://{addr}/v1/status, /v1/stale-reads, /metrics, /openapi.json"
     );
 
-    let counters = Arc::new(Counters::default());
     let work = CancellationToken::new();
-    let mut tasks = Vec::new();
-    for guest in 0..options.guests {
-        tasks.push(tokio::spawn(guest_loop(
+    let counters = Arc::new(Counters::default());
+    let run_seed = Utc::now().timestamp_micros().unsigned_abs();
+    let (hot, browse) = crowds(&options, &data, addr, &owner_url, &token, run_seed);
+    let hot_crowd = tokio::spawn(simulator::run(hot, work.clone()));
+    let browse_crowd = browse.map(|b| tokio::spawn(simulator::run(b, work.clone())));
+    let actors = vec![
+        tokio::spawn(hoteliers(
             owner_url.clone(),
-            guest,
-            options.clone(),
-            start,
+            data.clone(),
+            run_seed,
             counters.clone(),
             work.clone(),
-        )));
-    }
-    tasks.push(tokio::spawn(sweeper(
-        owner_url.clone(),
-        counters.clone(),
-        work.clone(),
-    )));
+        )),
+        tokio::spawn(front_desk(
+            owner_url.clone(),
+            run_seed,
+            counters.clone(),
+            work.clone(),
+        )),
+    ];
 
     let started = Instant::now();
-    let mut ticker = tokio::time::interval(Duration::from_secs(5));
+    let deadline = options
+        .duration
+        .map(|d| tokio::time::Instant::from_std(started + d));
+    let mut ticker = tokio::time::interval(options.report_every);
     ticker.tick().await;
-    let mut last_holds = 0;
+    let mut last = Figures::now(&app);
     loop {
         tokio::select! {
             biased;
             _ = stop.cancelled() => break,
-            _ = tokio::time::sleep_until(deadline(started, options.duration)) => break,
+            _ = until(deadline) => break,
             _ = ticker.tick() => {
-                let holds = counters.holds.load(Ordering::Relaxed);
-                let f = &app.model.freshness;
-                println!(
-                    "takes/s {:>6.1}  full {:>5}  confirmed {:>5}  expired {:>5}  applied {}  lag {} ms",
-                    (holds - last_holds) as f64 / 5.0,
-                    counters.full.load(Ordering::Relaxed),
-                    counters.confirmed.load(Ordering::Relaxed),
-                    counters.swept.load(Ordering::Relaxed),
-                    f.applied(),
-                    f.lag_ms(Utc::now()),
-                );
-                last_holds = holds;
+                let now = Figures::now(&app);
+                println!("{}", now.line(&last, started.elapsed(), &app));
+                last = now;
             }
         }
     }
+    eprintln!("stopping the guests");
     work.cancel();
-    for task in tasks {
-        let _ = task.await;
+    let mut summary = SimSummary::default();
+    let grace = Duration::from_secs(30);
+    let mut crowds = vec![hot_crowd];
+    crowds.extend(browse_crowd);
+    for crowd in crowds {
+        match tokio::time::timeout(grace, crowd).await {
+            Ok(Ok(Ok(s))) => add(&mut summary, &s),
+            Ok(Ok(Err(e))) => eprintln!("a crowd failed: {e}"),
+            Ok(Err(e)) => eprintln!("a crowd task failed: {e}"),
+            Err(_) => eprintln!("a crowd did not stop within {grace:?}"),
+        }
     }
-    let client = owner::connect(&owner_url, Duration::from_secs(10)).await?;
-    let diverged = verify(&app.model, &client).await?;
+    for actor in actors {
+        let _ = tokio::time::timeout(grace, actor).await;
+    }
+
+    eprintln!("checking the copy against the owner, row for row");
+    let verified = verify(&app.model, &client).await;
+    let totals = app.stale.ledger.totals();
+    let owner_takes = totals.taken + totals.conflicts;
     println!(
-        "done: {} holds, {} full, {} confirmed, {} walked away, {} expired by the sweeper, {} capacity changes; copy differs from owner in {diverged} rows",
-        counters.holds.load(Ordering::Relaxed),
-        counters.full.load(Ordering::Relaxed),
-        counters.confirmed.load(Ordering::Relaxed),
-        counters.walked_away.load(Ordering::Relaxed),
-        counters.swept.load(Ordering::Relaxed),
+        "summary: searches={} takes={} taken={} conflicts={} conflicts_after_shown={} stale_share={:.4} paid={} released={} walked_away={} expired={} cancelled={} capacity_changes={} reports_recorded={} reports_failed={} seconds={:.0}",
+        summary.searches - summary.search_errors,
+        summary.taken + summary.conflicts,
+        summary.taken,
+        summary.conflicts,
+        summary.conflicts_after_shown,
+        if owner_takes == 0 {
+            0.0
+        } else {
+            totals.stale_reads as f64 / owner_takes as f64
+        },
+        summary.paid,
+        summary.released,
+        summary.walked_away,
+        summary.swept,
+        counters.cancelled.load(Ordering::Relaxed),
         counters.capacity_changes.load(Ordering::Relaxed),
+        summary.reports_recorded,
+        summary.reports_failed,
+        started.elapsed().as_secs_f64(),
     );
     app.stop(Duration::from_secs(10)).await;
-    if diverged > 0 {
-        return Err(DemoError::Diverged(diverged));
+    drop(client);
+    drop_demo_slot(&options, &owner_url).await;
+    let (rows, differing) = verified?;
+    if differing > 0 {
+        println!("verify: rows={rows} differing={differing} (the copy differs from the owner)");
+        return Err(DemoError::Diverged(differing));
     }
+    println!("verify: rows={rows} differing=0 (the copy equals the owner)");
     Ok(())
 }
 
-fn deadline(started: Instant, duration: Option<Duration>) -> tokio::time::Instant {
-    let d = duration.unwrap_or(Duration::from_secs(60 * 60 * 24 * 365));
-    tokio::time::Instant::from_std(started + d)
+/// The two crowds: a hot one (racing; sweeps expired holds) and, with more
+/// than one guest, a browsing one.
+fn crowds(
+    options: &DemoOptions,
+    data: &Dataset,
+    api: std::net::SocketAddr,
+    owner_url: &str,
+    token: &str,
+    seed: u64,
+) -> (SimOptions, Option<SimOptions>) {
+    let guests = options.guests.max(1);
+    let hot_guests = guests.div_ceil(2);
+    let mut hot = SimOptions::hot(
+        api,
+        owner_url,
+        token,
+        data.hot_hotels.clone(),
+        data.first_night,
+    );
+    hot.guests = hot_guests;
+    hot.takes_per_guest = None;
+    hot.nights_span = data.nights.min(2);
+    hot.stay_nights = (1, 2);
+    // A guest looks at the answer a while before taking: others book meanwhile.
+    hot.think_ms = (100, 2000);
+    hot.hold_ms = (0, 500);
+    hot.pause_ms = (0, 100);
+    hot.pay_percent = 50;
+    hot.release_percent = 50;
+    hot.hold_secs = options.hold_secs;
+    hot.sweep = true;
+    hot.seed = seed;
+    // Runs until the demo stops it.
+    hot.duration = Some(Duration::from_secs(10 * 365 * 24 * 3600));
+
+    let browse_guests = guests - hot_guests;
+    let browse = (browse_guests > 0).then(|| {
+        let mut b = hot.clone();
+        b.guests = browse_guests;
+        b.hotel_ids = data.browse_hotels.clone();
+        b.nights_span = data.nights.saturating_sub(31).clamp(1, 60);
+        b.stay_nights = (1, 4);
+        b.guests_per_room = 2;
+        b.think_ms = (200, 1500);
+        b.hold_ms = (100, 1500);
+        b.pause_ms = (50, 500);
+        b.pay_percent = 70;
+        b.release_percent = 60;
+        b.follow_advice = true;
+        b.sweep = false;
+        b.seed = seed.wrapping_add(1);
+        b
+    });
+    (hot, browse)
 }
 
-/// One guest after another: hold a room for a short stay, then pay or walk away.
-async fn guest_loop(
+/// Which hotels the actors use: the first few of the biggest city (hot),
+/// and a spread of others.
+async fn dataset(client: &tokio_postgres::Client, today: NaiveDate) -> Result<Dataset, DemoError> {
+    let first_night = today + chrono::Days::new(1);
+    let city_row = client
+        .query_opt(
+            "SELECT h.city FROM hotels h
+             WHERE EXISTS (SELECT 1 FROM inventory i WHERE i.hotel_id = h.id AND i.night = $1)
+             GROUP BY h.city ORDER BY count(*) DESC, h.city LIMIT 1",
+            &[&first_night],
+        )
+        .await?
+        .ok_or(DemoError::EmptyOwner)?;
+    let city: String = city_row.get(0);
+    let ids = |rows: Vec<tokio_postgres::Row>| rows.iter().map(|r| r.get::<_, i64>(0)).collect();
+    let hot_hotels: Vec<i64> = ids(client
+        .query(
+            "SELECT h.id FROM hotels h WHERE h.city = $1
+             AND EXISTS (SELECT 1 FROM inventory i WHERE i.hotel_id = h.id AND i.night = $2)
+             ORDER BY h.id LIMIT $3",
+            &[&city, &first_night, &HOT_HOTELS],
+        )
+        .await?);
+    let browse_hotels: Vec<i64> = ids(client
+        .query(
+            "SELECT id FROM hotels ORDER BY hashint8(id), id LIMIT $1",
+            &[&BROWSE_HOTELS],
+        )
+        .await?);
+    let hot_room_types = client
+        .query(
+            "SELECT hotel_id, id FROM room_types WHERE hotel_id = ANY($1) ORDER BY 1, 2",
+            &[&hot_hotels],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let last: Option<NaiveDate> = client
+        .query_one("SELECT max(night) FROM inventory", &[])
+        .await?
+        .get(0);
+    let nights = last
+        .map(|l| (l - first_night).num_days().max(1))
+        .unwrap_or(1);
+    Ok(Dataset {
+        city,
+        hot_hotels,
+        browse_hotels,
+        hot_room_types,
+        first_night,
+        nights: u32::try_from(nights).unwrap_or(u32::MAX),
+    })
+}
+
+/// Waits for the initial snapshot, with a progress bar on stderr.
+async fn wait_loaded(app: &App, limit: Duration) -> Result<(), DemoError> {
+    let bar = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
+    bar.set_style(
+        ProgressStyle::with_template("copying the owner {bar:40} {pos}/{len} rows {elapsed}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let snap = &app.status.snapshot;
+    let deadline = Instant::now() + limit;
+    while !app.model.freshness.is_loaded() {
+        if Instant::now() > deadline {
+            bar.abandon();
+            return Err(DemoError::NotLoaded(limit));
+        }
+        bar.set_length(snap.rows_expected.load(Ordering::Relaxed));
+        bar.set_position(snap.rows_loaded.load(Ordering::Relaxed));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    bar.finish_and_clear();
+    eprintln!(
+        "the copy is loaded at lsn {}",
+        app.model.freshness.applied()
+    );
+    Ok(())
+}
+
+/// Counters read for one figures line.
+struct Figures {
+    at: Instant,
+    searches: u64,
+    takes: u64,
+    owner_reads: u64,
+}
+
+impl Figures {
+    fn now(app: &App) -> Figures {
+        let totals = app.stale.ledger.totals();
+        Figures {
+            at: Instant::now(),
+            searches: metrics::SEARCH_RESULTS.get_sample_count(),
+            takes: totals.taken + totals.conflicts,
+            owner_reads: counter_total("vacancy_owner_reads_total"),
+        }
+    }
+
+    /// `searches/s, takes/s, 409-after-shown share, owner reads/s, lag`.
+    fn line(&self, before: &Figures, elapsed: Duration, app: &App) -> String {
+        let secs = self.at.duration_since(before.at).as_secs_f64().max(0.001);
+        let rate = |now: u64, then: u64| now.saturating_sub(then) as f64 / secs;
+        let window = app.stale.ledger.overall();
+        format!(
+            "[{:>4}s] searches/s {:>7.1}  takes/s {:>6.1}  409-after-shown {:>5.2}% ({}/{} in {}s)  owner reads/s {:>6.1}  lag {:>4} ms",
+            elapsed.as_secs(),
+            rate(self.searches, before.searches),
+            rate(self.takes, before.takes),
+            window.share() * 100.0,
+            window.stale,
+            window.takes,
+            app.stale.ledger.span().as_secs(),
+            rate(self.owner_reads, before.owner_reads),
+            app.model.freshness.lag_ms(Utc::now()),
+        )
+    }
+}
+
+/// The sum of a counter family over all its labels.
+fn counter_total(name: &str) -> u64 {
+    metrics::REGISTRY
+        .gather()
+        .iter()
+        .filter(|f| f.name() == name)
+        .flat_map(|f| f.get_metric().iter())
+        .map(|m| m.get_counter().get_value() as u64)
+        .sum()
+}
+
+/// Hotels close rooms (total down to what is taken) and open them again,
+/// on the hot hotels' nights, every few hundred milliseconds.
+async fn hoteliers(
     url: String,
-    guest: usize,
-    options: DemoOptions,
-    start: chrono::NaiveDate,
+    data: Dataset,
+    seed: u64,
     counters: Arc<Counters>,
     stop: CancellationToken,
 ) {
     let Ok(mut client) = owner::connect(&url, Duration::from_secs(10)).await else {
         return;
     };
-    let mut rng = ChaCha8Rng::seed_from_u64(guest as u64);
-    let mut n = 0u64;
-    while !stop.is_cancelled() {
-        n += 1;
-        let check_in = start
-            + chrono::Days::new(
-                rng.random_range(0..u64::from(options.nights.saturating_sub(8).max(1))),
-            );
-        let req = HoldRequest {
-            booking_id: format!("demo-{guest}-{n}"),
-            hotel_id: i64::from(rng.random_range(1..=options.hotels)),
-            room_type_id: i64::from(rng.random_range(1..=options.room_types)),
-            check_in,
-            check_out: check_in + chrono::Days::new(rng.random_range(1..=4)),
-            rooms: 1,
-            hold_for: Duration::from_secs(options.hold_secs),
-        };
-        match ops::hold(&mut client, &req).await {
-            Ok(HoldOutcome::Held) => {
-                counters.holds.fetch_add(1, Ordering::Relaxed);
-                if rng.random_range(0..100) < 60 {
-                    if ops::confirm(&client, &req.booking_id).await.is_ok() {
-                        counters.confirmed.fetch_add(1, Ordering::Relaxed);
-                    }
-                } else {
-                    counters.walked_away.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            Ok(_) => {
-                counters.full.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(_) => return,
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x4854_4c52);
+    // High season: the hot hotels start with their last few rooms on sale.
+    let (from, to) = (
+        data.first_night,
+        data.first_night + chrono::Days::new(u64::from(data.nights.min(3))),
+    );
+    for &(hotel_id, room_type_id) in &data.hot_room_types {
+        if stop.is_cancelled() {
+            return;
         }
-        if rng.random_range(0..100) == 0 {
-            let total = rng.random_range(1..20);
-            if ops::set_capacity(
-                &mut client,
-                req.hotel_id,
-                req.room_type_id,
-                check_in,
-                req.check_out,
-                Some(total),
-                None,
+        let closed = client
+            .execute(
+                "UPDATE inventory SET total = taken + $5, sell_limit = NULL
+                 WHERE hotel_id = $1 AND room_type_id = $2 AND night >= $3 AND night < $4",
+                &[
+                    &hotel_id,
+                    &room_type_id,
+                    &from,
+                    &to,
+                    &rng.random_range(0..=2i32),
+                ],
+            )
+            .await;
+        if closed.is_ok_and(|n| n > 0) {
+            counters.capacity_changes.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    while !stop.is_cancelled() && !data.hot_room_types.is_empty() {
+        let (hotel_id, room_type_id) =
+            data.hot_room_types[rng.random_range(0..data.hot_room_types.len())];
+        let from = data.first_night + chrono::Days::new(rng.random_range(0..2));
+        let to = from + chrono::Days::new(rng.random_range(1..=2));
+        let taken = client
+            .query_one(
+                "SELECT max(taken) FROM inventory
+                 WHERE hotel_id = $1 AND room_type_id = $2 AND night >= $3 AND night < $4",
+                &[&hotel_id, &room_type_id, &from, &to],
             )
             .await
-            .is_ok()
-            {
+            .ok()
+            .and_then(|r| r.get::<_, Option<i32>>(0));
+        if let Some(taken) = taken {
+            // Close every free room, or open a few: the hot hotels stay scarce.
+            let total = if rng.random_range(0..100) < 60 {
+                taken
+            } else {
+                taken + rng.random_range(1..=4)
+            };
+            let changed = ops::set_capacity(
+                &mut client,
+                hotel_id,
+                room_type_id,
+                from,
+                to,
+                Some(total),
+                Some(None),
+            )
+            .await;
+            if matches!(changed, Ok(CapacityOutcome::Changed { .. })) {
                 counters.capacity_changes.fetch_add(1, Ordering::Relaxed);
             }
         }
-        tokio::time::sleep(Duration::from_millis(rng.random_range(5..50))).await;
+        pause(&mut rng, (100, 400), &stop).await;
     }
 }
 
-/// Returns the units of expired holds every second.
-async fn sweeper(url: String, counters: Arc<Counters>, stop: CancellationToken) {
+/// Guests cancel paid bookings now and then; their units come back.
+async fn front_desk(url: String, seed: u64, counters: Arc<Counters>, stop: CancellationToken) {
     let Ok(mut client) = owner::connect(&url, Duration::from_secs(10)).await else {
         return;
     };
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x4445_534b);
     while !stop.is_cancelled() {
-        if let Ok(n) = ops::sweep(&mut client, 500).await {
-            counters.swept.fetch_add(n, Ordering::Relaxed);
+        pause(&mut rng, (300, 1200), &stop).await;
+        let Ok(rows) = client
+            .query(
+                "SELECT id FROM bookings WHERE status = 'confirmed' ORDER BY created_at DESC LIMIT 20",
+                &[],
+            )
+            .await
+        else {
+            continue;
+        };
+        if rows.is_empty() {
+            continue;
         }
-        tokio::select! {
-            _ = stop.cancelled() => return,
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        let id: String = rows[rng.random_range(0..rows.len())].get(0);
+        if matches!(ops::cancel(&mut client, &id).await, Ok(Transition::Done)) {
+            counters.cancelled.fetch_add(1, Ordering::Relaxed);
         }
     }
 }
 
-/// Waits for the copy to reach the owner's position, then counts the
-/// inventory rows whose values differ (or exist on one side only).
-pub async fn verify(model: &ReadModel, client: &tokio_postgres::Client) -> Result<u64, DemoError> {
+async fn pause(rng: &mut ChaCha8Rng, range_ms: (u64, u64), stop: &CancellationToken) {
+    let ms = rng.random_range(range_ms.0..=range_ms.1);
+    tokio::select! {
+        _ = stop.cancelled() => {}
+        _ = tokio::time::sleep(Duration::from_millis(ms)) => {}
+    }
+}
+
+async fn until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(d) => tokio::time::sleep_until(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn add(total: &mut SimSummary, s: &SimSummary) {
+    total.searches += s.searches;
+    total.search_errors += s.search_errors;
+    total.taken += s.taken;
+    total.conflicts += s.conflicts;
+    total.conflicts_after_shown += s.conflicts_after_shown;
+    total.paid += s.paid;
+    total.released += s.released;
+    total.walked_away += s.walked_away;
+    total.swept += s.swept;
+    total.reports_recorded += s.reports_recorded;
+    total.reports_failed += s.reports_failed;
+}
+
+/// On an attached owner, the demo's slot would pin WAL after it exits.
+async fn drop_demo_slot(options: &DemoOptions, owner_url: &str) {
+    if options.owner_url.is_none() {
+        return; // the cluster goes away whole
+    }
+    match owner::connect(owner_url, Duration::from_secs(10)).await {
+        Ok(c) => {
+            if let Err(e) = slot::drop_slot(&c, DEMO_SLOT).await {
+                eprintln!("could not drop the demo's slot {DEMO_SLOT}: {e}");
+            }
+        }
+        Err(e) => eprintln!("could not drop the demo's slot {DEMO_SLOT}: {e}"),
+    }
+}
+
+fn random_hex(bytes: usize) -> String {
+    let mut rng = rand::rng();
+    (0..bytes)
+        .map(|_| format!("{:02x}", rng.random::<u8>()))
+        .collect()
+}
+
+fn url_encode(s: &str) -> String {
+    form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+/// Waits for the copy to reach the owner's position, then compares every
+/// inventory row: returns the rows compared and how many differ (or exist on
+/// one side only).
+pub async fn verify(
+    model: &ReadModel,
+    client: &tokio_postgres::Client,
+) -> Result<(u64, u64), DemoError> {
     let target = slot::current_wal_lsn(client).await?;
     let wait = Duration::from_secs(60);
     let deadline = Instant::now() + wait;
@@ -309,5 +694,51 @@ pub async fn verify(model: &ReadModel, client: &tokio_postgres::Client) -> Resul
         }
     }
     differing += t.inventory_rows().saturating_sub(rows.len() as u64);
-    Ok(differing)
+    Ok((rows.len() as u64, differing))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_crowds_split_the_guests_and_never_share_booking_ids() {
+        let options = DemoOptions {
+            owner_url: None,
+            pg_bin: None,
+            listen: "127.0.0.1:0".into(),
+            hotels: 10,
+            room_types: 2,
+            nights: 30,
+            guests: 5,
+            hold_secs: 7,
+            duration: None,
+            report_every: Duration::from_secs(5),
+        };
+        let data = Dataset {
+            city: "Lisbon".into(),
+            hot_hotels: vec![1, 2],
+            browse_hotels: vec![1, 2, 3],
+            hot_room_types: vec![(1, 1)],
+            first_night: NaiveDate::from_ymd_opt(2030, 1, 1).unwrap(),
+            nights: 30,
+        };
+        let addr = "127.0.0.1:1".parse().unwrap();
+        let (hot, browse) = crowds(&options, &data, addr, "postgres://x", "t", 9);
+        let browse = browse.expect("five guests make two crowds");
+        assert_eq!(hot.guests + browse.guests, 5);
+        assert_ne!(hot.seed, browse.seed, "booking ids are made from the seed");
+        assert_eq!((hot.hold_secs, browse.hold_secs), (7, 7));
+        assert!(hot.sweep && !browse.sweep, "one sweeper");
+        assert_eq!(browse.hotel_ids, vec![1, 2, 3]);
+        let one = DemoOptions {
+            guests: 1,
+            ..options
+        };
+        assert!(
+            crowds(&one, &data, addr, "postgres://x", "t", 9)
+                .1
+                .is_none()
+        );
+    }
 }

@@ -13,8 +13,13 @@
 //!   units; a signed quote on every room type shown.
 //! - [`stale`]: the stale-read loop: quote tokens, take outcomes and the
 //!   409-after-shown-available share, bypass advice, the divergence audit.
+//! - [`access`]: who may call what and how often: per-client rate limit on
+//!   search, bearer tokens, CORS.
 //! - [`api`]: the HTTP surface (search, take outcomes, bypass, status, calendar,
-//!   health, metrics).
+//!   health, metrics, admin resnapshot).
+//! - [`events`]: a hotel's committed count changes as Server-Sent Events,
+//!   fed by the model's change feed, resumable with `Last-Event-ID`.
+//! - [`page`]: the guest page at `/` (plain HTML, CSS, JavaScript in the binary).
 //! - [`metrics`]: every Prometheus metric, defined in one place.
 //! - [`config`]: settings, layered from `config/default.toml`, a file and `VACANCY_*`.
 //! - [`app`]: wiring: spawn the tasks, one shutdown token, signals.
@@ -26,16 +31,19 @@
 //! - [`demo`]: the whole job on one machine: embedded owner, seed, guests.
 //! - [`lsn`]: `Lsn`, a WAL position as PostgreSQL writes it.
 
+pub mod access;
 pub mod api;
 pub mod app;
 pub mod bench;
 pub mod config;
 pub mod demo;
+pub mod events;
 pub mod index;
 pub mod lsn;
 pub mod metrics;
 pub mod model;
 pub mod owner;
+pub mod page;
 pub mod search;
 pub mod search_bench;
 pub mod simulator;

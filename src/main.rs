@@ -44,15 +44,20 @@ enum Command {
         room_types: u32,
         #[arg(long, default_value_t = 365)]
         nights: u32,
-        /// Concurrent simulated guests.
-        #[arg(long, default_value_t = 8)]
+        /// Concurrent simulated booking-service guests (half race for a few
+        /// hot hotels, half browse many).
+        #[arg(long, default_value_t = 16)]
         guests: usize,
-        /// How long a hold lasts before the sweeper returns it.
-        #[arg(long, default_value_t = 20)]
+        /// How long a hold lasts before the sweeper returns it (short, so
+        /// expiries show within a minute).
+        #[arg(long, default_value_t = 15)]
         hold_secs: u64,
         /// Stop on its own after this long (e.g. 30s, 5m); default: until Ctrl-C.
         #[arg(long, value_parser = parse_duration)]
         duration: Option<std::time::Duration>,
+        /// How often to print the figures line (e.g. 5s).
+        #[arg(long, default_value = "5s", value_parser = parse_duration)]
+        report_every: std::time::Duration,
     },
     /// Run the projector and the API against the owner database in the settings.
     Serve {
@@ -107,6 +112,7 @@ async fn main() -> anyhow::Result<()> {
             guests,
             hold_secs,
             duration,
+            report_every,
         } => {
             init_logging(&vacancy::config::Settings::defaults().log);
             let stop = pg_walstream::CancellationToken::new();
@@ -125,6 +131,7 @@ async fn main() -> anyhow::Result<()> {
                 guests,
                 hold_secs,
                 duration,
+                report_every: report_every.max(std::time::Duration::from_secs(1)),
             };
             vacancy::demo::run(options, stop)
                 .await
@@ -133,6 +140,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve { config } => {
             let settings = vacancy::config::Settings::load(config.as_deref())?;
             init_logging(&settings.log);
+            let grace = std::time::Duration::from_millis(settings.http.shutdown_grace_ms);
             let app = vacancy::app::App::bind_and_start(settings)
                 .await
                 .context("cannot start")?;
@@ -143,7 +151,10 @@ async fn main() -> anyhow::Result<()> {
                 token.cancel();
             });
             app.stopped().await;
-            app.stop(std::time::Duration::from_secs(10)).await;
+            // Exit 0 only when requests drained and the stream sent its last
+            // acknowledgement within the grace.
+            app.stop_within(grace).await.context("shutdown")?;
+            tracing::info!("stopped");
         }
         Command::Seed {
             owner_url,

@@ -8,6 +8,7 @@
 //! No function here awaits; the lock is never held across an `.await`.
 
 pub mod calendar;
+pub mod feed;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -356,6 +357,9 @@ impl Freshness {
 pub struct ReadModel {
     tables: RwLock<Tables>,
     pub freshness: Freshness,
+    /// What each applied transaction changed, for pushers (`crate::events`);
+    /// published after the write lock is released, never waited on.
+    pub feed: feed::Feed,
 }
 
 impl ReadModel {
@@ -406,6 +410,10 @@ impl ReadModel {
         tables.applied = txn.end_lsn;
         tables.commit_time = Some(txn.commit_time);
         self.freshness.publish(&tables);
+        drop(tables);
+        if let Some(item) = feed::FeedItem::from_transaction(txn) {
+            self.feed.publish(item);
+        }
         Ok(applied)
     }
 
@@ -466,6 +474,12 @@ impl ReadModel {
                 tables.calendars.remove(&key);
             }
         }
+        let at = tables.applied;
+        drop(tables);
+        if repaired > 0 {
+            // The stream did not deliver these values: open pages start over.
+            self.feed.reset(at);
+        }
         repaired
     }
 
@@ -484,5 +498,8 @@ impl ReadModel {
             Ordering::Release,
         );
         self.freshness.loaded.store(true, Ordering::Release);
+        let at = tables.applied;
+        drop(tables);
+        self.feed.reset(at);
     }
 }

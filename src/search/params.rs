@@ -606,5 +606,109 @@ mod tests {
             let q = format!("{OK}&cursor={}", form_urlencoded::byte_serialize(c.as_bytes()).collect::<String>());
             let _ = parse_search(&q, rules());
         }
+
+        /// Any query string, raw or built from real parameter names with
+        /// hostile values: no panic, and every refusal names a field the
+        /// route knows (or `query` for the string as a whole).
+        #[test]
+        fn every_refusal_names_a_known_field(q in prop_oneof![any_text(), query_of_known_names()]) {
+            if let Err(e) = parse_search(&q, rules()) {
+                prop_assert!(KNOWN.contains(&e.field) || e.field == "query", "{:?}", e);
+                prop_assert!(!e.detail.is_empty());
+            }
+            if let Err(e) = parse_availability(&q, rules()) {
+                prop_assert!(AVAILABILITY.contains(&e.field) || e.field == "query", "{:?}", e);
+            }
+            if let Err(e) = parse_bypass(&q, rules()) {
+                prop_assert!(BYPASS.contains(&e.field) || e.field == "query", "{:?}", e);
+            }
+        }
+
+        /// A cursor is good for the search that returned it, at any offset
+        /// it can carry, and for no other.
+        #[test]
+        fn a_cursor_pages_only_its_own_search(
+            offset in 0usize..=1_000_000,
+            (a, b) in (0usize..SEARCHES.len(), 0usize..SEARCHES.len()).prop_filter("two searches", |(a, b)| a != b),
+        ) {
+            let first = parse_search(SEARCHES[a], rules()).unwrap();
+            let cursor = Cursor::encode(&first, offset);
+            let same = parse_search(&format!("{}&cursor={cursor}", SEARCHES[a]), rules()).unwrap();
+            prop_assert_eq!(same.offset, offset);
+            let other = parse_search(&format!("{}&cursor={cursor}", SEARCHES[b]), rules());
+            prop_assert_eq!(other.map_err(|e| e.field), Err("cursor"));
+        }
+
+        /// A cursor altered in one character is refused naming `cursor`, or
+        /// still pages the same question (the offset is not secret: any page
+        /// of a search may be asked for), never a panic.
+        #[test]
+        fn altered_cursors_are_refused_or_page_the_same_search(
+            offset in 0usize..=1_000_000,
+            at in any::<prop::sample::Index>(),
+            c in "[A-Za-z0-9_-]",
+        ) {
+            let search = parse_search(OK, rules()).unwrap();
+            let cursor = Cursor::encode(&search, offset);
+            let i = at.index(cursor.len());
+            let mut altered = cursor.clone();
+            altered.replace_range(i..=i, &c);
+            match parse_search(&format!("{OK}&cursor={altered}"), rules()) {
+                Err(e) => prop_assert_eq!(e.field, "cursor"),
+                Ok(r) => prop_assert!(r.offset <= 1_000_000),
+            }
+        }
+    }
+
+    const AVAILABILITY: &[&str] = &["check_in", "check_out", "room", "min_lsn"];
+    const BYPASS: &[&str] = &["hotel_id", "room_type_id", "check_in", "check_out", "rooms"];
+
+    /// Different questions: a cursor of one must not page another.
+    const SEARCHES: &[&str] = &[
+        OK,
+        "city=Porto&check_in=2030-01-10&check_out=2030-01-13&room=2&room=1",
+        "city=Lisbon&check_in=2030-01-10&check_out=2030-01-14&room=2&room=1",
+        "city=Lisbon&check_in=2030-01-10&check_out=2030-01-13&room=2",
+        "city=Lisbon&check_in=2030-01-10&check_out=2030-01-13&room=2&room=1&sort=stars",
+        "city=Lisbon&check_in=2030-01-10&check_out=2030-01-13&room=2&room=1&limit=50",
+        "hotel_ids=1,2,3&check_in=2030-01-10&check_out=2030-01-13&room=2&room=1",
+        "q=beach&check_in=2030-01-10&check_out=2030-01-13&room=2&room=1",
+    ];
+
+    /// Any text at all, percent-encoded or not.
+    fn any_text() -> impl Strategy<Value = String> {
+        prop_oneof![
+            "\\PC{0,200}",
+            "[a-z_=&%0-9.,:/+ -]{0,200}",
+            proptest::collection::vec(any::<u8>(), 0..200)
+                .prop_map(|b| form_urlencoded::byte_serialize(&b).collect()),
+        ]
+    }
+
+    /// Pairs whose names are real parameters (or near misses), with values
+    /// at the edges: empty, huge numbers, negative, odd dates, unicode.
+    fn query_of_known_names() -> impl Strategy<Value = String> {
+        let names: Vec<&'static str> = KNOWN
+            .iter()
+            .chain(BYPASS)
+            .copied()
+            .chain(["", "room[]", "CITY"])
+            .collect();
+        let value = prop_oneof![
+            Just(String::new()),
+            "-?[0-9]{1,25}",
+            "20[0-9]{2}-[0-9]{2}-[0-9]{2}",
+            "[0-9A-F]{1,9}/[0-9A-F]{1,9}",
+            "[-0-9.,]{0,40}",
+            "[a-z,]{0,30}",
+            "\\PC{0,20}",
+        ];
+        proptest::collection::vec((proptest::sample::select(names), value), 0..12).prop_map(
+            |pairs| {
+                form_urlencoded::Serializer::new(String::new())
+                    .extend_pairs(pairs)
+                    .finish()
+            },
+        )
     }
 }

@@ -36,7 +36,7 @@ use crate::search::params::Stay;
 use crate::stream::StreamStatus;
 use audit::{Audit, AuditSettings, AuditStatus};
 use bypass::{Advice, Inputs, Policy};
-use outcomes::{BookingTokens, Ledger, LedgerSettings, Totals};
+use outcomes::{BearerTokens, Ledger, LedgerSettings, Totals};
 use token::{MIN_KEY_BYTES, QuoteKey};
 
 /// Shortest bearer token accepted from a file (the config's are validated there).
@@ -61,7 +61,7 @@ pub enum StaleError {
 pub struct StaleLoop {
     pub key: QuoteKey,
     pub ledger: Ledger,
-    pub tokens: BookingTokens,
+    pub tokens: BearerTokens,
     pub policy: Policy,
     pub audit: Arc<Audit>,
     pub top_hotels: usize,
@@ -128,8 +128,8 @@ impl StaleLoop {
                 QuoteKey::random()
             }
         };
-        let file_tokens = load_tokens(&s.booking_tokens_file)?;
-        let tokens = BookingTokens::new(
+        let file_tokens = load_tokens("stale.booking_tokens_file", &s.booking_tokens_file)?;
+        let tokens = BearerTokens::new(
             s.booking_tokens
                 .iter()
                 .map(String::as_str)
@@ -288,13 +288,14 @@ fn load_key(inline: &str, file: &str) -> Result<Option<Vec<u8>>, StaleError> {
     Ok(Some(bytes))
 }
 
-/// Bearer tokens from a file: one per line; blank lines and `#` comments skipped.
-fn load_tokens(file: &str) -> Result<Vec<String>, StaleError> {
+/// Bearer tokens from a file: one per line; blank lines and `#` comments
+/// skipped. `field` names the setting in errors (booking or admin tokens).
+pub(crate) fn load_tokens(field: &'static str, file: &str) -> Result<Vec<String>, StaleError> {
     if file.is_empty() {
         return Ok(Vec::new());
     }
     let text = std::fs::read_to_string(Path::new(file)).map_err(|source| StaleError::File {
-        field: "stale.booking_tokens_file",
+        field,
         path: PathBuf::from(file),
         source,
     })?;
@@ -306,13 +307,13 @@ fn load_tokens(file: &str) -> Result<Vec<String>, StaleError> {
         .collect();
     if tokens.len() > MAX_BOOKING_TOKENS {
         return Err(StaleError::Invalid {
-            field: "stale.booking_tokens_file",
+            field,
             rule: format!("at most {MAX_BOOKING_TOKENS} tokens"),
         });
     }
     if tokens.iter().any(|t| t.len() < MIN_BOOKING_TOKEN_BYTES) {
         return Err(StaleError::Invalid {
-            field: "stale.booking_tokens_file",
+            field,
             rule: format!("every token must be at least {MIN_BOOKING_TOKEN_BYTES} bytes"),
         });
     }
@@ -342,10 +343,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            load_tokens(tokens.to_str().unwrap()).unwrap(),
+            load_tokens("stale.booking_tokens_file", tokens.to_str().unwrap()).unwrap(),
             vec!["abcdefghijklmnop", "qrstuvwxyz0123456"]
         );
         std::fs::write(&tokens, "tooshort\n").unwrap();
-        assert!(load_tokens(tokens.to_str().unwrap()).is_err());
+        assert!(load_tokens("stale.booking_tokens_file", tokens.to_str().unwrap()).is_err());
     }
 }

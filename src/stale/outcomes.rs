@@ -507,21 +507,22 @@ impl Ledger {
     }
 }
 
-/// The booking service's bearer tokens, kept as SHA-256 digests: comparing
-/// digests in constant time hides the tokens' lengths and contents alike.
-pub struct BookingTokens {
+/// Bearer tokens (the booking service's, the admins'), kept as SHA-256
+/// digests: comparing digests in constant time hides the tokens' lengths and
+/// contents alike.
+pub struct BearerTokens {
     digests: Vec<[u8; 32]>,
 }
 
-impl std::fmt::Debug for BookingTokens {
+impl std::fmt::Debug for BearerTokens {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "BookingTokens({} configured)", self.digests.len())
+        write!(f, "BearerTokens({} configured)", self.digests.len())
     }
 }
 
-impl BookingTokens {
-    pub fn new<'a>(tokens: impl IntoIterator<Item = &'a str>) -> BookingTokens {
-        BookingTokens {
+impl BearerTokens {
+    pub fn new<'a>(tokens: impl IntoIterator<Item = &'a str>) -> BearerTokens {
+        BearerTokens {
             digests: tokens
                 .into_iter()
                 .map(|t| Sha256::digest(t.as_bytes()).into())
@@ -721,7 +722,7 @@ mod tests {
 
     #[test]
     fn bearer_tokens_match_exactly() {
-        let t = BookingTokens::new(["first-token-0123456789", "second-token-0123456789"]);
+        let t = BearerTokens::new(["first-token-0123456789", "second-token-0123456789"]);
         assert!(t.allows(Some(b"Bearer second-token-0123456789")));
         assert!(t.allows(Some(b"Bearer first-token-0123456789")));
         assert!(!t.allows(Some(b"Bearer first-token-012345678")));
@@ -729,6 +730,6 @@ mod tests {
         assert!(!t.allows(Some(b"Basic first-token-0123456789")));
         assert!(!t.allows(Some(b"first-token-0123456789")));
         assert!(!t.allows(None));
-        assert!(!BookingTokens::new([]).allows(Some(b"Bearer ")));
+        assert!(!BearerTokens::new([]).allows(Some(b"Bearer ")));
     }
 }

@@ -322,6 +322,30 @@ mod tests {
             let _ = QuoteKey::random().verify(&s);
         }
 
+        /// Random bytes of a token's exact length get past the decoding to
+        /// the tag check, and fail there: a typed refusal, never a panic.
+        #[test]
+        fn random_tokens_of_the_right_shape_are_refused(raw in proptest::collection::vec(any::<u8>(), TOKEN_LEN)) {
+            let key = QuoteKey::new(b"a key long enough for hmac-sha256!!");
+            prop_assert_eq!(key.verify(&URL_SAFE_NO_PAD.encode(&raw)), Err(QuoteError::BadSignature));
+        }
+
+        /// Even a correctly tagged payload of any bytes (another version's,
+        /// or a leaked key's) is read without a panic: a quote, or a typed
+        /// field or version error.
+        #[test]
+        fn any_tagged_payload_decodes_or_is_a_typed_error(payload in proptest::collection::vec(any::<u8>(), PAYLOAD_LEN)) {
+            let key = QuoteKey::new(b"a key long enough for hmac-sha256!!");
+            let mut mac = key.mac.clone();
+            mac.update(&payload);
+            let mut raw = payload.clone();
+            raw.extend_from_slice(&mac.finalize().into_bytes());
+            match key.verify(&URL_SAFE_NO_PAD.encode(&raw)) {
+                Ok(_) | Err(QuoteError::UnknownVersion | QuoteError::BadField) => {}
+                Err(other) => prop_assert!(false, "unexpected {:?}", other),
+            }
+        }
+
         #[test]
         fn round_trips_any_values(
             hotel in any::<i64>(), rt in any::<i64>(), free in any::<i32>(),

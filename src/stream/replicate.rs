@@ -10,12 +10,19 @@
 //!   applied. It is the `end_lsn` of the last applied commit, or, when no
 //!   transaction of ours is open, the WAL end a keepalive reported, so an
 //!   owner that only writes other tables does not pin WAL behind the slot.
-//! - `next_event` is never cancelled mid-call except at shutdown: keepalives
-//!   are answered only inside it. Apply is synchronous and short.
+//! - `next_event` is never cancelled mid-call except to end the session (at
+//!   shutdown or for a requested resnapshot): keepalives are answered only
+//!   inside it. Apply is synchronous and short.
 //! - A session that fails is dropped whole and the next one resumes from the
 //!   applied LSN; transactions delivered again are skipped by commit LSN.
+//! - At shutdown the last status update carries the applied LSN, then the
+//!   COPY is ended and the connection closed: the slot's
+//!   `confirmed_flush_lsn` is exactly what the copy had applied.
+//! - A requested resnapshot (`StreamStatus::request_resnapshot`) ends the
+//!   session like shutdown does; the next one drops the slot and takes a
+//!   new snapshot while the old copy serves.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -65,6 +72,14 @@ pub struct StreamStatus {
     pub resnapshotting: AtomicBool,
     last_error: Mutex<Option<String>>,
     slot: Mutex<Option<SlotInfo>>,
+    /// Resnapshots asked for by an operator, and how many of those asks the
+    /// last completed snapshot answered. Counters, not a flag: an ask that
+    /// arrives while a snapshot is already loading wants one taken after it.
+    resnapshots_requested: AtomicU64,
+    resnapshots_served: AtomicU64,
+    /// The running stream session's token: cancelling it ends the session at
+    /// once (even inside a read), so an ask does not wait for the next event.
+    session: Mutex<Option<CancellationToken>>,
 }
 
 impl StreamStatus {
@@ -86,6 +101,32 @@ impl StreamStatus {
     pub(crate) fn set_slot(&self, info: Option<SlotInfo>) {
         *self.slot.lock().unwrap_or_else(|p| p.into_inner()) = info;
     }
+
+    /// Asks the projector to take a new snapshot (and a new slot) while the
+    /// current copy keeps serving; the new copy replaces it whole.
+    pub fn request_resnapshot(&self) {
+        self.resnapshots_requested.fetch_add(1, Ordering::SeqCst);
+        let session = self.session.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(token) = session.as_ref() {
+            token.cancel();
+        }
+    }
+
+    /// The ask count a snapshot started now would answer, if it is ahead of
+    /// what the last snapshot answered.
+    fn pending_resnapshot(&self) -> Option<u64> {
+        let requested = self.resnapshots_requested.load(Ordering::SeqCst);
+        (requested > self.resnapshots_served.load(Ordering::SeqCst)).then_some(requested)
+    }
+
+    fn resnapshot_served(&self, asked: u64) {
+        self.resnapshots_served.fetch_max(asked, Ordering::SeqCst);
+    }
+
+    /// Registers the running session's token (or clears it).
+    fn set_session(&self, token: Option<CancellationToken>) {
+        *self.session.lock().unwrap_or_else(|p| p.into_inner()) = token;
+    }
 }
 
 /// The projector: owner stream in, read model out.
@@ -97,12 +138,23 @@ pub struct Projector {
     index: Arc<HotelIndex>,
 }
 
+/// How a session that did not fail ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SessionEnd {
+    /// The shutdown token: the last acknowledgement is sent, the connection closed.
+    Shutdown,
+    /// An operator asked for a new snapshot: start the next session at once.
+    Resnapshot,
+}
+
 /// Why a session took a new snapshot.
 #[derive(Debug, Clone, Copy)]
 enum SnapshotReason {
     Initial,
     SlotMissing,
     SlotLost,
+    /// An operator asked (`POST /v1/admin/resnapshot`).
+    Requested,
 }
 
 impl SnapshotReason {
@@ -111,6 +163,7 @@ impl SnapshotReason {
             SnapshotReason::Initial => "initial",
             SnapshotReason::SlotMissing => "slot_missing",
             SnapshotReason::SlotLost => "slot_lost",
+            SnapshotReason::Requested => "requested",
         }
     }
 }
@@ -139,14 +192,27 @@ impl Projector {
         let mut backoff = min;
         loop {
             let started = Instant::now();
-            let outcome = self.session(&shutdown).await;
+            // Until streaming starts (connect, slot, snapshot) a session has
+            // nothing to acknowledge, so shutdown may drop it where it is;
+            // once streaming, the loop itself ends on shutdown after its
+            // last acknowledgement.
+            let outcome = match self.prepare(&shutdown).await {
+                Ok(Some(mut stream)) => self.stream_session(&mut stream, &shutdown).await,
+                Ok(None) => Ok(SessionEnd::Shutdown),
+                Err(error) => Err(error),
+            };
             self.status.connected.store(false, Ordering::Release);
             metrics::STREAM_CONNECTED.set(0);
             if shutdown.is_cancelled() {
                 return;
             }
             match outcome {
-                Ok(()) => return,
+                Ok(SessionEnd::Shutdown) => return,
+                Ok(SessionEnd::Resnapshot) => {
+                    tracing::info!("stream session ended for a requested resnapshot");
+                    backoff = min;
+                    continue;
+                }
                 Err(error) => {
                     metrics::RECONNECTS.inc();
                     tracing::warn!(%error, "replication session ended; reconnecting");
@@ -174,16 +240,33 @@ impl Projector {
         format!("{url}{sep}replication=database")
     }
 
-    async fn session(&self, shutdown: &CancellationToken) -> Result<(), StreamError> {
+    /// Connects, then takes a snapshot or resumes, up to a started stream;
+    /// `None` when shutdown came first.
+    async fn prepare(
+        &self,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<LogicalReplicationStream>, StreamError> {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => Ok(None),
+            started = self.connect_and_start() => started.map(Some),
+        }
+    }
+
+    async fn connect_and_start(&self) -> Result<LogicalReplicationStream, StreamError> {
         let s = &self.settings.stream;
         let mut client =
             owner::connect(&self.settings.owner.url, self.settings.connect_timeout()).await?;
         slot::ensure_publication(&client, &s.publication, &s.schema).await?;
         let info = slot::slot_info(&client, &s.slot).await?;
+        // Read before the snapshot starts: an ask that arrives later wants a
+        // snapshot taken after it, so it is not marked answered by this one.
+        let asked = self.status.pending_resnapshot();
         let reason = match &info {
             _ if !self.model.freshness.is_loaded() => Some(SnapshotReason::Initial),
             None => Some(SnapshotReason::SlotMissing),
             Some(i) if i.is_lost() => Some(SnapshotReason::SlotLost),
+            Some(_) if asked.is_some() => Some(SnapshotReason::Requested),
             Some(_) => None,
         };
         if let Some(reason) = reason {
@@ -192,9 +275,16 @@ impl Projector {
                 // is gone) only pins WAL: replace it.
                 slot::drop_slot(&client, &s.slot).await?;
             }
-            if !matches!(reason, SnapshotReason::Initial) {
-                tracing::error!(slot = %s.slot, reason = reason.label(), "slot cannot be resumed; taking a new snapshot while the old copy serves, marked stale");
-                self.status.resnapshotting.store(true, Ordering::Release);
+            match reason {
+                SnapshotReason::Initial => {}
+                SnapshotReason::Requested => {
+                    tracing::warn!(slot = %s.slot, reason = reason.label(), "resnapshot requested; taking a new snapshot while the old copy serves, marked stale");
+                    self.status.resnapshotting.store(true, Ordering::Release);
+                }
+                SnapshotReason::SlotMissing | SnapshotReason::SlotLost => {
+                    tracing::error!(slot = %s.slot, reason = reason.label(), "slot cannot be resumed; taking a new snapshot while the old copy serves, marked stale");
+                    self.status.resnapshotting.store(true, Ordering::Release);
+                }
             }
         }
 
@@ -250,6 +340,9 @@ impl Projector {
             self.model.replace(tables);
             self.index.mark_all();
             self.status.resnapshotting.store(false, Ordering::Release);
+            if let Some(asked) = asked {
+                self.status.resnapshot_served(asked);
+            }
             metrics::RESNAPSHOTS
                 .with_label_values(&[reason.label()])
                 .inc();
@@ -264,38 +357,82 @@ impl Projector {
         self.status.set_last_error(None);
         metrics::STREAM_CONNECTED.set(1);
         tracing::info!(slot = %s.slot, from = %start_at, "streaming");
-        self.stream_loop(&mut stream, shutdown).await
+        Ok(stream)
     }
 
-    async fn stream_loop(
+    /// Streams until shutdown, a requested resnapshot, or an error. The
+    /// session's token is registered so `request_resnapshot` can end a read
+    /// in progress; an ask that came before the registration is seen by the
+    /// check right after it.
+    async fn stream_session(
         &self,
         stream: &mut LogicalReplicationStream,
         shutdown: &CancellationToken,
+    ) -> Result<SessionEnd, StreamError> {
+        let session = shutdown.child_token();
+        self.status.set_session(Some(session.clone()));
+        if self.status.pending_resnapshot().is_some() {
+            session.cancel();
+        }
+        let ended = self.stream_loop(stream, &session).await;
+        self.status.set_session(None);
+        match ended {
+            Ok(()) => {
+                // The last word to the walsender: everything applied is
+                // acknowledged, then the stream is dropped by the caller,
+                // which ends the COPY (CopyDone) and the connection (Terminate).
+                let acked = self.model.freshness.applied();
+                self.acknowledge(stream, acked);
+                let sent =
+                    tokio::time::timeout(self.settings.connect_timeout(), stream.stop()).await;
+                if sent.is_err() {
+                    tracing::warn!("the final acknowledgement timed out");
+                }
+                let end = if shutdown.is_cancelled() {
+                    SessionEnd::Shutdown
+                } else {
+                    SessionEnd::Resnapshot
+                };
+                tracing::info!(acknowledged = %acked, ?end, "stream stopped");
+                Ok(end)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Reads, assembles, applies and acknowledges until `stop` is
+    /// cancelled (then `Ok`) or the session fails.
+    async fn stream_loop(
+        &self,
+        stream: &mut LogicalReplicationStream,
+        stop: &CancellationToken,
     ) -> Result<(), StreamError> {
         let mut assembler = Assembler::new(self.settings.stream.schema.clone());
         // After a read that stopped before a held frame, the next read must
         // take that frame (a boundary read would stop before it again).
         let mut take_held = false;
         loop {
+            // A cancelled token may lose the race to a frame that is ready;
+            // look before every read so the session ends promptly.
+            if stop.is_cancelled() {
+                return Ok(());
+            }
             let boundary = Lsn(stream.current_lsn() + 1);
             let next = if assembler.is_idle() && !take_held {
                 // Between transactions: read with a boundary just past what we
                 // received, so a keepalive that moves the server's position
                 // returns control to us and we can acknowledge it.
                 stream
-                    .next_event_before(pg_walstream::Lsn::new(boundary.0), shutdown)
+                    .next_event_before(pg_walstream::Lsn::new(boundary.0), stop)
                     .await
             } else {
                 take_held = false;
-                stream.next_event(shutdown).await.map(Some)
+                stream.next_event(stop).await.map(Some)
             };
             let event = match next {
                 Ok(event) => event,
-                Err(ReplicationError::Cancelled(_)) => {
-                    let _ = stream.send_feedback().await;
-                    let _ = stream.stop().await;
-                    return Ok(());
-                }
+                // The caller sends the last acknowledgement.
+                Err(ReplicationError::Cancelled(_)) => return Ok(()),
                 Err(e) => return Err(e.into()),
             };
             let received = Lsn(stream.current_lsn());

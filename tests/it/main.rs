@@ -3,11 +3,16 @@
 
 mod support;
 
+mod access;
 mod api;
+mod demo;
+mod events;
 mod observability;
 mod owner_ops;
+mod page;
 mod process;
 mod projector;
 mod search;
 mod seed;
+mod shutdown;
 mod stale;

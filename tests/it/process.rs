@@ -20,14 +20,24 @@ use crate::projector::{Rows, load_inventory, owner_inventory, run_workload, test
 use crate::support::{TestOwner, wait_for};
 
 /// One running `vacancy serve`, killed on drop so a failed test leaves no process.
-struct Serve {
-    child: Child,
-    addr: std::net::SocketAddr,
-    log: std::path::PathBuf,
+pub(crate) struct Serve {
+    pub(crate) child: Child,
+    pub(crate) addr: std::net::SocketAddr,
+    pub(crate) log: std::path::PathBuf,
 }
 
 impl Serve {
-    fn start(owner_url: &str, dir: &Path, name: &str) -> Serve {
+    pub(crate) fn start(owner_url: &str, dir: &Path, name: &str) -> Serve {
+        Self::start_with(owner_url, dir, name, &[])
+    }
+
+    /// As `start`, with more `VACANCY_*` settings in the environment.
+    pub(crate) fn start_with(
+        owner_url: &str,
+        dir: &Path,
+        name: &str,
+        env: &[(&str, &str)],
+    ) -> Serve {
         // A free port: bind, read it, let go. The binary binds it a moment later.
         let addr = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
@@ -42,6 +52,7 @@ impl Serve {
             .env("VACANCY_STREAM__RECONNECT_MAX_MS", "500")
             .env("VACANCY_STREAM__HEARTBEAT_INTERVAL_MS", "200")
             .env("VACANCY_LOG__FORMAT", "json")
+            .envs(env.iter().copied())
             .stdout(Stdio::from(out.try_clone().expect("log file")))
             .stderr(Stdio::from(out))
             .spawn()
@@ -50,13 +61,13 @@ impl Serve {
     }
 
     /// The log so far, for a failure message.
-    fn log_tail(&self) -> String {
+    pub(crate) fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(30)..].join("\n")
     }
 
-    async fn status(&self) -> Option<Value> {
+    pub(crate) async fn status(&self) -> Option<Value> {
         let addr = self.addr;
         let (code, _, body) = tokio::time::timeout(Duration::from_secs(5), async move {
             tokio::net::TcpStream::connect(addr).await.ok()?;
@@ -71,7 +82,7 @@ impl Serve {
 
     /// Waits until the copy has loaded and applied everything the owner
     /// committed before `target`.
-    async fn caught_up(&self, target: vacancy::lsn::Lsn, within: Duration) {
+    pub(crate) async fn caught_up(&self, target: vacancy::lsn::Lsn, within: Duration) {
         let what = format!("vacancy serve to apply {target}");
         let reached = tokio::time::timeout(
             within,
@@ -153,7 +164,7 @@ async fn copy_rows(serve: &Serve, hotels: &[i64], from: NaiveDate, to: NaiveDate
 }
 
 /// Asserts the binary's copy equals the owner's inventory, row for row.
-async fn assert_binary_converged(serve: &Serve, client: &Client) {
+pub(crate) async fn assert_binary_converged(serve: &Serve, client: &Client) {
     let target = slot::current_wal_lsn(client).await.expect("current lsn");
     serve.caught_up(target, Duration::from_secs(90)).await;
     let owner = owner_inventory(client).await;

@@ -104,7 +104,7 @@ pub(crate) async fn owner_inventory(client: &Client) -> Rows {
         .collect()
 }
 
-fn copy_inventory(model: &ReadModel) -> Rows {
+pub(crate) fn copy_inventory(model: &ReadModel) -> Rows {
     let t = model.read();
     let mut rows = Rows::new();
     for (key, cal) in &t.calendars {
@@ -116,7 +116,7 @@ fn copy_inventory(model: &ReadModel) -> Rows {
 }
 
 /// Asserts the copy equals the owner, row for row, in all three tables.
-async fn assert_converged(model: &ReadModel, client: &Client) {
+pub(crate) async fn assert_converged(model: &ReadModel, client: &Client) {
     let at = caught_up(model, client).await;
     let owner_rows = owner_inventory(client).await;
     let copy_rows = copy_inventory(model);

@@ -1,0 +1,425 @@
+//! `GET /v1/hotels/{hotel_id}/events`: a hotel's committed count changes,
+//! pushed as Server-Sent Events to the open pages.
+//!
+//! Each stream starts with a `state` event (every room type and night of the
+//! window, with the LSN it reflects), then sends one `change` event per
+//! committed owner transaction that changed the hotel's nights, in commit
+//! order, each with its LSN as the SSE `id`. A client that reconnects with
+//! `Last-Event-ID` gets the changes it missed from the feed's ring
+//! (`model::feed`), or a fresh `state` when the ring no longer holds them.
+//!
+//! Architecture invariant: apply never waits on a stream. The feed's channel
+//! is bounded; a stream that falls behind is sent a fresh `state` (reason
+//! `lagged`) instead of the items it lost. A stream never sends an item at or
+//! below the LSN of what it already sent, so each change arrives once.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, header};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use chrono::{DateTime, NaiveDate, Utc};
+use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast::error::RecvError;
+
+use crate::api::{ApiState, Problem};
+use crate::lsn::Lsn;
+use crate::model::feed::{FeedItem, NightChange};
+use crate::model::{CalendarKey, NightCounts, ReadModel};
+
+/// Most streams one process serves at once; more are answered 503.
+pub const MAX_STREAMS: usize = 2048;
+/// A comment line this often keeps proxies and the browser from closing an idle stream.
+pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
+/// What the browser waits before reconnecting (sent as the SSE `retry` field).
+pub const RETRY: Duration = Duration::from_secs(2);
+/// The longest window one stream may watch (two years and some, like the calendar).
+const MAX_WINDOW_DAYS: i64 = 800;
+
+#[derive(Deserialize)]
+pub struct WindowQuery {
+    from: Option<String>,
+    to: Option<String>,
+}
+
+/// The nights a stream reports: `[from, to)`, or all when unbounded.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    from: Option<NaiveDate>,
+    to: Option<NaiveDate>,
+}
+
+impl Window {
+    fn parse(q: &WindowQuery) -> Result<Window, Problem> {
+        let date = |field: &'static str, v: &Option<String>| {
+            v.as_deref()
+                .map(|s| {
+                    NaiveDate::parse_from_str(s, "%Y-%m-%d").map_err(|_| {
+                        Problem::InvalidParameter {
+                            field,
+                            detail: "must be a date like 2027-06-10".into(),
+                        }
+                    })
+                })
+                .transpose()
+        };
+        let w = Window {
+            from: date("from", &q.from)?,
+            to: date("to", &q.to)?,
+        };
+        if let (Some(from), Some(to)) = (w.from, w.to) {
+            if to <= from {
+                return Err(Problem::InvalidParameter {
+                    field: "to",
+                    detail: "must be after `from`".into(),
+                });
+            }
+            if (to - from).num_days() > MAX_WINDOW_DAYS {
+                return Err(Problem::InvalidParameter {
+                    field: "to",
+                    detail: format!("the window may span at most {MAX_WINDOW_DAYS} days"),
+                });
+            }
+        }
+        Ok(w)
+    }
+
+    fn contains(&self, night: NaiveDate) -> bool {
+        self.from.is_none_or(|f| night >= f) && self.to.is_none_or(|t| night < t)
+    }
+}
+
+/// One night as a stream reports it; `removed` when the owner no longer
+/// has the row (not on sale), and then no counts.
+#[derive(Debug, Serialize)]
+struct NightBody {
+    room_type_id: i64,
+    night: NaiveDate,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    free: Option<i32>,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    counts: Option<NightCounts>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    removed: bool,
+}
+
+impl NightBody {
+    fn new(room_type_id: i64, night: NaiveDate, counts: Option<NightCounts>) -> NightBody {
+        NightBody {
+            room_type_id,
+            night,
+            free: counts.map(|c| c.free()),
+            counts,
+            removed: counts.is_none(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct RoomTypeBody {
+    room_type_id: i64,
+    name: String,
+    max_guests: i16,
+}
+
+/// The `state` event: everything the window shows, as of `lsn`.
+#[derive(Debug, Serialize)]
+struct StateBody {
+    hotel_id: i64,
+    lsn: Lsn,
+    lag_ms: u64,
+    /// `initial`, `resume_unavailable`, `lagged` or `resync`.
+    reason: &'static str,
+    /// False once the hotel is gone from the copy.
+    exists: bool,
+    name: Option<String>,
+    city: Option<String>,
+    room_types: Vec<RoomTypeBody>,
+    nights: Vec<NightBody>,
+}
+
+/// The `change` event: one committed transaction's changes to this hotel.
+#[derive(Debug, Serialize)]
+struct ChangeBody {
+    hotel_id: i64,
+    lsn: Lsn,
+    commit_lsn: Lsn,
+    commit_time: Option<DateTime<Utc>>,
+    nights: Vec<NightBody>,
+}
+
+/// Counts the open streams; the count drops when the stream does.
+struct StreamSlot(Arc<ReadModel>);
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0.feed.open_streams.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// `GET /v1/hotels/{hotel_id}/events?from=&to=`.
+#[utoipa::path(get, path = "/v1/hotels/{hotel_id}/events", tag = "search",
+    params(
+        ("hotel_id" = i64, Path, description = "hotel id"),
+        ("from" = Option<String>, Query, description = "first night to report, YYYY-MM-DD (default: all)"),
+        ("to" = Option<String>, Query, description = "night after the last to report, YYYY-MM-DD"),
+        ("Last-Event-ID" = Option<String>, Header, description = "the id (an LSN) of the last event received: resume after it"),
+    ),
+    responses(
+        (status = 200, description = "text/event-stream: a `state` event (every room type and night of the window, id = the LSN it reflects), then one `change` event per committed owner transaction that changed this hotel's nights, in commit order, id = its LSN; a fresh `state` (reason `lagged`, `resync` or `resume_unavailable`) whenever the changes in between cannot be sent", content_type = "text/event-stream", body = String),
+        (status = 400, description = "invalid parameter", content_type = "application/problem+json"),
+        (status = 404, description = "no such hotel", content_type = "application/problem+json"),
+        (status = 503, description = "not ready, or too many streams open", content_type = "application/problem+json"),
+    ))]
+pub async fn hotel_events(
+    State(state): State<ApiState>,
+    Path(hotel_id): Path<String>,
+    Query(q): Query<WindowQuery>,
+    headers: HeaderMap,
+) -> Result<Response, Problem> {
+    let hotel_id: i64 = hotel_id.parse().map_err(|_| Problem::InvalidParameter {
+        field: "hotel_id",
+        detail: "must be an integer".into(),
+    })?;
+    let window = Window::parse(&q)?;
+    let model = state.model.clone();
+    if !model.freshness.is_loaded() {
+        return Err(Problem::NotReady {
+            reason: "the initial snapshot is not loaded yet".into(),
+        });
+    }
+    if !model.read().hotels.contains_key(&hotel_id) {
+        return Err(Problem::HotelNotFound(hotel_id));
+    }
+    if model.feed.open_streams.fetch_add(1, Ordering::AcqRel) >= MAX_STREAMS {
+        model.feed.open_streams.fetch_sub(1, Ordering::AcqRel);
+        return Err(Problem::NotReady {
+            reason: format!("{MAX_STREAMS} event streams are open; try again later"),
+        });
+    }
+    let slot = StreamSlot(model.clone());
+    let last_seen = headers
+        .get("last-event-id")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<Lsn>().ok());
+
+    // Subscribe first: whatever is published from here on reaches us, and
+    // anything published before is in the state or the ring we read next.
+    let rx = model.feed.subscribe();
+    let mut stream = HotelStream {
+        model,
+        hotel_id,
+        window,
+        rx,
+        last: Lsn::ZERO,
+        pending: VecDeque::new(),
+        _slot: slot,
+    };
+    stream.start(last_seen);
+
+    let events = futures_util::stream::unfold(stream, |mut s| async move {
+        let event = s.next_event().await?;
+        Some((Ok::<Event, Infallible>(event), s))
+    });
+    let mut response = Sse::new(events)
+        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE))
+        .into_response();
+    let h = response.headers_mut();
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    Ok(response)
+}
+
+/// One open stream: what it has sent and what it still has to.
+struct HotelStream {
+    model: Arc<ReadModel>,
+    hotel_id: i64,
+    window: Window,
+    rx: tokio::sync::broadcast::Receiver<Arc<FeedItem>>,
+    /// The LSN of the last event sent: nothing at or below it is sent again.
+    last: Lsn,
+    pending: VecDeque<Event>,
+    _slot: StreamSlot,
+}
+
+impl HotelStream {
+    /// The first events: the missed changes when the ring still holds them
+    /// all, otherwise the full state.
+    fn start(&mut self, last_seen: Option<Lsn>) {
+        let resumable = last_seen
+            // An id from the future (another history, or made up) cannot be trusted.
+            .filter(|l| *l <= self.model.freshness.applied())
+            .and_then(|l| self.model.feed.since(l).map(|items| (l, items)));
+        let Some((from, items)) = resumable else {
+            let reason = if last_seen.is_some() {
+                "resume_unavailable"
+            } else {
+                "initial"
+            };
+            self.push_state(reason);
+            return;
+        };
+        self.last = from;
+        for item in items {
+            self.push_item(&item);
+        }
+        if self.pending.is_empty() {
+            // Tell the client where it stands (no data: nothing it missed).
+            self.pending
+                .push_back(Event::default().comment(format!("resumed after {from}")));
+        }
+        if let Some(first) = self.pending.pop_front() {
+            self.pending.push_front(first.retry(RETRY));
+        }
+    }
+
+    /// The next event to send, waiting for one; `None` ends the stream.
+    async fn next_event(&mut self) -> Option<Event> {
+        loop {
+            if let Some(e) = self.pending.pop_front() {
+                return Some(e);
+            }
+            let received = tokio::select! {
+                biased;
+                _ = self.model.feed.closed() => return None,
+                r = self.rx.recv() => r,
+            };
+            match received {
+                Ok(item) => self.push_item(&item),
+                Err(RecvError::Lagged(missed)) => {
+                    tracing::debug!(
+                        hotel_id = self.hotel_id,
+                        missed,
+                        "event stream lagged; sending a fresh state"
+                    );
+                    self.push_state("lagged");
+                }
+                Err(RecvError::Closed) => return None,
+            }
+        }
+    }
+
+    fn push_item(&mut self, item: &FeedItem) {
+        if item.lsn <= self.last && !item.reset {
+            return;
+        }
+        if item.resyncs(self.hotel_id) {
+            self.push_state("resync");
+            return;
+        }
+        let nights: Vec<NightBody> = item
+            .nights_of(self.hotel_id)
+            .iter()
+            .filter(|n| self.window.contains(n.night))
+            .map(|n: &NightChange| NightBody::new(n.key.room_type_id, n.night, n.counts))
+            .collect();
+        self.last = item.lsn;
+        if nights.is_empty() {
+            return;
+        }
+        let body = ChangeBody {
+            hotel_id: self.hotel_id,
+            lsn: item.lsn,
+            commit_lsn: item.commit_lsn,
+            commit_time: item.commit_time,
+            nights,
+        };
+        self.pending
+            .push_back(json_event("change", item.lsn, &body));
+    }
+
+    /// Reads the hotel's state under one read lock and queues it.
+    fn push_state(&mut self, reason: &'static str) {
+        let body = {
+            let t = self.model.read();
+            let hotel = t.hotels.get(&self.hotel_id);
+            let mut room_types = Vec::new();
+            let mut nights = Vec::new();
+            for rt in t.room_types_of(self.hotel_id) {
+                room_types.push(RoomTypeBody {
+                    room_type_id: rt.id,
+                    name: rt.name.clone(),
+                    max_guests: rt.max_guests,
+                });
+                let key = CalendarKey {
+                    hotel_id: self.hotel_id,
+                    room_type_id: rt.id,
+                };
+                if let Some(c) = t.calendars.get(&key) {
+                    nights.extend(
+                        c.iter()
+                            .filter(|(night, _)| self.window.contains(*night))
+                            .map(|(night, counts)| NightBody::new(rt.id, night, Some(counts))),
+                    );
+                }
+            }
+            StateBody {
+                hotel_id: self.hotel_id,
+                lsn: t.applied,
+                lag_ms: self.model.freshness.lag_ms(Utc::now()),
+                reason,
+                exists: hotel.is_some(),
+                name: hotel.map(|h| h.name.clone()),
+                city: hotel.map(|h| h.city.clone()),
+                room_types,
+                nights,
+            }
+        };
+        // Everything at or below the state's LSN is in it.
+        self.last = self.last.max(body.lsn);
+        let event = json_event("state", body.lsn, &body).retry(RETRY);
+        self.pending.push_back(event);
+    }
+}
+
+fn json_event<T: Serialize>(name: &'static str, lsn: Lsn, body: &T) -> Event {
+    let data = serde_json::to_string(body).unwrap_or_else(|_| "{}".to_string());
+    Event::default().event(name).id(lsn.to_string()).data(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_are_checked_and_half_open() {
+        let q = |from: Option<&str>, to: Option<&str>| WindowQuery {
+            from: from.map(str::to_string),
+            to: to.map(str::to_string),
+        };
+        let w = Window::parse(&q(Some("2030-01-02"), Some("2030-01-04"))).unwrap();
+        let d = |n| NaiveDate::from_ymd_opt(2030, 1, n).unwrap();
+        assert!(!w.contains(d(1)));
+        assert!(w.contains(d(2)) && w.contains(d(3)));
+        assert!(!w.contains(d(4)));
+        assert!(Window::parse(&q(None, None)).unwrap().contains(d(1)));
+        assert!(Window::parse(&q(Some("2030-01-04"), Some("2030-01-04"))).is_err());
+        assert!(Window::parse(&q(Some("yesterday"), None)).is_err());
+        assert!(Window::parse(&q(Some("2030-01-01"), Some("2033-01-01"))).is_err());
+    }
+
+    #[test]
+    fn a_removed_night_has_no_counts() {
+        let d = NaiveDate::from_ymd_opt(2030, 1, 1).unwrap();
+        let v = serde_json::to_value(NightBody::new(3, d, None)).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"room_type_id": 3, "night": "2030-01-01", "removed": true})
+        );
+        let c = NightCounts {
+            total: 4,
+            taken: 1,
+            sell_limit: Some(5),
+            price_cents: None,
+        };
+        let v = serde_json::to_value(NightBody::new(3, d, Some(c))).unwrap();
+        assert_eq!(v["free"], 4);
+        assert_eq!(v["taken"], 1);
+        assert!(v.get("removed").is_none());
+    }
+}

@@ -1,0 +1,319 @@
+//! `GET /v1/hotels/{id}/events` against a real owner: a full state first,
+//! then each committed change of that hotel once, in commit order, with its
+//! LSN as the id; a reconnect with `Last-Event-ID` gets exactly what it
+//! missed, or a fresh state when the id is too old to resume from.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use chrono::NaiveDate;
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+use tokio_postgres::Client;
+use vacancy::app::App;
+use vacancy::config::Settings;
+use vacancy::lsn::Lsn;
+use vacancy::owner::ops::{self, HoldOutcome, HoldRequest};
+use vacancy::stream::slot;
+
+use crate::support::{TestOwner, wait_for};
+
+fn day(n: u64) -> NaiveDate {
+    chrono::Utc::now().date_naive() + chrono::Days::new(n)
+}
+
+/// One received Server-Sent Event.
+#[derive(Debug, Clone)]
+pub struct SseEvent {
+    pub event: String,
+    pub id: Option<String>,
+    pub data: Value,
+}
+
+impl SseEvent {
+    fn lsn(&self) -> Lsn {
+        self.id
+            .as_deref()
+            .expect("every data event has an id")
+            .parse()
+            .expect("the id is an LSN")
+    }
+
+    /// `(room_type_id, night) -> free` of the event's nights.
+    fn free(&self) -> Vec<(i64, String, i64)> {
+        self.data["nights"]
+            .as_array()
+            .expect("nights")
+            .iter()
+            .map(|n| {
+                (
+                    n["room_type_id"].as_i64().unwrap(),
+                    n["night"].as_str().unwrap().to_string(),
+                    n["free"].as_i64().unwrap_or(-1),
+                )
+            })
+            .collect()
+    }
+}
+
+/// A minimal SSE client over HTTP/1.1 with chunked transfer, every read bounded.
+pub struct SseClient {
+    reader: BufReader<TcpStream>,
+    buffer: String,
+}
+
+const READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl SseClient {
+    pub async fn connect(addr: SocketAddr, path: &str, last_event_id: Option<&str>) -> SseClient {
+        let mut stream = TcpStream::connect(addr).await.expect("connect");
+        let mut head =
+            format!("GET {path} HTTP/1.1\r\nHost: vacancy\r\nAccept: text/event-stream\r\n");
+        if let Some(id) = last_event_id {
+            head.push_str(&format!("Last-Event-ID: {id}\r\n"));
+        }
+        head.push_str("\r\n");
+        stream.write_all(head.as_bytes()).await.expect("send");
+        let mut reader = BufReader::new(stream);
+        let mut status = String::new();
+        timed(reader.read_line(&mut status)).await.expect("status");
+        assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+        let mut chunked = false;
+        let mut content_type = String::new();
+        loop {
+            let mut line = String::new();
+            timed(reader.read_line(&mut line)).await.expect("header");
+            let line = line.trim_end().to_ascii_lowercase();
+            if line.is_empty() {
+                break;
+            }
+            chunked |= line == "transfer-encoding: chunked";
+            if let Some(v) = line.strip_prefix("content-type:") {
+                content_type = v.trim().to_string();
+            }
+        }
+        assert!(chunked, "a stream is sent chunked");
+        assert_eq!(content_type, "text/event-stream");
+        SseClient {
+            reader,
+            buffer: String::new(),
+        }
+    }
+
+    /// The next event with data (comments and keep-alives are skipped).
+    pub async fn next(&mut self) -> SseEvent {
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let block: String = self.buffer.drain(..end + 2).collect();
+                let (mut event, mut id, mut data) = ("message".to_string(), None, String::new());
+                for line in block.lines() {
+                    if let Some(v) = line.strip_prefix("event:") {
+                        event = v.trim().to_string();
+                    } else if let Some(v) = line.strip_prefix("id:") {
+                        id = Some(v.trim().to_string());
+                    } else if let Some(v) = line.strip_prefix("data:") {
+                        data.push_str(v.strip_prefix(' ').unwrap_or(v));
+                    }
+                }
+                if data.is_empty() {
+                    continue;
+                }
+                let data = serde_json::from_str(&data).expect("event data is JSON");
+                return SseEvent { event, id, data };
+            }
+            let mut size_line = String::new();
+            timed(self.reader.read_line(&mut size_line))
+                .await
+                .expect("chunk size");
+            let size = usize::from_str_radix(size_line.trim(), 16).expect("chunk size in hex");
+            assert!(size > 0, "the stream ended");
+            let mut chunk = vec![0; size + 2];
+            timed(self.reader.read_exact(&mut chunk))
+                .await
+                .expect("chunk");
+            chunk.truncate(size);
+            self.buffer
+                .push_str(std::str::from_utf8(&chunk).expect("utf-8"));
+        }
+    }
+}
+
+async fn timed<T, E: std::fmt::Debug>(
+    f: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(READ_TIMEOUT, f).await {
+        Ok(r) => r.map_err(|e| format!("{e:?}")),
+        Err(_) => panic!("no data from the event stream within {READ_TIMEOUT:?}"),
+    }
+}
+
+async fn load(client: &Client) {
+    let mut sql = String::new();
+    for hotel in [1, 2] {
+        sql.push_str(&format!(
+            "INSERT INTO hotels (id, name, city) VALUES ({hotel}, 'Hotel {hotel}', 'Lisbon');"
+        ));
+        for (rt, total) in [(1, 5), (2, 3)] {
+            sql.push_str(&format!(
+                "INSERT INTO room_types VALUES ({hotel}, {rt}, 'Room {rt}', 2);
+                 INSERT INTO inventory (hotel_id, room_type_id, night, total, price_cents)
+                   SELECT {hotel}, {rt}, DATE '{}' + n, {total}, 10000 FROM generate_series(0, 9) n;",
+                day(0)
+            ));
+        }
+    }
+    client.batch_execute(&sql).await.expect("load hotels");
+}
+
+async fn settled(app: &App, client: &Client) {
+    let target = slot::current_wal_lsn(client).await.unwrap();
+    wait_for("the copy to catch up", Duration::from_secs(60), || async {
+        (app.model.freshness.applied() >= target).then_some(())
+    })
+    .await;
+}
+
+async fn hold(client: &mut Client, id: &str, hotel_id: i64, room_type_id: i64, nights: (u64, u64)) {
+    let req = HoldRequest {
+        booking_id: id.to_string(),
+        hotel_id,
+        room_type_id,
+        check_in: day(nights.0),
+        check_out: day(nights.1),
+        rooms: 1,
+        hold_for: Duration::from_secs(600),
+    };
+    assert_eq!(ops::hold(client, &req).await.unwrap(), HoldOutcome::Held);
+}
+
+/// A change event for one hold of room type `rt` over `nights`, leaving `free` units.
+fn assert_change(e: &SseEvent, rt: i64, nights: (u64, u64), free: i64) {
+    assert_eq!(e.event, "change", "{e:?}");
+    assert_eq!(e.data["hotel_id"], 1, "only hotel 1's changes: {e:?}");
+    let expected: Vec<(i64, String, i64)> = (nights.0..nights.1)
+        .map(|n| (rt, day(n).to_string(), free))
+        .collect();
+    assert_eq!(e.free(), expected, "{e:?}");
+    assert_eq!(e.data["lsn"].as_str(), e.id.as_deref());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_send_each_change_once_in_order_and_resume_from_last_event_id() {
+    let owner = TestOwner::start().await;
+    let mut client = owner.client().await;
+    load(&client).await;
+    let mut settings = Settings::defaults();
+    settings.owner.url = owner.url.clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let app = vacancy::app::start(settings, listener).expect("start vacancy");
+    wait_for("the snapshot", Duration::from_secs(60), || async {
+        app.model.freshness.is_loaded().then_some(())
+    })
+    .await;
+    settled(&app, &client).await;
+
+    let path = format!("/v1/hotels/1/events?from={}&to={}", day(0), day(10));
+    let mut sse = SseClient::connect(app.addr, &path, None).await;
+    let state = sse.next().await;
+    assert_eq!(state.event, "state");
+    assert_eq!(state.data["reason"], "initial");
+    assert_eq!(state.data["name"], "Hotel 1");
+    let nights = state.free();
+    assert_eq!(nights.len(), 20, "two room types, ten nights");
+    assert!(
+        nights
+            .iter()
+            .all(|(rt, _, free)| *free == if *rt == 1 { 5 } else { 3 })
+    );
+    let s = state.lsn();
+    assert!(s > Lsn::ZERO);
+
+    // Three holds on hotel 1, one on hotel 2 in between (not for this stream).
+    hold(&mut client, "a", 1, 1, (1, 3)).await;
+    hold(&mut client, "other", 2, 1, (1, 3)).await;
+    hold(&mut client, "b", 1, 1, (2, 4)).await;
+    hold(&mut client, "c", 1, 2, (5, 6)).await;
+    let e1 = sse.next().await;
+    let e2 = sse.next().await;
+    let e3 = sse.next().await;
+    assert_change(&e1, 1, (1, 3), 4);
+    // Night 2 now has two holds; night 3 one.
+    assert_eq!(
+        e2.free(),
+        vec![(1, day(2).to_string(), 3), (1, day(3).to_string(), 4)]
+    );
+    assert_change(&e3, 2, (5, 6), 2);
+    assert!(
+        s < e1.lsn() && e1.lsn() < e2.lsn() && e2.lsn() < e3.lsn(),
+        "commit order"
+    );
+
+    // Gone after the first change: two more commits while away.
+    drop(sse);
+    hold(&mut client, "d", 1, 2, (7, 9)).await;
+    hold(&mut client, "e", 1, 1, (8, 9)).await;
+    settled(&app, &client).await;
+    let mut sse = SseClient::connect(app.addr, &path, e1.id.as_deref()).await;
+    let missed: Vec<SseEvent> = vec![
+        sse.next().await,
+        sse.next().await,
+        sse.next().await,
+        sse.next().await,
+    ];
+    assert_eq!(
+        missed.iter().map(SseEvent::lsn).collect::<Vec<_>>()[..2],
+        [e2.lsn(), e3.lsn()],
+        "the missed ones, from just after Last-Event-ID, not a state"
+    );
+    assert_change(&missed[2], 2, (7, 9), 2);
+    assert_change(&missed[3], 1, (8, 9), 4);
+    // Live again, and nothing sent twice: the next event is the next commit.
+    hold(&mut client, "f", 1, 2, (0, 1)).await;
+    let live = sse.next().await;
+    assert_change(&live, 2, (0, 1), 2);
+    assert!(live.lsn() > missed[3].lsn());
+
+    // An id older than anything the ring holds: a fresh state instead.
+    let mut stale = SseClient::connect(app.addr, &path, Some("0/1")).await;
+    let fresh = stale.next().await;
+    assert_eq!(fresh.event, "state");
+    assert_eq!(fresh.data["reason"], "resume_unavailable");
+    assert!(fresh.lsn() >= live.lsn());
+    let night8 = fresh
+        .free()
+        .into_iter()
+        .find(|(rt, n, _)| *rt == 1 && *n == day(8).to_string())
+        .unwrap();
+    assert_eq!(night8.2, 4, "the state includes every commit");
+
+    // Unknown hotels are a 404 problem, not an empty stream.
+    let r = vacancy::simulator::http(
+        app.addr,
+        "GET",
+        "/v1/hotels/99/events",
+        None,
+        None,
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 404);
+    let doc = vacancy::simulator::http(
+        app.addr,
+        "GET",
+        "/openapi.json",
+        None,
+        None,
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap()
+    .json();
+    assert!(
+        doc["paths"]["/v1/hotels/{hotel_id}/events"]["get"].is_object(),
+        "the stream is in /openapi.json"
+    );
+    drop(stale);
+    app.stop(Duration::from_secs(10)).await;
+}
