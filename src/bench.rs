@@ -142,18 +142,8 @@ pub enum BenchError {
     App(#[from] AppError),
     #[error("the owner returned an LSN that does not parse: {0}")]
     BadLsn(#[from] ParseLsnError),
-    #[error("cannot run {tool}: {source}")]
-    Spawn {
-        tool: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{tool} failed ({status}): {stderr}")]
-    Tool {
-        tool: String,
-        status: String,
-        stderr: String,
-    },
+    #[error(transparent)]
+    Tool(#[from] ToolError),
     #[error("{what} did not happen within {limit:?} (stream's last error: {last_error})")]
     Timeout {
         what: &'static str,
@@ -468,17 +458,35 @@ async fn wait_for(
     Ok(())
 }
 
-async fn run_tool(mut command: Command, tool: &str) -> Result<String, BenchError> {
+/// An outside tool (pgbench, pg_recvlogical) that could not run or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ToolError {
+    #[error("cannot run {tool}: {source}")]
+    Spawn {
+        tool: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{tool} failed ({status}): {stderr}")]
+    Failed {
+        tool: String,
+        status: String,
+        stderr: String,
+    },
+}
+
+/// Runs `command` to completion; its standard output, or why it failed.
+pub(crate) async fn run_tool(mut command: Command, tool: &str) -> Result<String, ToolError> {
     let out = command
         .stdin(std::process::Stdio::null())
         .output()
         .await
-        .map_err(|source| BenchError::Spawn {
+        .map_err(|source| ToolError::Spawn {
             tool: tool.to_string(),
             source,
         })?;
     if !out.status.success() {
-        return Err(BenchError::Tool {
+        return Err(ToolError::Failed {
             tool: tool.to_string(),
             status: out.status.to_string(),
             stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),

@@ -28,7 +28,6 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::process::Command;
 use tokio_postgres::Client;
-use tokio_postgres::error::SqlState;
 
 use crate::app::{self, App, AppError};
 use crate::config::Settings;
@@ -134,18 +133,10 @@ pub enum SearchBenchError {
     ForeignData { city: String },
     #[error("the owner has fewer than {STAY_NIGHTS} nights on sale from today on")]
     NoStays,
-    #[error("cannot run {tool}: {source}")]
-    Spawn {
-        tool: String,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{tool} failed ({status}): {stderr}")]
-    Tool {
-        tool: String,
-        status: String,
-        stderr: String,
-    },
+    #[error(transparent)]
+    Tool(#[from] crate::bench::ToolError),
+    #[error(transparent)]
+    Seed(#[from] crate::owner::seed::SeedError),
     #[error("pgbench printed no {0:?} line")]
     PgbenchOutput(&'static str),
     #[error("{what} did not happen within {limit:?} (stream's last error: {last_error})")]
@@ -359,23 +350,7 @@ async fn load(client: &Client, args: &SearchBenchArgs) -> Result<(), SearchBench
     // The rows below are built from the parent rows in the same statement, so
     // the per-row foreign key triggers can only confirm what holds by
     // construction; skipping them (superuser only) halves the load time.
-    client.batch_execute("SAVEPOINT replica_role").await?;
-    match client
-        .batch_execute("SET LOCAL session_replication_role = replica")
-        .await
-    {
-        Ok(()) => {
-            client
-                .batch_execute("RELEASE SAVEPOINT replica_role")
-                .await?
-        }
-        Err(e) if e.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE) => {
-            client
-                .batch_execute("ROLLBACK TO SAVEPOINT replica_role")
-                .await?;
-        }
-        Err(e) => return Err(e.into()),
-    }
+    crate::owner::seed::defer_foreign_key_checks(client).await?;
     // Repeatable data from run to run (the inserts run in one backend, in order).
     client.batch_execute("SELECT setseed(0.42)").await?;
     client
@@ -1041,10 +1016,10 @@ async fn measure_owner(
     };
     eprintln!("owner: pgbench -M prepared -c {0} -j {0}", args.clients);
     if args.warmup_seconds > 0 {
-        run_tool(pgbench(args.warmup_seconds, None), "pgbench").await?;
+        crate::bench::run_tool(pgbench(args.warmup_seconds, None), "pgbench").await?;
     }
     let prefix = dir.path().join("txn");
-    let out = run_tool(pgbench(args.seconds, Some(prefix)), "pgbench").await?;
+    let out = crate::bench::run_tool(pgbench(args.seconds, Some(prefix)), "pgbench").await?;
     let processed = pgbench_value(&out, "number of transactions actually processed:")
         .and_then(|v| {
             v.split('/')
@@ -1127,25 +1102,6 @@ fn transaction_log_latencies(dir: &Path) -> Result<Vec<f64>, SearchBenchError> {
         }
     }
     Ok(out)
-}
-
-async fn run_tool(mut command: Command, tool: &str) -> Result<String, SearchBenchError> {
-    let out = command
-        .stdin(std::process::Stdio::null())
-        .output()
-        .await
-        .map_err(|source| SearchBenchError::Spawn {
-            tool: tool.to_string(),
-            source,
-        })?;
-    if !out.status.success() {
-        return Err(SearchBenchError::Tool {
-            tool: tool.to_string(),
-            status: out.status.to_string(),
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        });
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 // ---------------------------------------------------------------- report

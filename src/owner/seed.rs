@@ -224,7 +224,7 @@ async fn load(client: &Client, plan: &Plan, progress: &ProgressBar) -> Result<u6
 /// when they all hold. CHECK constraints and the primary key are not
 /// triggers and stay enforced row by row. Nothing in the schema changes, and
 /// `SET LOCAL` ends with the transaction.
-async fn defer_foreign_key_checks(client: &Client) -> Result<bool, SeedError> {
+pub(crate) async fn defer_foreign_key_checks(client: &Client) -> Result<bool, SeedError> {
     // A refused SET aborts the transaction; the savepoint confines that.
     client.batch_execute("SAVEPOINT replica_role").await?;
     match client
