@@ -1,16 +1,21 @@
-//! `Calendar`: the nightly counts of one hotel's room type, packed.
+//! `Calendar`: the nightly counts of one hotel's room type, packed, and the
+//! 12-byte night format the copy stores.
 //!
 //! The copy holds up to tens of millions of nights (5,000 hotels × 20 room
-//! types × 730 nights = 73 million), so a night is three `i32`s in a vector
-//! indexed by day (total, taken, price), 12 bytes, with sentinels instead of
-//! `Option`s; a night with no owner row is `total == ABSENT`. `sell_limit` is
-//! null on most nights (it marks overbooking), so the few set ones live in a
-//! small sorted side list per calendar instead of four bytes on every night.
+//! types × 730 nights = 73 million), so a night is three `i32`s (total,
+//! taken, price), 12 bytes, with sentinels instead of `Option`s; a night with
+//! no owner row is `total == ABSENT`. `sell_limit` is null on most nights (it
+//! marks overbooking), so the few set ones live in a small sorted side list
+//! instead of four bytes on every night.
+//!
+//! The copy itself keeps a hotel's calendars together (`calendars`); a
+//! `Calendar` is one room type on its own, which the snapshot load fills
+//! before a hotel is laid out.
 
 use chrono::{Datelike, NaiveDate};
 use serde::Serialize;
 
-const ABSENT: i32 = i32::MIN;
+pub(super) const ABSENT: i32 = i32::MIN;
 const NULL: i32 = i32::MIN;
 
 /// One inventory row's values, as the owner stores them.
@@ -35,21 +40,22 @@ impl NightCounts {
     }
 }
 
+/// One night as stored: 12 bytes, sentinels for what is absent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Packed {
-    total: i32,
+pub(super) struct Packed {
+    pub(super) total: i32,
     taken: i32,
     price_cents: i32,
 }
 
 impl Packed {
-    const EMPTY: Packed = Packed {
+    pub(super) const EMPTY: Packed = Packed {
         total: ABSENT,
         taken: 0,
         price_cents: NULL,
     };
 
-    fn unpack(self, sell_limit: Option<i32>) -> Option<NightCounts> {
+    pub(super) fn unpack(self, sell_limit: Option<i32>) -> Option<NightCounts> {
         if self.total == ABSENT {
             return None;
         }
@@ -61,7 +67,7 @@ impl Packed {
         })
     }
 
-    fn pack(c: NightCounts) -> Option<Packed> {
+    pub(super) fn pack(c: NightCounts) -> Option<Packed> {
         c.is_storable().then_some(Packed {
             total: c.total,
             taken: c.taken,
@@ -88,13 +94,13 @@ pub struct Calendar {
 /// 1970-01-01 in days from the common era.
 const UNIX_EPOCH_DAYS_FROM_CE: i32 = 719_163;
 
-fn day(night: NaiveDate) -> i32 {
+pub(super) fn day(night: NaiveDate) -> i32 {
     // Dates PostgreSQL can store fit in i32 days; this is on every read of
     // a night, so plain day arithmetic rather than a Duration.
     night.num_days_from_ce() - UNIX_EPOCH_DAYS_FROM_CE
 }
 
-fn date(day: i32) -> NaiveDate {
+pub(super) fn date(day: i32) -> NaiveDate {
     NaiveDate::default() + chrono::Days::new(day as u64)
 }
 
@@ -203,52 +209,19 @@ impl Calendar {
             .filter_map(|i| Some((date(self.first + i as i32), self.night_at(i)?)))
     }
 
-    /// The `nights` nights from `check_in` on, each `None` when it has no
-    /// row: a walk over one contiguous slice, the inner loop of search.
-    pub fn stay(
-        &self,
-        check_in: NaiveDate,
-        nights: usize,
-    ) -> impl Iterator<Item = Option<NightCounts>> + '_ {
-        let start = i64::from(day(check_in)) - i64::from(self.first);
-        (0..nights).map(move |i| {
-            let at = usize::try_from(start + i as i64).ok()?;
-            self.night_at(at)
-        })
+    /// Day of `nights()[0]`.
+    pub(super) fn first_day(&self) -> i32 {
+        self.first
     }
 
-    /// Nights in `[from, to)` that have a row.
-    pub fn range(
-        &self,
-        from: NaiveDate,
-        to: NaiveDate,
-    ) -> impl Iterator<Item = (NaiveDate, NightCounts)> + '_ {
-        self.iter().filter(move |(n, _)| *n >= from && *n < to)
+    /// Every slot from `first_day()` on, absent nights included.
+    pub(super) fn nights(&self) -> &[Packed] {
+        &self.nights
     }
 
-    /// Heap bytes held, for the memory figures.
-    pub fn heap_bytes(&self) -> usize {
-        self.nights.capacity() * std::mem::size_of::<Packed>()
-            + self.limits.capacity() * std::mem::size_of::<(i32, i32)>()
-    }
-
-    /// Releases spare capacity after a bulk load.
-    pub fn shrink(&mut self) {
-        self.nights.shrink_to_fit();
-        self.limits.shrink_to_fit();
-    }
-
-    /// A copy in one allocation of exactly its size. A calendar filled night
-    /// by night grows by doubling; built in a reused scratch calendar and
-    /// copied out once, 100,000 calendars pack without the allocator's
-    /// leftovers (measured: 22.5 → ~16 resident bytes per row at 73M rows).
-    pub fn packed_copy(&self) -> Calendar {
-        Calendar {
-            first: self.first,
-            nights: self.nights.as_slice().to_vec(),
-            present: self.present,
-            limits: self.limits.as_slice().to_vec(),
-        }
+    /// `(day, sell_limit)` of the nights whose limit is set, sorted by day.
+    pub(super) fn limits(&self) -> &[(i32, i32)] {
+        &self.limits
     }
 
     /// Empties the calendar but keeps its buffer for reuse.
@@ -298,8 +271,6 @@ mod tests {
             },
         )
         .unwrap();
-        c.shrink();
-        assert_eq!(c.heap_bytes(), 100 * 12 + 8);
         assert_eq!(c.get(d(7)).unwrap().sell_limit, Some(6));
         assert_eq!(c.get(d(7)).unwrap().free(), 5);
         assert_eq!(c.get(d(8)).unwrap().sell_limit, None);

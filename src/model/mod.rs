@@ -8,6 +8,7 @@
 //! No function here awaits; the lock is never held across an `.await`.
 
 pub mod calendar;
+pub mod calendars;
 pub mod feed;
 
 use std::collections::HashMap;
@@ -18,6 +19,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde::Serialize;
 
 pub use calendar::{Calendar, NightCounts, UnstorableValue};
+pub use calendars::{CalendarView, Calendars, HotelCalendars};
 
 use crate::lsn::Lsn;
 
@@ -147,7 +149,7 @@ pub struct Tables {
     pub hotels: HashMap<i64, Hotel>,
     /// Ordered, so one hotel's room types are a range (search reads them per hotel).
     pub room_types: std::collections::BTreeMap<CalendarKey, RoomType>,
-    pub calendars: CalendarMap,
+    pub calendars: Calendars,
     /// Every owner transaction that committed before this position is applied.
     pub applied: Lsn,
     /// Commit time of the last transaction applied (None right after a snapshot).
@@ -164,10 +166,6 @@ pub enum ApplyError {
         source: UnstorableValue,
     },
 }
-
-/// Calendars by key. Fx hashing: the keys are our own integers, not
-/// attacker-chosen strings, and search looks up thousands per answer.
-pub type CalendarMap = HashMap<CalendarKey, Calendar, rustc_hash::FxBuildHasher>;
 
 /// What applying one transaction did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -226,9 +224,7 @@ impl Tables {
             }
             Change::UpsertNight { key, night, counts } => {
                 self.calendars
-                    .entry(*key)
-                    .or_default()
-                    .set(*night, *counts)
+                    .set(*key, *night, *counts)
                     .map_err(|source| ApplyError::Unstorable {
                         hotel_id: key.hotel_id,
                         room_type_id: key.room_type_id,
@@ -237,12 +233,7 @@ impl Tables {
                     })?;
             }
             Change::DeleteNight { key, night } => {
-                if let Some(calendar) = self.calendars.get_mut(key) {
-                    calendar.remove(*night);
-                    if calendar.is_empty() {
-                        self.calendars.remove(key);
-                    }
-                }
+                self.calendars.remove_night(*key, *night);
             }
             Change::Truncate { tables } => {
                 for table in tables {
@@ -271,12 +262,12 @@ impl Tables {
     }
 
     pub fn inventory_rows(&self) -> u64 {
-        self.calendars.values().map(|c| c.len() as u64).sum()
+        self.calendars.rows()
     }
 
     /// Bytes of night data held (the packed vectors).
     pub fn inventory_bytes(&self) -> u64 {
-        self.calendars.values().map(|c| c.heap_bytes() as u64).sum()
+        self.calendars.heap_bytes()
     }
 }
 
@@ -461,17 +452,15 @@ impl ReadModel {
                     repaired += 1;
                 }
             }
-            let calendar = tables.calendars.entry(key).or_default();
             for (night, counts) in nights {
-                if newer.contains(&(key, night)) || calendar.get(night) == Some(counts) {
+                if newer.contains(&(key, night))
+                    || tables.calendars.get(&key).and_then(|c| c.get(night)) == Some(counts)
+                {
                     continue;
                 }
                 // Storable was checked above, so this cannot fail.
-                let _ = calendar.set(night, counts);
+                let _ = tables.calendars.set(key, night, counts);
                 repaired += 1;
-            }
-            if calendar.is_empty() {
-                tables.calendars.remove(&key);
             }
         }
         let at = tables.applied;

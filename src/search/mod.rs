@@ -664,6 +664,8 @@ fn read_hotel(
     offered_only: bool,
 ) -> Option<HotelNights> {
     let h = t.hotels.get(&hotel_id)?;
+    // One lookup for the hotel: its room types' nights share one block.
+    let calendars = t.calendars.hotel(hotel_id);
     let types = t
         .room_types_of(hotel_id)
         .filter(|rt| rt.max_guests >= min_guests)
@@ -672,7 +674,7 @@ fn read_hotel(
                 hotel_id,
                 room_type_id: rt.id,
             };
-            let cal = t.calendars.get(&key);
+            let cal = calendars.and_then(|c| c.room_type(rt.id));
             let len = stay.len() as usize;
             let walk = || {
                 cal.into_iter()

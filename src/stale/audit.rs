@@ -386,7 +386,7 @@ pub fn sample(t: &Tables, n: usize, rng: &mut impl RngExt) -> Vec<Key> {
         let mut all: Vec<Key> = t
             .calendars
             .iter()
-            .flat_map(|(k, c)| c.iter().map(move |(night, _)| (*k, night)))
+            .flat_map(|(k, c)| c.iter().map(move |(night, _)| (k, night)))
             .collect();
         all.sort();
         return all;
@@ -400,7 +400,7 @@ pub fn sample(t: &Tables, n: usize, rng: &mut impl RngExt) -> Vec<Key> {
         }
         let (key, cal) = calendars[rng.random_range(0..calendars.len())];
         if let Some((night, _)) = cal.iter().nth(rng.random_range(0..cal.len())) {
-            picked.insert((*key, night));
+            picked.insert((key, night));
         }
     }
     let mut out: Vec<Key> = picked.into_iter().collect();
@@ -446,24 +446,23 @@ mod tests {
         let mut t = Tables::default();
         let day = NaiveDate::from_ymd_opt(2030, 1, 1).unwrap();
         for c in 0..calendars {
-            let cal = t
-                .calendars
-                .entry(CalendarKey {
-                    hotel_id: c,
-                    room_type_id: 1,
-                })
-                .or_default();
+            let key = CalendarKey {
+                hotel_id: c,
+                room_type_id: 1,
+            };
             for n in 0..nights {
-                cal.set(
-                    day + chrono::Days::new(n),
-                    NightCounts {
-                        total: 3,
-                        taken: 1,
-                        sell_limit: None,
-                        price_cents: None,
-                    },
-                )
-                .unwrap();
+                t.calendars
+                    .set(
+                        key,
+                        day + chrono::Days::new(n),
+                        NightCounts {
+                            total: 3,
+                            taken: 1,
+                            sell_limit: None,
+                            price_cents: None,
+                        },
+                    )
+                    .unwrap();
             }
         }
         t

@@ -82,6 +82,21 @@ fn valid_snapshot_name(name: &str) -> bool {
     !name.is_empty() && name.len() <= 64 && name.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
 }
 
+/// Lays out one hotel's gathered calendars in the copy and returns the
+/// emptied scratch calendars for the next hotel.
+fn lay_out(
+    calendars: &mut crate::model::Calendars,
+    hotel_id: i64,
+    gathered: &mut Vec<(i64, Calendar)>,
+    spare: &mut Vec<Calendar>,
+) {
+    calendars.insert_hotel(hotel_id, gathered);
+    for (_, mut c) in gathered.drain(..) {
+        c.clear();
+        spare.push(c);
+    }
+}
+
 /// Reads the three tables inside the exported snapshot `snapshot_name` of
 /// `slot`. The result's `applied` is the slot's consistent point.
 pub async fn load(
@@ -203,53 +218,52 @@ pub async fn load(
         ))
         .await?;
     // The biggest table by far: parsed straight from the COPY bytes, and
-    // filled one calendar at a time (rows of one room type mostly arrive
-    // together), which keeps the load at the owner's pace.
+    // gathered one hotel at a time (its rows mostly arrive together) in
+    // reused per-room-type scratch calendars, then laid out once per hotel
+    // at its exact size, which keeps the load at the owner's pace.
     pin_mut!(copy);
     let mut rows = InventoryRows::default();
-    let mut calendar: Option<(CalendarKey, Calendar)> = None;
-    let mut scratch = Calendar::default();
+    let mut hotel: Option<i64> = None;
+    let mut gathered: Vec<(i64, Calendar)> = Vec::new();
+    let mut spare: Vec<Calendar> = Vec::new();
+    let unstorable = |key: CalendarKey, night, source| crate::model::ApplyError::Unstorable {
+        hotel_id: key.hotel_id,
+        room_type_id: key.room_type_id,
+        night,
+        source,
+    };
     while let Some(chunk) = copy.next().await {
         rows.push(&chunk?);
         while let Some(row) = rows.next_row()? {
             let (key, night, counts) = row;
-            let current = match &mut calendar {
-                Some((k, c)) if *k == key => c,
-                _ => {
-                    if let Some((k, mut c)) = calendar.take() {
-                        tables.calendars.insert(k, c.packed_copy());
-                        c.clear();
-                        scratch = c;
-                    }
-                    // Rows of one calendar seldom come apart (only after
-                    // updates moved some); then the first part is reopened.
-                    let c = match tables.calendars.remove(&key) {
-                        Some(existing) => existing,
-                        None => std::mem::take(&mut scratch),
-                    };
-                    &mut calendar.insert((key, c)).1
+            if hotel != Some(key.hotel_id) {
+                if let Some(h) = hotel {
+                    lay_out(&mut tables.calendars, h, &mut gathered, &mut spare);
+                }
+                hotel = Some(key.hotel_id);
+            }
+            // Rows of one room type usually come together: try the last first.
+            let at = match gathered.iter().rposition(|(id, _)| *id == key.room_type_id) {
+                Some(at) => at,
+                None => {
+                    gathered.push((key.room_type_id, spare.pop().unwrap_or_default()));
+                    gathered.len() - 1
                 }
             };
-            current
+            gathered[at]
+                .1
                 .set(night, counts)
-                .map_err(|source| crate::model::ApplyError::Unstorable {
-                    hotel_id: key.hotel_id,
-                    room_type_id: key.room_type_id,
-                    night,
-                    source,
-                })?;
+                .map_err(|source| unstorable(key, night, source))?;
             ticker.row(progress);
         }
     }
-    if let Some((k, c)) = calendar.take() {
-        tables.calendars.insert(k, c.packed_copy());
+    if let Some(h) = hotel {
+        lay_out(&mut tables.calendars, h, &mut gathered, &mut spare);
     }
     rows.finish()?;
     tx.commit().await?;
     ticker.finish(progress);
-    for calendar in tables.calendars.values_mut() {
-        calendar.shrink();
-    }
+    tables.calendars.shrink();
     tables.applied = consistent;
     progress.set_phase(SnapshotPhase::Loaded);
     progress.loads.fetch_add(1, Ordering::Relaxed);

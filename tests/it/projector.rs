@@ -107,7 +107,7 @@ pub(crate) async fn owner_inventory(client: &Client) -> Rows {
 pub(crate) fn copy_inventory(model: &ReadModel) -> Rows {
     let t = model.read();
     let mut rows = Rows::new();
-    for (key, cal) in &t.calendars {
+    for (key, cal) in t.calendars.iter() {
         for (night, counts) in cal.iter() {
             rows.insert((key.hotel_id, key.room_type_id, night), counts);
         }
@@ -452,7 +452,13 @@ async fn readers_never_see_half_a_hold() {
         let mut reads = 0u64;
         while !stop.load(Ordering::Acquire) {
             let t = model.read();
-            let taken: Vec<i32> = t.calendars[&key].iter().map(|(_, c)| c.taken).collect();
+            let taken: Vec<i32> = t
+                .calendars
+                .get(&key)
+                .expect("calendar")
+                .iter()
+                .map(|(_, c)| c.taken)
+                .collect();
             assert!(
                 taken.iter().all(|v| *v == taken[0]),
                 "partial hold visible: {taken:?}"
@@ -486,7 +492,12 @@ async fn readers_never_see_half_a_hold() {
             hotel_id: 1,
             room_type_id: 1,
         };
-        t.calendars[&key].iter().map(|(_, c)| c.taken).collect()
+        t.calendars
+            .get(&key)
+            .expect("calendar")
+            .iter()
+            .map(|(_, c)| c.taken)
+            .collect()
     };
     assert_eq!(taken, vec![200, 200, 200]);
     app.stop(Duration::from_secs(5)).await;
@@ -629,7 +640,7 @@ async fn ttl_rereads_racing_the_stream_change_nothing() {
     let app = start_app(settings).await;
     caught_up(&app.model, &client).await;
     let seed = test_seed();
-    let keys: Vec<CalendarKey> = app.model.read().calendars.keys().copied().collect();
+    let keys: Vec<CalendarKey> = app.model.read().calendars.keys().collect();
     let racing = Arc::new(AtomicBool::new(true));
     let requester = {
         let (refresh, racing) = (app.refresh.clone(), racing.clone());

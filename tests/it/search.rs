@@ -440,10 +440,15 @@ async fn few_units_show_the_owners_numbers_when_the_copy_is_behind() {
     );
     // The copy itself is still behind: only the answer used the owner.
     let night = today() + chrono::Days::new(2);
-    let copy_taken = app.model.read().calendars[&vacancy::model::CalendarKey {
-        hotel_id: 1,
-        room_type_id: 1,
-    }]
+    let copy_taken = app
+        .model
+        .read()
+        .calendars
+        .get(&vacancy::model::CalendarKey {
+            hotel_id: 1,
+            room_type_id: 1,
+        })
+        .expect("calendar")
         .get(night)
         .unwrap()
         .taken;
@@ -755,10 +760,15 @@ async fn a_held_back_copy_refuses_or_reads_the_owner() {
         v["lag_ms"].as_u64().unwrap() > 0,
         "the answer admits its lag: {v}"
     );
-    let copy_free = reading.model.read().calendars[&vacancy::model::CalendarKey {
-        hotel_id: 1,
-        room_type_id: 1,
-    }]
+    let copy_free = reading
+        .model
+        .read()
+        .calendars
+        .get(&vacancy::model::CalendarKey {
+            hotel_id: 1,
+            room_type_id: 1,
+        })
+        .expect("calendar")
         .get(today() + chrono::Days::new(1))
         .unwrap()
         .free();
