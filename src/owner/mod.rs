@@ -6,37 +6,50 @@
 //! generator and a throwaway cluster live here too.
 
 pub mod cluster;
+pub mod endpoint;
 pub mod ops;
 pub mod seed;
 
 use std::time::Duration;
+
+pub use endpoint::{Endpoint, EndpointError, SslMode};
+
+use crate::config::OwnerSettings;
 
 /// The reference schema (`config/owner-schema.sql`), the contract other tools load through.
 pub const SCHEMA_SQL: &str = include_str!("../../config/owner-schema.sql");
 
 #[derive(Debug, thiserror::Error)]
 pub enum OwnerError {
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
     #[error("cannot connect to the owner database: {0}")]
     Connect(#[source] tokio_postgres::Error),
+    #[error("TLS with the owner database failed (sslmode={mode}): {source}")]
+    Tls {
+        mode: SslMode,
+        #[source]
+        source: rustls::Error,
+    },
     #[error("connecting to the owner database timed out after {0:?}")]
     ConnectTimeout(Duration),
     #[error("owner query failed: {0}")]
     Query(#[from] tokio_postgres::Error),
 }
 
-/// Opens an ordinary (non-replication) connection and drives it on the runtime.
+/// Opens an ordinary connection to the owner the settings name, with their
+/// password and TLS (`Endpoint`). Service code connects only through here.
+pub async fn connect_configured(
+    owner: &OwnerSettings,
+    timeout: Duration,
+) -> Result<tokio_postgres::Client, OwnerError> {
+    Endpoint::from_settings(owner)?.connect(timeout).await
+}
+
+/// Opens an ordinary connection to a URL alone (tools, tests): the URL's
+/// `sslmode` and password, else `PGPASSWORD`.
 pub async fn connect(url: &str, timeout: Duration) -> Result<tokio_postgres::Client, OwnerError> {
-    let connecting = tokio_postgres::connect(url, tokio_postgres::NoTls);
-    let (client, connection) = tokio::time::timeout(timeout, connecting)
-        .await
-        .map_err(|_| OwnerError::ConnectTimeout(timeout))?
-        .map_err(OwnerError::Connect)?;
-    tokio::spawn(async move {
-        if let Err(error) = connection.await {
-            tracing::debug!(%error, "owner connection closed");
-        }
-    });
-    Ok(client)
+    Endpoint::from_url(url)?.connect(timeout).await
 }
 
 /// Loads the reference schema into the database (idempotent).
