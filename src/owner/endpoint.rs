@@ -226,7 +226,7 @@ impl UrlParts {
         );
         let config: tokio_postgres::Config = tokio_postgres_url
             .parse()
-            .map_err(|e: tokio_postgres::Error| EndpointError::Url(e.to_string()))?;
+            .map_err(|e: tokio_postgres::Error| EndpointError::Url(super::explain(&e)))?;
         Ok(UrlParts {
             tokio_postgres_url,
             ssl_mode,
@@ -315,7 +315,7 @@ impl Endpoint {
         let mut config: tokio_postgres::Config = parts
             .tokio_postgres_url
             .parse()
-            .map_err(|e: tokio_postgres::Error| EndpointError::Url(e.to_string()))?;
+            .map_err(|e: tokio_postgres::Error| EndpointError::Url(super::explain(&e)))?;
         let mut extra = Vec::new();
         if let Some(password) = &password {
             config.password(password.as_bytes());

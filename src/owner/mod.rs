@@ -23,7 +23,7 @@ pub const SCHEMA_SQL: &str = include_str!("../../config/owner-schema.sql");
 pub enum OwnerError {
     #[error(transparent)]
     Endpoint(#[from] EndpointError),
-    #[error("cannot connect to the owner database: {0}")]
+    #[error("cannot connect to the owner database: {}", explain(.0))]
     Connect(#[source] tokio_postgres::Error),
     #[error("TLS with the owner database failed (sslmode={mode}): {source}")]
     Tls {
@@ -35,6 +35,21 @@ pub enum OwnerError {
     ConnectTimeout(Duration),
     #[error("owner query failed: {0}")]
     Query(#[from] tokio_postgres::Error),
+}
+
+/// tokio-postgres shows "db error" or "invalid configuration" alone; an
+/// operator needs the server's message ("password authentication failed",
+/// "no pg_hba.conf entry ...") or the cause.
+pub(crate) fn explain(error: &tokio_postgres::Error) -> String {
+    if let Some(db) = error.as_db_error() {
+        return format!("{}: {}", db.severity(), db.message());
+    }
+    match std::error::Error::source(error) {
+        Some(cause) if !error.to_string().contains(&cause.to_string()) => {
+            format!("{error}: {cause}")
+        }
+        _ => error.to_string(),
+    }
 }
 
 /// Opens an ordinary connection to the owner the settings name, with their
