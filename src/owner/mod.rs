@@ -3,7 +3,8 @@
 //! `vacancy` only reads it (snapshot, stream, direct reads), but tests,
 //! benchmarks and the demo need a real one to race against, so the owner's
 //! schema, its operations (hold, confirm, release, sweep ...), a data
-//! generator and a throwaway cluster live here too.
+//! generator and a throwaway cluster live here too. How to reach it (URL,
+//! password, TLS) is decided in one place, `endpoint`, for every connection.
 
 pub mod cluster;
 pub mod endpoint;

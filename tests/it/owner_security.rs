@@ -357,6 +357,26 @@ async fn serve_runs_as_a_least_privilege_role_with_a_password_file() {
         .expect_err("no password");
     assert!(refused.to_string().contains("password"), "{refused}");
 
+    // What the heartbeat and the TTL re-reads' watermarks need of the role.
+    let as_vac = vacancy::owner::Endpoint::resolve(
+        &url,
+        &vacancy::owner::endpoint::PasswordSources {
+            password,
+            ..Default::default()
+        },
+    )
+    .expect("endpoint")
+    .connect(Duration::from_secs(10))
+    .await
+    .expect("the role logs in with its password");
+    as_vac
+        .execute(
+            "SELECT pg_logical_emit_message(true, 'vacancy.heartbeat', 'x')",
+            &[],
+        )
+        .await
+        .expect("the role may write logical messages");
+
     let serve = Serve::start_with(
         &url,
         dir.path(),
