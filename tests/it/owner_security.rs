@@ -63,12 +63,15 @@ fn make_certs() -> Certs {
     }
 }
 
-/// An owner that accepts TLS connections only (ordinary and replication).
+/// An owner that accepts TLS connections only (ordinary and replication),
+/// the role `vac` with a SCRAM password (as README.md advises), others trusted.
 async fn tls_only_owner(certs: &Certs) -> TestOwner {
     TestOwner::start_with(ClusterOptions {
         tls: Some(certs.server.clone()),
         hba: Some(vec![
             "local all all trust".into(),
+            "hostssl all vac 127.0.0.1/32 scram-sha-256".into(),
+            "hostssl replication vac 127.0.0.1/32 scram-sha-256".into(),
             "hostssl all all 127.0.0.1/32 trust".into(),
             "hostssl replication all 127.0.0.1/32 trust".into(),
         ]),
@@ -163,7 +166,9 @@ fn serve(url: &str, dir: &Path, name: &str, env: &[(&str, &str)]) -> Serve {
 /// The owner accepts TLS only; `vacancy serve` with `sslmode=require` loads
 /// the snapshot and follows the stream, and the walsender's connection is
 /// encrypted (libpq got the mode). With `verify-full` and the CA that signed
-/// the server's certificate it works too.
+/// the server's certificate it works too, as the least-privilege role with
+/// its password from `VACANCY_OWNER__PASSWORD` (SCRAM over TLS, on both
+/// connections).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_replicates_over_tls_with_require_and_verify_full() {
     let certs = make_certs();
@@ -209,20 +214,35 @@ async fn serve_replicates_over_tls_with_require_and_verify_full() {
         "the replication connection is encrypted: {walsenders:?}"
     );
 
+    let password = "tls-and-scram";
+    let vac = least_privilege_role(&client, &owner.url, Some(password)).await;
     let full = serve(
         &with_params(
-            &owner.url,
+            &vac,
             &format!("sslmode=verify-full&sslrootcert={}", ca.display()),
         ),
         dir.path(),
         "verify_full",
-        &[],
+        &[("VACANCY_OWNER__PASSWORD", password)],
     );
     let target = slot::current_wal_lsn(&client).await.expect("owner lsn");
     full.caught_up(target, Duration::from_secs(60)).await;
     a_change_reaches_search(&full, &client, 7, 1).await;
+    let vac_walsender: Vec<bool> = client
+        .query(
+            "SELECT s.ssl FROM pg_stat_replication r JOIN pg_stat_ssl s ON s.pid = r.pid
+              WHERE r.usename = 'vac'",
+            &[],
+        )
+        .await
+        .expect("pg_stat_replication")
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(vac_walsender, vec![true]);
     let log = std::fs::read_to_string(&full.log).unwrap_or_default();
     assert!(log.contains("\"owner_sslmode\":\"verify-full\""), "{log}");
+    assert!(!log.contains(password), "the password leaked into the log");
 }
 
 /// A certificate that does not chain to `sslrootcert` is refused with a
