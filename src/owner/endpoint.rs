@@ -24,10 +24,14 @@
 //! against reading on the wire, not against a server in the middle. As in
 //! libpq, `prefer` and `require` with an `sslrootcert` check the chain
 //! (libpq's compatibility rule). `sslmode` is always passed to libpq
-//! explicitly, so `PGSSLMODE` cannot make the two connections differ; the
-//! root certificates come only from `sslrootcert` (a PEM file), never from
-//! `~/.postgresql/root.crt` or a system store. `allow`, `sslrootcert=system`
-//! and client certificates are refused rather than half-supported.
+//! explicitly, so `PGSSLMODE` cannot make the two connections differ. The
+//! root certificates come only from `sslrootcert` (a PEM file); with none in
+//! the URL, libpq alone may still find `PGSSLROOTCERT` or
+//! `~/.postgresql/root.crt` and check the replication connection's
+//! certificate against it. That can only make it stricter, never weaker,
+//! and libpq offers no way to say "no root file", so it is documented, not
+//! prevented. `allow`, `sslrootcert=system` and client certificates are
+//! refused rather than half-supported.
 //!
 //! The password comes from exactly one of: the URL, `owner.password`
 //! (`VACANCY_OWNER__PASSWORD`), `owner.password_file`; or, when none of them
