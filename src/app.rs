@@ -52,6 +52,8 @@ pub enum AppError {
     Stale(#[from] stale::StaleError),
     #[error(transparent)]
     Cors(#[from] crate::access::CorsError),
+    #[error(transparent)]
+    Owner(#[from] owner::EndpointError),
 }
 
 /// Tasks still running when the shutdown grace ran out.
@@ -70,6 +72,9 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
     let shutdown = CancellationToken::new();
     let addr = listener.local_addr()?;
 
+    // Read once here so a missing password or root file stops the start
+    // with its name; every connect reads them again (rotation).
+    let owner_tls = owner::Endpoint::from_settings(&settings.owner)?.ssl_mode();
     let stale = Arc::new(StaleLoop::new(&settings, model.clone(), status.clone())?);
     let admin_tokens = Arc::new(crate::access::admin_tokens(&settings.admin)?);
     let refresh = Refresh::new(Duration::from_secs(settings.model.ttl_secs));
@@ -138,7 +143,7 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
             tracing::error!(%error, "http server failed");
         }
     }));
-    tracing::info!(%addr, "listening");
+    tracing::info!(%addr, owner_sslmode = %owner_tls, "listening");
     Ok(App {
         model,
         status,
@@ -208,7 +213,7 @@ async fn heartbeat(settings: Arc<Settings>, shutdown: CancellationToken) {
             _ = ticker.tick() => {}
         }
         if client.is_none() {
-            client = owner::connect(&settings.owner.url, settings.connect_timeout())
+            client = owner::connect_configured(&settings.owner, settings.connect_timeout())
                 .await
                 .ok();
         }
@@ -247,7 +252,7 @@ async fn watch_slot(
             _ = ticker.tick() => {}
         }
         if client.is_none() {
-            client = owner::connect(&settings.owner.url, settings.connect_timeout())
+            client = owner::connect_configured(&settings.owner, settings.connect_timeout())
                 .await
                 .ok();
         }

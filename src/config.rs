@@ -29,12 +29,36 @@ pub struct Settings {
     pub admin: AdminSettings,
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OwnerSettings {
     pub url: String,
+    /// The role's password, when neither the URL nor `password_file` holds
+    /// it (`crate::owner::Endpoint` says which wins).
+    pub password: String,
+    pub password_file: String,
     pub connect_timeout_ms: u64,
     pub query_timeout_ms: u64,
+}
+
+impl std::fmt::Debug for OwnerSettings {
+    // Settings are logged at startup; the password, wherever it is, must not be.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OwnerSettings")
+            .field("url", &crate::owner::endpoint::redacted_url(&self.url))
+            .field(
+                "password",
+                &if self.password.is_empty() {
+                    ""
+                } else {
+                    "<redacted>"
+                },
+            )
+            .field("password_file", &self.password_file)
+            .field("connect_timeout_ms", &self.connect_timeout_ms)
+            .field("query_timeout_ms", &self.query_timeout_ms)
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -194,6 +218,10 @@ pub enum ConfigError {
     Load(#[from] Box<figment::Error>),
     #[error("setting `{field}` is invalid: {rule}")]
     Invalid { field: &'static str, rule: String },
+    /// A rule of `owner.url` and the password settings (`owner::endpoint`
+    /// parses them; its messages name the setting).
+    #[error("invalid owner settings: {0}")]
+    Owner(#[from] crate::owner::EndpointError),
 }
 
 impl Settings {
@@ -245,11 +273,15 @@ impl Settings {
         {
             return Err(invalid("owner.url", "must be a postgresql:// URL"));
         }
-        if self.owner.url.parse::<tokio_postgres::Config>().is_err() {
-            return Err(invalid(
-                "owner.url",
-                "is not a connection string PostgreSQL accepts",
-            ));
+        // The same parse connecting uses; files are read only when connecting.
+        let url = crate::owner::endpoint::UrlParts::parse(&self.owner.url)?;
+        if !self.owner.password.is_empty() && !self.owner.password_file.is_empty() {
+            return Err(crate::owner::EndpointError::PasswordSettingsTwice.into());
+        }
+        if url.has_password
+            && !(self.owner.password.is_empty() && self.owner.password_file.is_empty())
+        {
+            return Err(crate::owner::EndpointError::PasswordTwice.into());
         }
         if self.owner.connect_timeout_ms == 0 {
             return Err(invalid("owner.connect_timeout_ms", "must be above 0"));
@@ -571,6 +603,44 @@ mod tests {
         assert!(e.contains("stale.hotel_share_bound"), "{e}");
         let e = load_with_env(&[("VACANCY_STALE__WINDOW_BUCKETS", "0")]).unwrap_err();
         assert!(e.contains("stale.window_buckets"), "{e}");
+        let e = load_with_env(&[("VACANCY_OWNER_URL", "postgresql://u@h/db?sslmode=allow")])
+            .unwrap_err();
+        assert!(
+            e.contains("owner.url") && e.contains("sslmode=allow"),
+            "{e}"
+        );
+        let e = load_with_env(&[(
+            "VACANCY_OWNER_URL",
+            "postgresql://u@h/db?sslmode=verify-full",
+        )])
+        .unwrap_err();
+        assert!(e.contains("owner.url") && e.contains("sslrootcert"), "{e}");
+        let e = load_with_env(&[
+            ("VACANCY_OWNER__PASSWORD", "pw"),
+            ("VACANCY_OWNER__PASSWORD_FILE", "/run/secrets/pw"),
+        ])
+        .unwrap_err();
+        assert!(e.contains("owner.password_file"), "{e}");
+        let e = load_with_env(&[
+            ("VACANCY_OWNER_URL", "postgresql://u:inurl@h/db"),
+            ("VACANCY_OWNER__PASSWORD", "pw"),
+        ])
+        .unwrap_err();
+        assert!(
+            e.contains("owner.url") && e.contains("owner.password"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_owner_password_comes_from_the_environment() {
+        let s = load_with_env(&[("VACANCY_OWNER__PASSWORD", "from-env")]).expect("env");
+        assert_eq!(s.owner.password, "from-env");
+        let s =
+            load_with_env(&[("VACANCY_OWNER__PASSWORD_FILE", "/run/secrets/owner")]).expect("env");
+        assert_eq!(s.owner.password_file, "/run/secrets/owner");
+        // Files are read when connecting, not when loading.
+        assert!(s.owner.password.is_empty());
     }
 
     #[test]
@@ -590,6 +660,21 @@ mod tests {
         let shown = format!("{s:?}");
         assert!(!shown.contains("a-quote-key"), "{shown}");
         assert!(!shown.contains("booking-token"), "{shown}");
+
+        let s = load_with_env(&[("VACANCY_OWNER__PASSWORD", "owner-password-xyz")]).expect("env");
+        let shown = format!("{s:?}");
+        assert!(!shown.contains("owner-password-xyz"), "{shown}");
+        assert!(
+            shown.contains("127.0.0.1:5432"),
+            "the URL still shows: {shown}"
+        );
+        let s = load_with_env(&[(
+            "VACANCY_OWNER_URL",
+            "postgresql://u:url-password-xyz@h/db?password=query-password-xyz",
+        )])
+        .expect("env");
+        let shown = format!("{s:?}");
+        assert!(!shown.contains("password-xyz"), "{shown}");
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //!
 //! Layout, in the order a change flows from the owner to a guest:
 //!
-//! - [`owner`]: the owner database (schema, operations, seed, throwaway cluster).
+//! - [`owner`]: the owner database (how to reach it: URL, password, TLS; schema,
+//!   operations, seed, throwaway cluster).
 //! - [`stream`]: publication and slot, the snapshot tied to the slot, the
 //!   replication loop that assembles transactions and acknowledges LSNs.
 //! - [`model`]: the in-memory read model of hotels, room types and nightly

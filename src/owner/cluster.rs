@@ -66,6 +66,26 @@ pub struct ClusterOptions {
     pub extra_conf: Vec<String>,
     /// Keep data durable on disk (the demo and benchmarks want realistic commits).
     pub fsync: bool,
+    /// Serve TLS with this certificate and key (`ssl = on`); `None`: no TLS.
+    pub tls: Option<ServerTls>,
+    /// `pg_hba.conf` lines in place of initdb's (trust for every local and
+    /// host connection), e.g. to demand TLS or passwords.
+    pub hba: Option<Vec<String>>,
+}
+
+/// A server certificate (PEM, chain first) and its private key (PEM).
+#[derive(Clone)]
+pub struct ServerTls {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for ServerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerTls")
+            .field("cert_pem", &self.cert_pem.len())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Default for ClusterOptions {
@@ -78,6 +98,8 @@ impl Default for ClusterOptions {
             max_connections: 600,
             extra_conf: Vec::new(),
             fsync: false,
+            tls: None,
+            hba: None,
         }
     }
 }
@@ -162,10 +184,25 @@ impl Cluster {
             on_off(options.fsync),
             on_off(options.fsync),
         )?;
+        if let Some(tls) = &options.tls {
+            // The server refuses a key others may read, and runs as run_as.
+            cluster.write_private("server.crt", &tls.cert_pem)?;
+            cluster.write_private("server.key", &tls.key_pem)?;
+            writeln!(
+                conf,
+                "ssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'"
+            )?;
+        }
         for line in &options.extra_conf {
             writeln!(conf, "{line}")?;
         }
         drop(conf);
+        if let Some(lines) = &options.hba {
+            fs::write(
+                cluster.data_dir.join("pg_hba.conf"),
+                format!("{}\n", lines.join("\n")),
+            )?;
+        }
         cluster.start_server()?;
         Ok(cluster)
     }
@@ -278,6 +315,18 @@ impl Cluster {
     /// The folder that holds the binaries, for tools like `psql` and `pgbench`.
     pub fn bin_dir(&self) -> &Path {
         &self.bin_dir
+    }
+
+    /// Writes a file into the data folder readable by the server alone.
+    fn write_private(&self, name: &str, contents: &str) -> Result<(), ClusterError> {
+        use std::os::unix::fs::PermissionsExt;
+        let path = self.data_dir.join(name);
+        fs::write(&path, contents)?;
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o600))?;
+        if let Some((uid, gid)) = self.run_as {
+            std::os::unix::fs::chown(&path, Some(uid), Some(gid))?;
+        }
+        Ok(())
     }
 
     fn run(&self, binary: &str, args: &[&str]) -> Result<Output, ClusterError> {

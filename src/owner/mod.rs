@@ -3,40 +3,69 @@
 //! `vacancy` only reads it (snapshot, stream, direct reads), but tests,
 //! benchmarks and the demo need a real one to race against, so the owner's
 //! schema, its operations (hold, confirm, release, sweep ...), a data
-//! generator and a throwaway cluster live here too.
+//! generator and a throwaway cluster live here too. How to reach it (URL,
+//! password, TLS) is decided in one place, `endpoint`, for every connection.
 
 pub mod cluster;
+pub mod endpoint;
 pub mod ops;
 pub mod seed;
 
 use std::time::Duration;
+
+pub use endpoint::{Endpoint, EndpointError, SslMode};
+
+use crate::config::OwnerSettings;
 
 /// The reference schema (`config/owner-schema.sql`), the contract other tools load through.
 pub const SCHEMA_SQL: &str = include_str!("../../config/owner-schema.sql");
 
 #[derive(Debug, thiserror::Error)]
 pub enum OwnerError {
-    #[error("cannot connect to the owner database: {0}")]
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
+    #[error("cannot connect to the owner database: {}", explain(.0))]
     Connect(#[source] tokio_postgres::Error),
+    #[error("TLS with the owner database failed (sslmode={mode}): {source}")]
+    Tls {
+        mode: SslMode,
+        #[source]
+        source: rustls::Error,
+    },
     #[error("connecting to the owner database timed out after {0:?}")]
     ConnectTimeout(Duration),
     #[error("owner query failed: {0}")]
     Query(#[from] tokio_postgres::Error),
 }
 
-/// Opens an ordinary (non-replication) connection and drives it on the runtime.
-pub async fn connect(url: &str, timeout: Duration) -> Result<tokio_postgres::Client, OwnerError> {
-    let connecting = tokio_postgres::connect(url, tokio_postgres::NoTls);
-    let (client, connection) = tokio::time::timeout(timeout, connecting)
-        .await
-        .map_err(|_| OwnerError::ConnectTimeout(timeout))?
-        .map_err(OwnerError::Connect)?;
-    tokio::spawn(async move {
-        if let Err(error) = connection.await {
-            tracing::debug!(%error, "owner connection closed");
+/// tokio-postgres shows "db error" or "invalid configuration" alone; an
+/// operator needs the server's message ("password authentication failed",
+/// "no pg_hba.conf entry ...") or the cause.
+pub(crate) fn explain(error: &tokio_postgres::Error) -> String {
+    if let Some(db) = error.as_db_error() {
+        return format!("{}: {}", db.severity(), db.message());
+    }
+    match std::error::Error::source(error) {
+        Some(cause) if !error.to_string().contains(&cause.to_string()) => {
+            format!("{error}: {cause}")
         }
-    });
-    Ok(client)
+        _ => error.to_string(),
+    }
+}
+
+/// Opens an ordinary connection to the owner the settings name, with their
+/// password and TLS (`Endpoint`). Service code connects only through here.
+pub async fn connect_configured(
+    owner: &OwnerSettings,
+    timeout: Duration,
+) -> Result<tokio_postgres::Client, OwnerError> {
+    Endpoint::from_settings(owner)?.connect(timeout).await
+}
+
+/// Opens an ordinary connection to a URL alone (tools, tests): the URL's
+/// `sslmode` and password, else `PGPASSWORD`.
+pub async fn connect(url: &str, timeout: Duration) -> Result<tokio_postgres::Client, OwnerError> {
+    Endpoint::from_url(url)?.connect(timeout).await
 }
 
 /// Loads the reference schema into the database (idempotent).

@@ -67,7 +67,7 @@ struct ReadKey {
 }
 
 pub struct OwnerReader {
-    url: String,
+    owner: crate::config::OwnerSettings,
     connect_timeout: Duration,
     timeout: Duration,
     clients: Vec<Mutex<Option<Prepared>>>,
@@ -78,7 +78,7 @@ pub struct OwnerReader {
 impl OwnerReader {
     pub fn new(settings: &Settings) -> OwnerReader {
         OwnerReader {
-            url: settings.owner.url.clone(),
+            owner: settings.owner.clone(),
             connect_timeout: settings.connect_timeout(),
             timeout: Duration::from_millis(settings.search.owner_read_timeout_ms),
             clients: (0..settings.search.owner_read_connections)
@@ -158,7 +158,7 @@ impl OwnerReader {
         }
         let failed = |e: &dyn std::fmt::Display| OwnerReadError::Failed(e.to_string());
         let c = Arc::new(
-            owner::connect(&self.url, self.connect_timeout)
+            owner::connect_configured(&self.owner, self.connect_timeout)
                 .await
                 .map_err(|e| failed(&e))?,
         );

@@ -99,7 +99,7 @@ pub struct AuditStatus {
 
 #[derive(Debug, Clone)]
 pub struct AuditSettings {
-    pub owner_url: String,
+    pub owner: crate::config::OwnerSettings,
     pub schema: String,
     pub connect_timeout: Duration,
     pub query_timeout: Duration,
@@ -180,7 +180,7 @@ impl Audit {
             return Ok(c);
         }
         let c = Arc::new(
-            owner::connect(&self.settings.owner_url, self.settings.connect_timeout).await?,
+            owner::connect_configured(&self.settings.owner, self.settings.connect_timeout).await?,
         );
         *self.client.lock().unwrap_or_else(|p| p.into_inner()) = Some(c.clone());
         Ok(c)

@@ -143,7 +143,7 @@ impl StaleLoop {
         let width = Duration::from_millis(s.window_secs * 1000 / u64::from(s.window_buckets));
         let audit = Audit::new(
             AuditSettings {
-                owner_url: settings.owner.url.clone(),
+                owner: settings.owner.clone(),
                 schema: settings.stream.schema.clone(),
                 connect_timeout: settings.connect_timeout(),
                 query_timeout: settings.query_timeout(),

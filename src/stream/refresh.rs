@@ -348,7 +348,7 @@ pub async fn run_refresher(
             continue;
         }
         if client.is_none() {
-            client = owner::connect(&settings.owner.url, settings.connect_timeout())
+            client = owner::connect_configured(&settings.owner, settings.connect_timeout())
                 .await
                 .ok();
         }

@@ -42,7 +42,7 @@ use crate::index::HotelIndex;
 use crate::lsn::Lsn;
 use crate::metrics;
 use crate::model::{ApplyError, ReadModel};
-use crate::owner::{self, OwnerError};
+use crate::owner::{Endpoint, OwnerError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StreamError {
@@ -234,12 +234,6 @@ impl Projector {
         }
     }
 
-    fn replication_url(&self) -> String {
-        let url = &self.settings.owner.url;
-        let sep = if url.contains('?') { '&' } else { '?' };
-        format!("{url}{sep}replication=database")
-    }
-
     /// Connects, then takes a snapshot or resumes, up to a started stream;
     /// `None` when shutdown came first.
     async fn prepare(
@@ -255,8 +249,10 @@ impl Projector {
 
     async fn connect_and_start(&self) -> Result<LogicalReplicationStream, StreamError> {
         let s = &self.settings.stream;
-        let mut client =
-            owner::connect(&self.settings.owner.url, self.settings.connect_timeout()).await?;
+        // Resolved per session: both connections get the same URL, password
+        // and TLS, and a rotated password file counts from the next session.
+        let endpoint = Endpoint::from_settings(&self.settings.owner).map_err(OwnerError::from)?;
+        let mut client = endpoint.connect(self.settings.connect_timeout()).await?;
         slot::ensure_publication(&client, &s.publication, &s.schema).await?;
         let info = slot::slot_info(&client, &s.slot).await?;
         // Read before the snapshot starts: an ask that arrives later wants a
@@ -319,7 +315,8 @@ impl Projector {
             // Never create a slot behind our back: a slot made without a
             // snapshot would leave a gap no one sees.
             .with_existing_slot_required(true);
-        let mut stream = LogicalReplicationStream::new(&self.replication_url(), config).await?;
+        let mut stream =
+            LogicalReplicationStream::new(endpoint.replication_conninfo(), config).await?;
 
         let start_at = if let Some(reason) = reason {
             stream.ensure_replication_slot().await?;

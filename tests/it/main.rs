@@ -9,6 +9,7 @@ mod demo;
 mod events;
 mod observability;
 mod owner_ops;
+mod owner_security;
 mod page;
 mod process;
 mod projector;

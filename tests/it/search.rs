@@ -19,7 +19,7 @@ use vacancy::owner::cluster::StopMode;
 use vacancy::stream::slot;
 
 use crate::api::get;
-use crate::support::{TestOwner, wait_for};
+use crate::support::{TestOwner, create_publication, least_privilege_role, wait_for};
 
 const CITIES: [(&str, f64, f64); 3] = [
     ("Lisbon", 38.7, -9.1),
@@ -661,20 +661,6 @@ async fn min_lsn_reads_your_writes() {
     app.stop(Duration::from_secs(5)).await;
 }
 
-/// A role for vacancy that may replicate and read the three tables, and no
-/// more, so the test can take its REPLICATION right away (superusers keep it).
-async fn replication_role(client: &Client, owner_url: &str) -> String {
-    client
-        .batch_execute(
-            "CREATE ROLE vac LOGIN REPLICATION;
-             GRANT SELECT ON hotels, room_types, inventory TO vac;
-             CREATE PUBLICATION vacancy FOR TABLE hotels, room_types, inventory;",
-        )
-        .await
-        .unwrap();
-    owner_url.replacen("postgres@", "vac@", 1)
-}
-
 /// Holds the copy back for real: the role loses REPLICATION and its
 /// walsender is ended, so the projector cannot reconnect while the owner
 /// goes on writing; ordinary reads of the owner still work. `undo` gives
@@ -708,7 +694,9 @@ async fn a_held_back_copy_refuses_or_reads_the_owner() {
     let owner = TestOwner::start().await;
     let client = owner.client().await;
     one_room_type(&client, 9).await;
-    let url = replication_role(&client, &owner.url).await;
+    // The superuser keeps REPLICATION; this role can lose it mid-test.
+    let url = least_privilege_role(&client, &owner.url, None).await;
+    create_publication(&client).await;
     let start_with = |when: vacancy::config::WhenLagging| {
         let mut s = settings_for(&owner);
         s.owner.url = url.clone();

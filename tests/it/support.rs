@@ -2,6 +2,7 @@
 
 use std::time::Duration;
 
+use tokio_postgres::Client;
 use vacancy::owner::cluster::{Cluster, ClusterOptions};
 
 pub const DB: &str = "owner";
@@ -38,6 +39,37 @@ impl TestOwner {
             .await
             .expect("connect to the test owner")
     }
+}
+
+/// Creates the role `vac` as README.md tells a DBA to: it may log in,
+/// replicate and read the three tables, and no more (no superuser, no
+/// CREATE on the database, owns no table, so it cannot create the
+/// publication itself). Returns `owner_url` with `vac` as the user; the
+/// password, when given, is not in it.
+pub async fn least_privilege_role(
+    client: &Client,
+    owner_url: &str,
+    password: Option<&str>,
+) -> String {
+    let password = password.map_or(String::new(), |p| {
+        format!(" PASSWORD '{}'", p.replace('\'', "''"))
+    });
+    client
+        .batch_execute(&format!(
+            "CREATE ROLE vac LOGIN REPLICATION{password};
+             GRANT SELECT ON hotels, room_types, inventory TO vac;"
+        ))
+        .await
+        .expect("create the least-privilege role");
+    owner_url.replacen("postgres@", "vac@", 1)
+}
+
+/// The publication a DBA creates for that role.
+pub async fn create_publication(client: &Client) {
+    client
+        .batch_execute("CREATE PUBLICATION vacancy FOR TABLE hotels, room_types, inventory")
+        .await
+        .expect("create the publication as the superuser");
 }
 
 /// Polls `probe` until it yields `Some` or `timeout` passes (never a fixed sleep).
