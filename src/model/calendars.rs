@@ -391,6 +391,50 @@ impl<'a> HotelCalendars<'a> {
     pub fn room_type(&self, room_type_id: i64) -> Option<CalendarView<'a>> {
         self.block.view(room_type_id)
     }
+
+    /// The hotel's room types that have nights, sorted: the order of
+    /// `fold_stay`'s answer.
+    pub fn room_type_ids(&self) -> &'a [i64] {
+        &self.block.types
+    }
+
+    /// Folds the `nights` nights from `check_in` on into one accumulator per
+    /// room type, walking the block row by row: in memory order, so the
+    /// hardware prefetcher streams it (column by column, each night of each
+    /// room type would be a separate cache line).
+    pub fn fold_stay<T: Clone>(
+        &self,
+        check_in: NaiveDate,
+        nights: usize,
+        init: T,
+        mut step: impl FnMut(&mut T, Option<NightCounts>),
+    ) -> Vec<T> {
+        let b = self.block;
+        let w = b.width();
+        let mut acc = vec![init; w];
+        let start = day(check_in);
+        for i in 0..nights {
+            let row = start
+                .checked_add(i as i32)
+                .and_then(|d| Some((d, b.row_of(d)?)));
+            match row {
+                Some((d, r)) => {
+                    for (col, (a, p)) in
+                        acc.iter_mut().zip(&b.cells[r * w..(r + 1) * w]).enumerate()
+                    {
+                        let night = if p.total == ABSENT {
+                            None
+                        } else {
+                            p.unpack(b.limit_of(d, col))
+                        };
+                        step(a, night);
+                    }
+                }
+                None => acc.iter_mut().for_each(|a| step(a, None)),
+            }
+        }
+        acc
+    }
 }
 
 /// One calendar (hotel × room type), read in place.
@@ -596,6 +640,12 @@ mod tests {
                 // Tight: no empty column, no empty edge row.
                 prop_assert!(block.present.iter().all(|&p| p > 0), "hotel {} has an empty column", h);
                 prop_assert!(block.rows() == 0 || (!block.row_is_empty(0) && !block.row_is_empty(block.rows() - 1)));
+                let hotel = cals.hotel(*h).unwrap();
+                let folded = hotel.fold_stay(d(5), 7, Vec::new(), |v: &mut Vec<Option<NightCounts>>, n| v.push(n));
+                for (rt, nights) in hotel.room_type_ids().iter().zip(folded) {
+                    let walked: Vec<_> = cals.get(&key(*h, *rt)).unwrap().stay(d(5), 7).collect();
+                    prop_assert_eq!(nights, walked);
+                }
                 for (k, n) in map.keys() {
                     if k.hotel_id == *h {
                         let stay: Vec<_> = cals.get(k).unwrap().stay(*n, 1).collect();

@@ -186,19 +186,52 @@ pub fn offer(nights: &[Option<NightCounts>]) -> Option<(i32, Option<i64>)> {
 
 /// `offer` over any walk of the stay's nights.
 pub fn offer_of(nights: impl Iterator<Item = Option<NightCounts>>) -> Option<(i32, Option<i64>)> {
-    let mut min_free = i32::MAX;
-    let mut price = Some(0i64);
-    let mut any = false;
-    for n in nights {
-        any = true;
-        let n = n?;
-        min_free = min_free.min(n.free());
-        price = match (price, n.price_cents) {
+    let mut acc = OfferSoFar::default();
+    nights.for_each(|n| acc.add(n));
+    acc.offer()
+}
+
+/// An offer folded night by night, for walks that visit many room types
+/// at once (`HotelCalendars::fold_stay`).
+#[derive(Debug, Clone, Copy)]
+pub struct OfferSoFar {
+    min_free: i32,
+    price: Option<i64>,
+    nights: u32,
+    broken: bool,
+}
+
+impl Default for OfferSoFar {
+    fn default() -> Self {
+        OfferSoFar {
+            min_free: i32::MAX,
+            price: Some(0),
+            nights: 0,
+            broken: false,
+        }
+    }
+}
+
+impl OfferSoFar {
+    pub fn add(&mut self, night: Option<NightCounts>) {
+        self.nights += 1;
+        let Some(n) = night else {
+            self.broken = true;
+            return;
+        };
+        self.min_free = self.min_free.min(n.free());
+        self.price = match (self.price, n.price_cents) {
             (Some(p), Some(c)) => Some(p + i64::from(c)),
             _ => None,
         };
     }
-    (any && min_free >= 1).then_some((min_free, price))
+
+    /// The fewest free units and the stay price, or `None` when some night
+    /// had no row or no unit free.
+    pub fn offer(&self) -> Option<(i32, Option<i64>)> {
+        (self.nights > 0 && !self.broken && self.min_free >= 1)
+            .then_some((self.min_free, self.price))
+    }
 }
 
 /// Whether every room (guests each) fits into the types (max guests, units
@@ -664,8 +697,17 @@ fn read_hotel(
     offered_only: bool,
 ) -> Option<HotelNights> {
     let h = t.hotels.get(&hotel_id)?;
-    // One lookup for the hotel: its room types' nights share one block.
+    // One lookup for the hotel, then one walk over the stay's rows of its
+    // block: every room type's offer at once, in memory order.
     let calendars = t.calendars.hotel(hotel_id);
+    let len = stay.len() as usize;
+    let (ids, folded) = match calendars {
+        Some(c) => (
+            c.room_type_ids(),
+            c.fold_stay(stay.check_in, len, OfferSoFar::default(), OfferSoFar::add),
+        ),
+        None => (&[][..], Vec::new()),
+    };
     let types = t
         .room_types_of(hotel_id)
         .filter(|rt| rt.max_guests >= min_guests)
@@ -674,14 +716,8 @@ fn read_hotel(
                 hotel_id,
                 room_type_id: rt.id,
             };
-            let cal = calendars.and_then(|c| c.room_type(rt.id));
-            let len = stay.len() as usize;
-            let walk = || {
-                cal.into_iter()
-                    .flat_map(move |c| c.stay(stay.check_in, len))
-                    .chain(std::iter::repeat_n(None, usize::from(cal.is_none()) * len))
-            };
-            let offer = offer_of(walk());
+            let col = ids.binary_search(&rt.id).ok();
+            let offer = col.and_then(|c| folded[c].offer());
             if offered_only && offer.is_none() {
                 return None;
             }
@@ -689,10 +725,10 @@ fn read_hotel(
                 key,
                 max_guests: rt.max_guests,
                 offer,
-                nights: if offered_only {
-                    Vec::new()
-                } else {
-                    walk().collect()
+                nights: match calendars.and_then(|c| c.room_type(rt.id)) {
+                    _ if offered_only => Vec::new(),
+                    Some(c) => c.stay(stay.check_in, len).collect(),
+                    None => vec![None; len],
                 },
                 source: Source::Copy,
             })
