@@ -419,15 +419,16 @@ impl<'a> HotelCalendars<'a> {
                 .and_then(|d| Some((d, b.row_of(d)?)));
             match row {
                 Some((d, r)) => {
+                    // This night's limits, in column order: merged along
+                    // the row rather than searched for per cell.
+                    let from = b.limits.partition_point(|l| l.0 < d);
+                    let to = from + b.limits[from..].partition_point(|l| l.0 == d);
+                    let mut limits = b.limits[from..to].iter().peekable();
                     for (col, (a, p)) in
                         acc.iter_mut().zip(&b.cells[r * w..(r + 1) * w]).enumerate()
                     {
-                        let night = if p.total == ABSENT {
-                            None
-                        } else {
-                            p.unpack(b.limit_of(d, col))
-                        };
-                        step(a, night);
+                        let limit = limits.next_if(|l| l.1 as usize == col).map(|l| l.2);
+                        step(a, p.unpack(limit));
                     }
                 }
                 None => acc.iter_mut().for_each(|a| step(a, None)),
