@@ -507,10 +507,8 @@ pub async fn run_scenario(
     let client = owner::connect(url, CONNECT_TIMEOUT).await?;
     slot::drop_slot(&client, SLOT).await?;
     drop(client);
-    let token_file = options.work_dir.join("booking-tokens");
-    std::fs::write(&token_file, format!("{BOOKING_TOKEN}\n"))?;
     let name = format!("{fault:?}").to_lowercase();
-    let mut serve = Serve::start(&options.exe, url, &options.work_dir, &name, &token_file)?;
+    let mut serve = Serve::start(&options.exe, url, &options.work_dir, &name)?;
     let result = scenario(cluster, url, fault, options, &mut serve).await;
     serve.stop().await;
     let cleaned = clean_up(url, fault).await;
@@ -587,7 +585,9 @@ async fn scenario(
         sim.nights_span = (nights.max(3) - 2) as u32;
         sim.pause_ms = (20, 60);
         sim.hold_secs = 30;
-        sim.seed = options.seed;
+        // Booking ids are made from the seed: a seed of its own per fault,
+        // or a later scenario's holds would find the earlier ones' ids.
+        sim.seed = options.seed.wrapping_mul(100).wrapping_add(fault as u64);
         sim.http_timeout = HTTP_TIMEOUT;
         tokio::spawn(simulator::run(sim, stop.clone()))
     });
@@ -1219,18 +1219,15 @@ pub struct Serve {
 
 impl Serve {
     /// Starts `exe serve` against `url` on a free loopback port, with the
-    /// bench's slot and publication; logs go to `dir/name.log`.
-    pub fn start(
-        exe: &Path,
-        url: &str,
-        dir: &Path,
-        name: &str,
-        token_file: &Path,
-    ) -> Result<Serve, FaultBenchError> {
+    /// bench's slot, publication and booking token; logs go to
+    /// `dir/<name>-<start>.log`.
+    pub fn start(exe: &Path, url: &str, dir: &Path, name: &str) -> Result<Serve, FaultBenchError> {
+        let token_file = dir.join("booking-tokens");
+        std::fs::write(&token_file, format!("{BOOKING_TOKEN}\n"))?;
         // A free port: bind, read it, let go. The child binds it a moment
         // later, and again after a restart, so load loops keep one address.
         let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-        let child = spawn(exe, url, addr, dir, name, 1, token_file)?;
+        let child = spawn(exe, url, addr, dir, name, 1, &token_file)?;
         Ok(Serve {
             child,
             addr,
@@ -1238,7 +1235,7 @@ impl Serve {
             url: url.to_string(),
             dir: dir.to_path_buf(),
             name: name.to_string(),
-            token_file: token_file.to_path_buf(),
+            token_file,
             starts: 1,
         })
     }
@@ -1340,7 +1337,17 @@ impl Serve {
                 s["applied_lsn"],
                 s["last_error"]
             ),
-            None => "no answer".to_string(),
+            None => {
+                let log = std::fs::read_to_string(
+                    self.dir.join(format!("{}-{}.log", self.name, self.starts)),
+                )
+                .unwrap_or_default();
+                let lines: Vec<&str> = log.lines().collect();
+                format!(
+                    "no answer; log ends: {}",
+                    lines[lines.len().saturating_sub(3)..].join(" | ")
+                )
+            }
         }
     }
 

@@ -94,10 +94,8 @@ async fn the_divergence_counter_counts_rows_the_stream_never_delivered() {
     let owner = seeded_owner().await;
     let client = owner.client().await;
     let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens");
-    std::fs::write(&tokens, "t\n").unwrap();
     let exe = PathBuf::from(env!("CARGO_BIN_EXE_vacancy"));
-    let mut serve = Serve::start(&exe, &owner.url, dir.path(), "divergence", &tokens).unwrap();
+    let mut serve = Serve::start(&exe, &owner.url, dir.path(), "divergence").unwrap();
     let limit = Duration::from_secs(40);
     let target = slot::current_wal_lsn(&client).await.unwrap();
     serve
