@@ -535,6 +535,10 @@ struct CalendarQuery {
 #[derive(Serialize, utoipa::ToSchema)]
 struct CalendarBody {
     hotel_id: i64,
+    /// The hotel row as the copy holds it, so the whole copy can be compared
+    /// with the owner through the API (`vacancy bench faults`).
+    #[schema(value_type = Object)]
+    hotel: crate::model::Hotel,
     #[schema(value_type = String, example = "0/16B3748")]
     lsn: Lsn,
     lag_ms: u64,
@@ -615,9 +619,9 @@ async fn calendar(
     }
     let body = {
         let t = state.model.read();
-        if !t.hotels.contains_key(&hotel_id) {
+        let Some(hotel) = t.hotels.get(&hotel_id).cloned() else {
             return Err(Problem::HotelNotFound(hotel_id));
-        }
+        };
         let mut room_types: Vec<RoomTypeCalendar> = t
             .room_types
             .values()
@@ -651,6 +655,7 @@ async fn calendar(
         room_types.sort_by_key(|r| r.room_type_id);
         CalendarBody {
             hotel_id,
+            hotel,
             lsn: t.applied,
             lag_ms: state.model.freshness.lag_ms(Utc::now()),
             room_types,

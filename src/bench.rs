@@ -14,6 +14,7 @@
 //! - `latency`: commit-to-visible latency of holds under a steady pgbench load.
 //! - `snapshot`: snapshot load rate, against server-side `COPY ... TO '/dev/null'`.
 //! - `memory`: resident bytes per inventory row once the copy is loaded.
+//! - `faults`: recovery and divergence per fault (`crate::fault_bench`).
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -103,6 +104,10 @@ pub enum BenchCommand {
         #[command(flatten)]
         owner: OwnerArgs,
     },
+    /// The convergence workload once per fault (walsender, owner restarts,
+    /// SIGKILL, slot dropped or invalidated, owner unreachable, failing
+    /// writes): recovery time, divergent rows, failed requests.
+    Faults(crate::fault_bench::FaultArgs),
 }
 
 /// Where the owner is, or the size of the embedded one to seed.
@@ -154,6 +159,8 @@ pub enum BenchError {
     NoData,
     #[error("bench i/o: {0}")]
     Io(#[from] std::io::Error),
+    #[error(transparent)]
+    Faults(#[from] crate::fault_bench::FaultBenchError),
 }
 
 pub async fn run(command: BenchCommand) -> Result<(), BenchError> {
@@ -198,6 +205,7 @@ pub async fn run(command: BenchCommand) -> Result<(), BenchError> {
             let owner = Owner::prepare(&owner).await?;
             owner.guarded(memory(&owner)).await
         }
+        BenchCommand::Faults(args) => Ok(crate::fault_bench::run(args).await?),
     }
 }
 

@@ -25,6 +25,7 @@
 //! - [`config`]: settings, layered from `config/default.toml`, a file and `VACANCY_*`.
 //! - [`app`]: wiring: spawn the tasks, one shutdown token, signals.
 //! - [`bench`]: `vacancy bench`, figures beside their baselines.
+//! - [`fault_bench`]: `vacancy bench faults`, recovery and divergent rows per injected fault.
 //! - [`search_bench`]: `vacancy bench-search`, search under load beside SQL on the owner.
 //! - [`stale_bench`]: `vacancy bench-stale`, the 409-after-shown rate from the copy beside the owner floor.
 //! - [`simulator`]: booking-service guests over the real API and owner
@@ -39,6 +40,7 @@ pub mod bench;
 pub mod config;
 pub mod demo;
 pub mod events;
+pub mod fault_bench;
 pub mod index;
 pub mod lsn;
 pub mod metrics;

@@ -7,6 +7,7 @@ mod access;
 mod api;
 mod demo;
 mod events;
+mod faults;
 mod observability;
 mod owner_ops;
 mod owner_security;
