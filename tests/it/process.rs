@@ -216,8 +216,9 @@ async fn the_binary_killed_with_sigkill_resumes_and_converges() {
     });
     let before_kill = before_kill.expect("status before the kill");
 
-    // The permanent slot keeps its place: the restart resumes from the last
-    // ack and must skip what was applied before the kill without losing the rest.
+    // The permanent slot survives the kill. The copy lives in memory only, so
+    // the restart drops that slot, takes a new snapshot with a new one, and
+    // must converge with what was written around the kill.
     let confirmed: String = wait_for(
         "the killed walsender to let go of the slot",
         Duration::from_secs(30),
