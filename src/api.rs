@@ -622,10 +622,8 @@ async fn calendar(
         let Some(hotel) = t.hotels.get(&hotel_id).cloned() else {
             return Err(Problem::HotelNotFound(hotel_id));
         };
-        let mut room_types: Vec<RoomTypeCalendar> = t
-            .room_types
-            .values()
-            .filter(|rt| rt.hotel_id == hotel_id)
+        let room_types: Vec<RoomTypeCalendar> = t
+            .room_types_of(hotel_id)
             .map(|rt| {
                 let key = crate::model::CalendarKey {
                     hotel_id,
@@ -652,7 +650,6 @@ async fn calendar(
                 }
             })
             .collect();
-        room_types.sort_by_key(|r| r.room_type_id);
         CalendarBody {
             hotel_id,
             hotel,

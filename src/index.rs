@@ -174,16 +174,6 @@ impl HotelIndex {
             } else {
                 dirty
             };
-            let mut room_types: std::collections::HashMap<i64, Vec<&crate::model::RoomType>> =
-                std::collections::HashMap::new();
-            let wanted: HashSet<i64> = ids.iter().copied().collect();
-            for rt in t
-                .room_types
-                .values()
-                .filter(|rt| wanted.contains(&rt.hotel_id))
-            {
-                room_types.entry(rt.hotel_id).or_default().push(rt);
-            }
             ids.into_iter()
                 .map(|id| {
                     let doc = t.hotels.get(&id).map(|h| {
@@ -203,7 +193,7 @@ impl HotelIndex {
                         for a in &h.amenities {
                             doc.add_text(f.amenity, a.to_lowercase());
                         }
-                        let rts = room_types.get(&id).map(Vec::as_slice).unwrap_or_default();
+                        let rts = t.room_types.of_hotel(id);
                         for rt in rts {
                             doc.add_text(f.room_names, &rt.name);
                         }

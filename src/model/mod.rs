@@ -10,6 +10,7 @@
 pub mod calendar;
 pub mod calendars;
 pub mod feed;
+pub mod room_types;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -20,6 +21,7 @@ use serde::Serialize;
 
 pub use calendar::{Calendar, NightCounts, UnstorableValue};
 pub use calendars::{CalendarView, Calendars, HotelCalendars};
+pub use room_types::RoomTypes;
 
 use crate::lsn::Lsn;
 
@@ -147,8 +149,7 @@ pub struct Transaction {
 #[derive(Debug, Clone, Default)]
 pub struct Tables {
     pub hotels: HashMap<i64, Hotel>,
-    /// Ordered, so one hotel's room types are a range (search reads them per hotel).
-    pub room_types: std::collections::BTreeMap<CalendarKey, RoomType>,
+    pub room_types: RoomTypes,
     pub calendars: Calendars,
     /// Every owner transaction that committed before this position is applied.
     pub applied: Lsn,
@@ -250,15 +251,7 @@ impl Tables {
 
     /// One hotel's room types, in id order.
     pub fn room_types_of(&self, hotel_id: i64) -> impl Iterator<Item = &RoomType> {
-        let lo = CalendarKey {
-            hotel_id,
-            room_type_id: i64::MIN,
-        };
-        let hi = CalendarKey {
-            hotel_id,
-            room_type_id: i64::MAX,
-        };
-        self.room_types.range(lo..=hi).map(|(_, rt)| rt)
+        self.room_types.of_hotel(hotel_id).iter()
     }
 
     pub fn inventory_rows(&self) -> u64 {

@@ -151,12 +151,7 @@ impl Refresh {
         self.confirmations.run_pending_tasks();
         self.due.lock().unwrap_or_else(|p| p.into_inner()).clear();
         let mut rng = rand::rng();
-        for key in tables
-            .room_types
-            .keys()
-            .copied()
-            .chain(tables.calendars.keys())
-        {
+        for key in tables.room_types.keys().chain(tables.calendars.keys()) {
             let ttl = self.ttl.mul_f64(rng.random_range(0.5..1.0));
             self.confirmations.insert(key, ttl);
         }
