@@ -234,7 +234,7 @@ fn upsert(table: Table, data: &RowData) -> Result<Change, DecodeError> {
                 None => Vec::new(),
             };
             Change::UpsertHotel {
-                hotel: Hotel {
+                hotel: Box::new(Hotel {
                     id: row.int8("id")?,
                     name: not_null(name, "name")?,
                     city: not_null(city, "city")?,
@@ -243,14 +243,14 @@ fn upsert(table: Table, data: &RowData) -> Result<Change, DecodeError> {
                     latitude: row.float8_opt("latitude")?,
                     longitude: row.float8_opt("longitude")?,
                     amenities,
-                },
+                }),
                 unsent,
             }
         }
         Table::RoomTypes => {
             let name = row.text("name")?;
             Change::UpsertRoomType {
-                room_type: RoomType {
+                room_type: Box::new(RoomType {
                     hotel_id: row.int8("hotel_id")?,
                     id: row.int8("id")?,
                     name: match name {
@@ -264,7 +264,7 @@ fn upsert(table: Table, data: &RowData) -> Result<Change, DecodeError> {
                         None => String::new(),
                     },
                     max_guests: row.parse("max_guests", row.required("max_guests")?, "smallint")?,
-                },
+                }),
                 name_unsent: name.is_none(),
             }
         }
