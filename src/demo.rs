@@ -83,6 +83,8 @@ pub enum DemoError {
     Simulator(#[from] SimError),
     #[error("owner database: {0}")]
     Query(#[from] tokio_postgres::Error),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
     #[error("the owner has no hotels with inventory to book")]
     EmptyOwner,
     #[error("the copy did not load the owner's snapshot within {0:?}")]
@@ -173,11 +175,15 @@ pub async fn run(options: DemoOptions, stop: CancellationToken) -> Result<(), De
     let data = dataset(&client, today).await?;
 
     let token = random_hex(24);
-    let mut settings = Settings::defaults();
+    // `VACANCY_*` variables still apply (e.g. `VACANCY_ADMIN__TOKENS`, or
+    // `VACANCY_STALE__BOOKING_TOKENS` for a client of its own beside the
+    // simulated guests, as .ci/api-fuzz does); the demo's own owner, slot,
+    // guest token and quote key win.
+    let mut settings = Settings::load(None)?;
     settings.owner.url = owner_url.clone();
     settings.http.listen = options.listen.clone();
     settings.stream.slot = DEMO_SLOT.to_string();
-    settings.stale.booking_tokens = vec![token.clone()];
+    settings.stale.booking_tokens.push(token.clone());
     settings.stale.quote_key = random_hex(32);
     let app = App::bind_and_start(settings).await?;
     let loaded = tokio::select! {

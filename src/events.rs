@@ -153,6 +153,22 @@ struct ChangeBody {
     nights: Vec<NightBody>,
 }
 
+/// One Server-Sent Event as the OpenAPI document describes the items of the
+/// `text/event-stream` answer (the fields of the SSE wire format); `data` is
+/// the JSON text of a `state` or `change` body. Documentation only.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+pub struct SseEvent {
+    /// `state` or `change`.
+    event: String,
+    /// The LSN the event reflects; send it back as `Last-Event-ID`.
+    id: String,
+    /// The event's body, JSON text.
+    data: String,
+    /// Reconnect delay in milliseconds (on the first event).
+    retry: Option<u64>,
+}
+
 /// Counts the open streams; the count drops when the stream does.
 struct StreamSlot(Arc<ReadModel>);
 
@@ -171,7 +187,7 @@ impl Drop for StreamSlot {
         ("Last-Event-ID" = Option<String>, Header, description = "the id (an LSN) of the last event received: resume after it"),
     ),
     responses(
-        (status = 200, description = "text/event-stream: a `state` event (every room type and night of the window, id = the LSN it reflects), then one `change` event per committed owner transaction that changed this hotel's nights, in commit order, id = its LSN; a fresh `state` (reason `lagged`, `resync` or `resume_unavailable`) whenever the changes in between cannot be sent", content_type = "text/event-stream", body = String),
+        (status = 200, description = "text/event-stream: a `state` event (every room type and night of the window, id = the LSN it reflects), then one `change` event per committed owner transaction that changed this hotel's nights, in commit order, id = its LSN; a fresh `state` (reason `lagged`, `resync` or `resume_unavailable`) whenever the changes in between cannot be sent", content_type = "text/event-stream", body = SseEvent),
         (status = 400, description = "invalid parameter", content_type = "application/problem+json"),
         (status = 404, description = "no such hotel", content_type = "application/problem+json"),
         (status = 503, description = "not ready, or too many streams open", content_type = "application/problem+json"),
