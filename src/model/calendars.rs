@@ -407,23 +407,46 @@ impl<'a> HotelCalendars<'a> {
         check_in: NaiveDate,
         nights: usize,
         init: T,
-        mut step: impl FnMut(&mut T, Option<NightCounts>),
+        step: impl FnMut(&mut T, Option<NightCounts>),
     ) -> Vec<T> {
+        let mut acc = Vec::new();
+        self.fold_stay_into(check_in, nights, init, step, &mut acc);
+        acc
+    }
+
+    /// `fold_stay` into a caller's vector (cleared first), so a search over
+    /// hundreds of hotels reuses one allocation.
+    pub fn fold_stay_into<T: Clone>(
+        &self,
+        check_in: NaiveDate,
+        nights: usize,
+        init: T,
+        mut step: impl FnMut(&mut T, Option<NightCounts>),
+        acc: &mut Vec<T>,
+    ) {
         let b = self.block;
         let w = b.width();
-        let mut acc = vec![init; w];
+        acc.clear();
+        acc.resize(w, init);
         let start = day(check_in);
+        // The limits are sorted by (day, column) like the rows: one search
+        // for the first night, then a forward walk along with the rows.
+        let mut next_limit = b.limits.partition_point(|l| l.0 < start);
         for i in 0..nights {
             let row = start
                 .checked_add(i as i32)
                 .and_then(|d| Some((d, b.row_of(d)?)));
             match row {
                 Some((d, r)) => {
+                    while b.limits.get(next_limit).is_some_and(|l| l.0 < d) {
+                        next_limit += 1;
+                    }
                     // This night's limits, in column order: merged along
                     // the row rather than searched for per cell.
-                    let from = b.limits.partition_point(|l| l.0 < d);
-                    let to = from + b.limits[from..].partition_point(|l| l.0 == d);
-                    let mut limits = b.limits[from..to].iter().peekable();
+                    let mut limits = b.limits[next_limit..]
+                        .iter()
+                        .take_while(|l| l.0 == d)
+                        .peekable();
                     for (col, (a, p)) in
                         acc.iter_mut().zip(&b.cells[r * w..(r + 1) * w]).enumerate()
                     {
@@ -434,7 +457,6 @@ impl<'a> HotelCalendars<'a> {
                 None => acc.iter_mut().for_each(|a| step(a, None)),
             }
         }
-        acc
     }
 }
 

@@ -152,7 +152,7 @@ pub struct Transaction {
 /// The data a reader sees, always paired with the LSN it reflects.
 #[derive(Debug, Clone, Default)]
 pub struct Tables {
-    pub hotels: HashMap<i64, Hotel>,
+    pub hotels: HashMap<i64, Hotel, rustc_hash::FxBuildHasher>,
     pub room_types: RoomTypes,
     pub calendars: Calendars,
     /// Every owner transaction that committed before this position is applied.

@@ -31,7 +31,8 @@ use serde::Serialize;
 use crate::config::Settings;
 use crate::index::{HotelIndex, IndexError, Place};
 use crate::lsn::Lsn;
-use crate::model::{CalendarKey, NightCounts, ReadModel, Tables};
+use crate::model::calendars::HotelCalendars;
+use crate::model::{CalendarKey, Hotel, NightCounts, ReadModel, RoomType, Tables};
 use crate::stale::StaleLoop;
 use crate::stale::token::{Quote, QuoteKey};
 use owner_read::{OwnerReader, Reason};
@@ -73,17 +74,23 @@ pub struct HotelResult {
     /// The cheapest offered room type's stay price.
     pub price_cents: Option<i64>,
     pub room_types: Vec<RoomOffer>,
+    /// Where the hotel sorts; computed with the match, never sent.
     #[serde(skip)]
-    score: f32,
+    rank: Rank,
 }
 
-impl HotelResult {
-    fn free_units(&self) -> i64 {
-        self.room_types
-            .iter()
-            .map(|r| i64::from(r.free_units))
-            .sum()
-    }
+/// What the answer's order needs of a matched hotel. It is computed for
+/// every match (a city's 200 hotels), while a `HotelResult`, with its room
+/// types, names and quotes, is built only for the page shown.
+#[derive(Debug, Clone, Copy, Default)]
+struct Rank {
+    hotel_id: i64,
+    stars: Option<i16>,
+    /// The cheapest offered room type's stay price.
+    price_cents: Option<i64>,
+    /// Free units summed over the offered room types.
+    free_units: i64,
+    score: f32,
 }
 
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
@@ -238,14 +245,21 @@ impl OfferSoFar {
 /// free). Eligible types for a room are all those with enough beds, so the
 /// sets are nested and Hall's condition per guest count decides it.
 pub fn placeable(rooms: &[i16], types: &[(i16, i32)]) -> bool {
-    rooms.iter().all(|&g| {
-        let need = rooms.iter().filter(|&&r| r >= g).count() as i64;
-        let have: i64 = types
+    placeable_by(rooms, |g| {
+        types
             .iter()
             .filter(|(m, _)| *m >= g)
             .map(|(_, f)| i64::from(*f))
-            .sum();
-        need <= have
+            .sum()
+    })
+}
+
+/// `placeable`, with `free_for(g)` the units free in types of at least `g`
+/// beds: lets a caller count over its own room types without collecting them.
+pub fn placeable_by(rooms: &[i16], free_for: impl Fn(i16) -> i64) -> bool {
+    rooms.iter().all(|&g| {
+        let need = rooms.iter().filter(|&&r| r >= g).count() as i64;
+        need <= free_for(g)
     })
 }
 
@@ -318,37 +332,92 @@ impl Search {
             Some(s) => s.bypassed_hotels(candidates.iter().map(|(id, _)| *id)),
             None => Default::default(),
         };
-        // Under the lock only what the answer needs is copied out: room types
-        // too small for every room are never shown, and (when the copy is
-        // trusted) neither are those the copy shows full. Names wait for the page.
-        let (mut hotels, lsn) = {
+        // The copy is trusted for every candidate (the common case): under
+        // the lock, every candidate is ranked straight from the calendars,
+        // and only the hotels a page may show are copied out. Otherwise the
+        // candidates are copied out whole, read from the owner, then ranked.
+        let trusted = reason == Reason::FewUnits && bypassed.is_empty();
+        let (copied, lsn) = {
             let t = self.model.read();
-            let hotels: Vec<HotelNights> = candidates
-                .iter()
-                .filter(|(id, _)| still_matches(&t, *id, req))
-                .filter_map(|(id, score)| {
-                    let offered_only = reason == Reason::FewUnits && !bypassed.contains(id);
-                    read_hotel(&t, *id, *score, req.stay, smallest, offered_only)
-                })
-                .collect();
-            (hotels, t.applied)
+            let mut folded = Vec::new();
+            let located = candidates.iter().filter_map(|(id, score)| {
+                let hotel = t.hotels.get(id).filter(|h| still_matches(h, req))?;
+                Some((hotel, *score))
+            });
+            let copied = if trusted {
+                let mut ranked: Vec<(Rank, &Hotel)> = located
+                    .filter_map(|(hotel, score)| {
+                        let rank = rank_in_copy(&t, hotel, score, req, &mut folded)?;
+                        Some((rank, hotel))
+                    })
+                    .collect();
+                ranked.sort_by(|a, b| order(&a.0, &b.0, req.sort));
+                // Each round of the page takes at most `limit` hotels.
+                let window = ranked.iter().skip(req.offset);
+                let hotels = window
+                    .take(req.limit * MAX_PAGE_ROUNDS)
+                    .map(|(rank, hotel)| {
+                        let h = read_hotel(
+                            &t,
+                            hotel,
+                            rank.score,
+                            req.stay,
+                            smallest,
+                            true,
+                            &mut folded,
+                        );
+                        (*rank, h)
+                    })
+                    .collect();
+                Copied::Ranked {
+                    total: ranked.len(),
+                    hotels,
+                }
+            } else {
+                // Room types too small for every room are never shown.
+                Copied::Unranked(
+                    located
+                        .map(|(hotel, score)| {
+                            let offered_only =
+                                reason == Reason::FewUnits && !bypassed.contains(&hotel.id);
+                            read_hotel(
+                                &t,
+                                hotel,
+                                score,
+                                req.stay,
+                                smallest,
+                                offered_only,
+                                &mut folded,
+                            )
+                        })
+                        .collect(),
+                )
+            };
+            (copied, t.applied)
         };
-        // The copy cannot be trusted for this answer (or for these hotels):
-        // read them before matching, since the copy may be wrong either way.
-        self.read_owner_where_needed(&mut hotels, req.stay, reason, &bypassed)
-            .await;
-        let mut matched: Vec<(HotelResult, HotelNights)> = hotels
-            .into_iter()
-            .filter_map(|h| Some((self.evaluate(&h, &req.rooms, req.max_price_cents)?, h)))
-            .collect();
-        matched.sort_by(|a, b| order(&a.0, &b.0, req.sort));
-        let total = matched.len();
+        let (total, from_offset) = match copied {
+            Copied::Ranked { total, hotels } => (total, hotels),
+            Copied::Unranked(mut hotels) => {
+                // The copy cannot be trusted for this answer (or for these
+                // hotels): read them before matching, since the copy may be
+                // wrong either way.
+                self.read_owner_where_needed(&mut hotels, req.stay, reason, &bypassed)
+                    .await;
+                let mut matched: Vec<(Rank, HotelNights)> = hotels
+                    .into_iter()
+                    .filter_map(|h| Some((self.rank(&h, &req.rooms, req.max_price_cents)?, h)))
+                    .collect();
+                matched.sort_by(|a, b| order(&a.0, &b.0, req.sort));
+                let total = matched.len();
+                (total, matched.into_iter().skip(req.offset).collect())
+            }
+        };
         // Few units left: only the hotels about to be shown are read from
         // the owner, one query for the page. A hotel the owner's numbers
         // rule out gives its place to the next one, so a page is full when
         // it can be; the cursor points past the last hotel looked at.
         let mut page: Vec<HotelResult> = Vec::with_capacity(req.limit);
-        let mut rest = matched.into_iter().skip(req.offset);
+        let mut rest = from_offset.into_iter();
         let mut next = req.offset;
         let mut ruled_out = 0;
         for _round in 0..MAX_PAGE_ROUNDS {
@@ -356,11 +425,15 @@ impl Search {
             if want == 0 {
                 break;
             }
-            let mut batch: Vec<(HotelResult, HotelNights)> = rest.by_ref().take(want).collect();
-            if batch.is_empty() {
+            let taken: Vec<(Rank, HotelNights)> = rest.by_ref().take(want).collect();
+            if taken.is_empty() {
                 break;
             }
-            next += batch.len();
+            next += taken.len();
+            let mut batch: Vec<(HotelResult, HotelNights)> = taken
+                .into_iter()
+                .filter_map(|(_, h)| Some((self.evaluate(&h, &req.rooms, req.max_price_cents)?, h)))
+                .collect();
             let few: Vec<CalendarKey> = batch
                 .iter()
                 .flat_map(|(r, h)| {
@@ -386,7 +459,7 @@ impl Search {
             page.extend(batch.into_iter().map(|(r, _)| r));
         }
         // Owner numbers may move a hotel within the page.
-        page.sort_by(|a, b| order(a, b, req.sort));
+        page.sort_by(|a, b| order(&a.rank, &b.rank, req.sort));
         self.fill_names(&mut page);
         let quotes = QuoteContext {
             stay: req.stay,
@@ -487,51 +560,50 @@ impl Search {
         Some((keys.into_iter().collect(), by_night))
     }
 
-    /// The hotel with its offered room types, when the party can be placed.
-    /// Quotes are left empty; the caller signs those it shows.
+    /// Where the hotel sorts, when the party can be placed in its offered
+    /// room types; `None` when it cannot.
+    fn rank(&self, h: &HotelNights, rooms: &[i16], max_price: Option<i64>) -> Option<Rank> {
+        let types = h.types.iter().map(|t| (t.max_guests, t.offer));
+        rank_of(h.hotel_id, h.stars, h.score, types, rooms, max_price)
+    }
+
+    /// The hotel with its offered room types, when the party can be placed
+    /// (exactly when `rank` says so). Quotes and names are left empty; the
+    /// caller fills those it shows.
     fn evaluate(
         &self,
         h: &HotelNights,
         rooms: &[i16],
         max_price: Option<i64>,
     ) -> Option<HotelResult> {
+        let rank = self.rank(h, rooms, max_price)?;
         let smallest = rooms.iter().copied().min().unwrap_or(1);
         let offers: Vec<RoomOffer> = h
             .types
             .iter()
-            .filter(|t| t.max_guests >= smallest)
             .filter_map(|t| {
-                let (free, price) = t.offer?;
-                if max_price.is_some_and(|m| price.is_none_or(|p| p > m)) {
-                    return None;
-                }
-                Some(RoomOffer {
-                    room_type_id: t.key.room_type_id,
-                    name: String::new(),
-                    max_guests: t.max_guests,
-                    free_units: free,
-                    price_cents: price,
-                    low_availability: free <= self.few_units,
-                    source: t.source,
-                    quote: String::new(),
-                })
+                let (free, price) = shown(t.max_guests, t.offer, smallest, max_price)?;
+                Some((t, free, price))
+            })
+            .map(|(t, free, price)| RoomOffer {
+                room_type_id: t.key.room_type_id,
+                name: String::new(),
+                max_guests: t.max_guests,
+                free_units: free,
+                price_cents: price,
+                low_availability: free <= self.few_units,
+                source: t.source,
+                quote: String::new(),
             })
             .collect();
-        let capacity: Vec<(i16, i32)> = offers
-            .iter()
-            .map(|o| (o.max_guests, o.free_units))
-            .collect();
-        if offers.is_empty() || !placeable(rooms, &capacity) {
-            return None;
-        }
         Some(HotelResult {
             hotel_id: h.hotel_id,
             name: String::new(),
             city: String::new(),
             stars: h.stars,
-            price_cents: offers.iter().filter_map(|o| o.price_cents).min(),
+            price_cents: rank.price_cents,
             room_types: offers,
-            score: h.score,
+            rank,
         })
     }
 
@@ -545,8 +617,11 @@ impl Search {
         let caught_up = self.reached(req.min_lsn).await;
         let (mut hotel, lsn) = {
             let t = self.model.read();
-            let h = read_hotel(&t, hotel_id, 1.0, req.stay, i16::MIN, false)
+            let hotel = t
+                .hotels
+                .get(&hotel_id)
                 .ok_or(SearchError::HotelNotFound(hotel_id))?;
+            let h = read_hotel(&t, hotel, 1.0, req.stay, i16::MIN, false, &mut Vec::new());
             (h, t.applied)
         };
         let reason = if lagging {
@@ -685,70 +760,198 @@ fn apply_owner_nights(hotels: &mut [HotelNights], stay: Stay, read: OwnerNights)
     }
 }
 
+/// What was copied out of the read model under its lock.
+enum Copied {
+    /// Every candidate was ranked in the copy; `hotels` are those from the
+    /// request's offset on that the page may show.
+    Ranked {
+        total: usize,
+        hotels: Vec<(Rank, HotelNights)>,
+    },
+    /// The candidates, to be read from the owner before they are ranked.
+    Unranked(Vec<HotelNights>),
+}
+
+/// Where a hotel sorts, from its room types as `(max_guests, offer)`;
+/// `None` when the party cannot be placed in the offered ones (enough beds
+/// for the smallest room, free on every night, within `max_price`).
+/// Allocates nothing: it runs for every candidate of a search.
+fn rank_of(
+    hotel_id: i64,
+    stars: Option<i16>,
+    score: f32,
+    types: impl Iterator<Item = (i16, Option<(i32, Option<i64>)>)> + Clone,
+    rooms: &[i16],
+    max_price: Option<i64>,
+) -> Option<Rank> {
+    let smallest = rooms.iter().copied().min().unwrap_or(1);
+    let offered = types.filter_map(move |(max_guests, offer)| {
+        let (free, price) = shown(max_guests, offer, smallest, max_price)?;
+        Some((max_guests, free, price))
+    });
+    let mut rank = Rank {
+        hotel_id,
+        stars,
+        price_cents: None,
+        free_units: 0,
+        score,
+    };
+    let mut any = false;
+    for (_, free, price) in offered.clone() {
+        any = true;
+        rank.free_units += i64::from(free);
+        rank.price_cents = match (rank.price_cents, price) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    let fits = placeable_by(rooms, |g| {
+        offered
+            .clone()
+            .filter(|(max_guests, _, _)| *max_guests >= g)
+            .map(|(_, free, _)| i64::from(free))
+            .sum()
+    });
+    (any && fits).then_some(rank)
+}
+
+/// A room type's offer when it may be shown: enough beds for the smallest
+/// room, free on every night, and within `max_price` for the stay.
+fn shown(
+    max_guests: i16,
+    offer: Option<(i32, Option<i64>)>,
+    smallest: i16,
+    max_price: Option<i64>,
+) -> Option<(i32, Option<i64>)> {
+    let (free, price) = offer?;
+    let too_dear = max_price.is_some_and(|m| price.is_none_or(|p| p > m));
+    (max_guests >= smallest && !too_dear).then_some((free, price))
+}
+
+/// Folds the stay over the hotel's block into `folded` (one accumulator
+/// per column); returns the block and its columns' room type ids.
+fn fold_hotel<'t>(
+    t: &'t Tables,
+    hotel_id: i64,
+    stay: Stay,
+    folded: &mut Vec<OfferSoFar>,
+) -> (Option<HotelCalendars<'t>>, &'t [i64]) {
+    folded.clear();
+    let calendars = t.calendars.hotel(hotel_id);
+    let columns = match calendars {
+        Some(c) => {
+            let nights = stay.len() as usize;
+            c.fold_stay_into(
+                stay.check_in,
+                nights,
+                OfferSoFar::default(),
+                OfferSoFar::add,
+                folded,
+            );
+            c.room_type_ids()
+        }
+        None => &[],
+    };
+    (calendars, columns)
+}
+
+/// The room types with at least `min_guests` beds, each with its offer over
+/// the folded stay. Room types and the block's columns are both sorted by
+/// id, so one forward walk pairs them (a room type without nights has no
+/// column, and no offer).
+fn with_offers<'a>(
+    room_types: &'a [RoomType],
+    columns: &'a [i64],
+    folded: &'a [OfferSoFar],
+    min_guests: i16,
+) -> impl Iterator<Item = (&'a RoomType, Option<(i32, Option<i64>)>)> + Clone + 'a {
+    let mut col = 0;
+    room_types.iter().filter_map(move |rt| {
+        while columns.get(col).is_some_and(|&id| id < rt.id) {
+            col += 1;
+        }
+        if rt.max_guests < min_guests {
+            return None;
+        }
+        let offer = if columns.get(col) == Some(&rt.id) {
+            folded[col].offer()
+        } else {
+            None
+        };
+        Some((rt, offer))
+    })
+}
+
+/// Where `hotel` sorts for `req`, straight from the copy's calendars; `None`
+/// when the copy shows no way to place the party. `folded` is scratch space.
+fn rank_in_copy(
+    t: &Tables,
+    hotel: &Hotel,
+    score: f32,
+    req: &SearchRequest,
+    folded: &mut Vec<OfferSoFar>,
+) -> Option<Rank> {
+    let smallest = req.rooms.iter().copied().min().unwrap_or(1);
+    let (_, columns) = fold_hotel(t, hotel.id, req.stay, folded);
+    let room_types = t.room_types.of_hotel(hotel.id);
+    let types =
+        with_offers(room_types, columns, folded, smallest).map(|(rt, o)| (rt.max_guests, o));
+    rank_of(
+        hotel.id,
+        hotel.stars,
+        score,
+        types,
+        &req.rooms,
+        req.max_price_cents,
+    )
+}
+
 /// One hotel's room types over the stay, from the copy: those with at
 /// least `min_guests` beds, and with `offered_only` only those the copy
-/// shows free on every night (the rest are never shown).
+/// shows free on every night (the rest are never shown). `folded` is
+/// scratch space, kept by the caller across hotels.
 fn read_hotel(
     t: &Tables,
-    hotel_id: i64,
+    hotel: &Hotel,
     score: f32,
     stay: Stay,
     min_guests: i16,
     offered_only: bool,
-) -> Option<HotelNights> {
-    let h = t.hotels.get(&hotel_id)?;
-    // One lookup for the hotel, then one walk over the stay's rows of its
-    // block: every room type's offer at once, in memory order.
-    let calendars = t.calendars.hotel(hotel_id);
+    folded: &mut Vec<OfferSoFar>,
+) -> HotelNights {
+    let hotel_id = hotel.id;
     let len = stay.len() as usize;
-    let (ids, folded) = match calendars {
-        Some(c) => (
-            c.room_type_ids(),
-            c.fold_stay(stay.check_in, len, OfferSoFar::default(), OfferSoFar::add),
-        ),
-        None => (&[][..], Vec::new()),
-    };
-    let types = t
-        .room_types_of(hotel_id)
-        .filter(|rt| rt.max_guests >= min_guests)
-        .filter_map(|rt| {
-            let key = CalendarKey {
+    let (calendars, columns) = fold_hotel(t, hotel_id, stay, folded);
+    let room_types = t.room_types.of_hotel(hotel_id);
+    let types = with_offers(room_types, columns, folded, min_guests)
+        .filter(|(_, offer)| !offered_only || offer.is_some())
+        .map(|(rt, offer)| TypeNights {
+            key: CalendarKey {
                 hotel_id,
                 room_type_id: rt.id,
-            };
-            let col = ids.binary_search(&rt.id).ok();
-            let offer = col.and_then(|c| folded[c].offer());
-            if offered_only && offer.is_none() {
-                return None;
-            }
-            Some(TypeNights {
-                key,
-                max_guests: rt.max_guests,
-                offer,
-                nights: match calendars.and_then(|c| c.room_type(rt.id)) {
-                    _ if offered_only => Vec::new(),
-                    Some(c) => c.stay(stay.check_in, len).collect(),
-                    None => vec![None; len],
-                },
-                source: Source::Copy,
-            })
+            },
+            max_guests: rt.max_guests,
+            offer,
+            nights: match calendars.and_then(|c| c.room_type(rt.id)) {
+                _ if offered_only => Vec::new(),
+                Some(c) => c.stay(stay.check_in, len).collect(),
+                None => vec![None; len],
+            },
+            source: Source::Copy,
         })
         .collect();
-    Some(HotelNights {
+    HotelNights {
         hotel_id,
-        stars: h.stars,
+        stars: hotel.stars,
         score,
         types,
-    })
+    }
 }
 
 /// The index may trail the copy by a batch; re-check the structured
 /// conditions against the copy itself so an answer never shows a hotel that
 /// no longer matches.
-fn still_matches(t: &Tables, hotel_id: i64, req: &SearchRequest) -> bool {
-    let Some(h) = t.hotels.get(&hotel_id) else {
-        return false;
-    };
+fn still_matches(h: &Hotel, req: &SearchRequest) -> bool {
     let place_ok = match &req.place {
         Place::City(c) if h.city.is_ascii() && c.is_ascii() => h.city.eq_ignore_ascii_case(c),
         Place::City(c) => h.city.to_lowercase() == c.to_lowercase(),
@@ -764,7 +967,7 @@ fn still_matches(t: &Tables, hotel_id: i64, req: &SearchRequest) -> bool {
             }
             _ => false,
         },
-        Place::Ids(ids) => ids.contains(&hotel_id),
+        Place::Ids(ids) => ids.contains(&h.id),
     };
     let stars_ok = req.stars_min.is_none_or(|m| h.stars.unwrap_or(0) >= m);
     let amenities_ok = req
@@ -775,8 +978,8 @@ fn still_matches(t: &Tables, hotel_id: i64, req: &SearchRequest) -> bool {
 }
 
 /// The answer's order; ties broken by hotel id so pages never overlap.
-fn order(a: &HotelResult, b: &HotelResult, by: Sort) -> std::cmp::Ordering {
-    let price = |r: &HotelResult| (r.price_cents.is_none(), r.price_cents);
+fn order(a: &Rank, b: &Rank, by: Sort) -> std::cmp::Ordering {
+    let price = |r: &Rank| (r.price_cents.is_none(), r.price_cents);
     match by {
         Sort::Price => price(a).cmp(&price(b)),
         Sort::Stars => b
@@ -784,7 +987,7 @@ fn order(a: &HotelResult, b: &HotelResult, by: Sort) -> std::cmp::Ordering {
             .unwrap_or(-1)
             .cmp(&a.stars.unwrap_or(-1))
             .then(price(a).cmp(&price(b))),
-        Sort::Availability => b.free_units().cmp(&a.free_units()),
+        Sort::Availability => b.free_units.cmp(&a.free_units),
         Sort::Relevance => b.score.total_cmp(&a.score),
     }
     .then(a.hotel_id.cmp(&b.hotel_id))
