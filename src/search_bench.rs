@@ -196,6 +196,9 @@ struct Measured {
     owner_reads: Option<u64>,
     owner_read_errors: Option<u64>,
     mean_bytes: Option<f64>,
+    /// CPU time of this process (server, and the client's one thread) per
+    /// answer: steadier than searches/s on a shared machine.
+    cpu_ms_per_search: Option<f64>,
 }
 
 impl Measured {
@@ -695,22 +698,26 @@ async fn drive_vacancy(
         load_http(app.addr, data, args.clients, args.warmup_seconds, 1).await?;
     }
     let (reads_before, errors_before) = reads();
+    let cpu_before = process_cpu();
     let tally = load_http(app.addr, data, args.clients, args.seconds, 2).await?;
+    let cpu = process_cpu()
+        .zip(cpu_before)
+        .map(|(after, before)| after - before);
     let (reads_after, errors_after) = reads();
     let method = if threshold > 0 {
         format!("vacancy /v1/search (few_units_threshold = {threshold}, default)")
     } else {
         "vacancy /v1/search (few_units_threshold = 0: no owner reads)".to_string()
     };
-    Ok((
-        tally.summarise(
-            method,
-            args.clients,
-            reads_after - reads_before,
-            errors_after - errors_before,
-        )?,
-        agreement,
-    ))
+    let mut measured = tally.summarise(
+        method,
+        args.clients,
+        reads_after - reads_before,
+        errors_after - errors_before,
+    )?;
+    measured.cpu_ms_per_search =
+        cpu.map(|c| c.as_secs_f64() * 1e3 / measured.answers.max(1) as f64);
+    Ok((measured, agreement))
 }
 
 fn search_path(data: &Data, offset: i64) -> String {
@@ -777,6 +784,7 @@ impl Tally {
             owner_reads: Some(owner_reads),
             owner_read_errors: Some(owner_read_errors),
             mean_bytes: Some(self.bytes as f64 / answers.max(1) as f64),
+            cpu_ms_per_search: None,
         })
     }
 }
@@ -1068,6 +1076,7 @@ async fn measure_owner(
         owner_reads: None,
         owner_read_errors: None,
         mean_bytes: None,
+        cpu_ms_per_search: None,
     })
 }
 
@@ -1133,14 +1142,29 @@ async fn server_settings(client: &Client) -> Result<String, SearchBenchError> {
 
 fn progress_line(m: &Measured) -> String {
     format!(
-        "{}: {:.0} searches/s, p50 {:.2} ms, p99 {} ms, mean {:.2} ms, {} failed",
+        "{}: {:.0} searches/s, p50 {:.2} ms, p99 {} ms, mean {:.2} ms, {} failed{}",
         m.method,
         m.per_second(),
         m.p50_ms,
         m.p99_ms.map_or("n/a".into(), |v| format!("{v:.2}")),
         m.mean_ms,
-        m.failed
+        m.failed,
+        m.cpu_ms_per_search
+            .map(|c| format!(", {c:.3} CPU ms per search"))
+            .unwrap_or_default()
     )
+}
+
+/// User and system CPU time of this process so far (all threads), from
+/// `/proc/self/stat`; `None` off Linux.
+fn process_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name may hold spaces; the fields after it do not.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line, in clock ticks
+    // (USER_HZ, 100 on Linux).
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
 }
 
 struct Report<'a> {
@@ -1222,15 +1246,15 @@ fn render(r: &Report) -> String {
     let _ = writeln!(s);
     let _ = writeln!(
         s,
-        "| method | clients | searches/s | p50 ms | p90 ms | p99 ms | max ms | mean ms | non-empty | failed | owner reads |"
+        "| method | clients | searches/s | p50 ms | p90 ms | p99 ms | max ms | mean ms | CPU ms/search | non-empty | failed | owner reads |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     let opt =
         |v: Option<f64>, digits: usize| v.map_or("n/a".to_string(), |v| format!("{v:.digits$}"));
     for m in r.vacancy.iter().chain(std::iter::once(r.owner)) {
         let _ = writeln!(
             s,
-            "| {} | {} | {:.0} | {:.2} | {:.2} | {} | {} | {:.2} | {} | {} | {} |",
+            "| {} | {} | {:.0} | {:.2} | {:.2} | {} | {} | {:.2} | {} | {} | {} | {} |",
             m.method,
             m.clients,
             m.per_second(),
@@ -1239,6 +1263,7 @@ fn render(r: &Report) -> String {
             opt(m.p99_ms, 2),
             opt(m.max_ms, 1),
             m.mean_ms,
+            opt(m.cpu_ms_per_search, 3),
             m.non_empty
                 .map_or("n/a".into(), |v| format!("{:.1}%", v * 100.0)),
             m.failed,

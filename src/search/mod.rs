@@ -340,15 +340,22 @@ impl Search {
         let (copied, lsn) = {
             let t = self.model.read();
             let mut folded = Vec::new();
-            let located = candidates.iter().filter_map(|(id, score)| {
-                let hotel = t.hotels.get(id).filter(|h| still_matches(h, req))?;
-                Some((hotel, *score))
-            });
+            let located: Vec<(&Hotel, f32)> = candidates
+                .iter()
+                .filter_map(|(id, score)| {
+                    let hotel = t.hotels.get(id).filter(|h| still_matches(h, req))?;
+                    Some((hotel, *score))
+                })
+                .collect();
             let copied = if trusted {
-                let mut ranked: Vec<(Rank, &Hotel)> = located
-                    .filter_map(|(hotel, score)| {
-                        let rank = rank_in_copy(&t, hotel, score, req, &mut folded)?;
-                        Some((rank, hotel))
+                let mut shown_types = Vec::new();
+                let mut ranked: Vec<(Rank, std::ops::Range<usize>)> = located
+                    .iter()
+                    .filter_map(|&(hotel, score)| {
+                        let start = shown_types.len();
+                        let rank =
+                            rank_in_copy(&t, hotel, score, req, &mut folded, &mut shown_types)?;
+                        Some((rank, start..shown_types.len()))
                     })
                     .collect();
                 ranked.sort_by(|a, b| order(&a.0, &b.0, req.sort));
@@ -356,16 +363,16 @@ impl Search {
                 let window = ranked.iter().skip(req.offset);
                 let hotels = window
                     .take(req.limit * MAX_PAGE_ROUNDS)
-                    .map(|(rank, hotel)| {
-                        let h = read_hotel(
-                            &t,
-                            hotel,
-                            rank.score,
-                            req.stay,
-                            smallest,
-                            true,
-                            &mut folded,
-                        );
+                    .map(|(rank, types)| {
+                        let h = HotelNights {
+                            hotel_id: rank.hotel_id,
+                            stars: rank.stars,
+                            score: rank.score,
+                            types: shown_types[types.clone()]
+                                .iter()
+                                .map(|st| st.nights(rank.hotel_id))
+                                .collect(),
+                        };
                         (*rank, h)
                     })
                     .collect();
@@ -377,6 +384,7 @@ impl Search {
                 // Room types too small for every room are never shown.
                 Copied::Unranked(
                     located
+                        .into_iter()
                         .map(|(hotel, score)| {
                             let offered_only =
                                 reason == Reason::FewUnits && !bypassed.contains(&hotel.id);
@@ -563,8 +571,20 @@ impl Search {
     /// Where the hotel sorts, when the party can be placed in its offered
     /// room types; `None` when it cannot.
     fn rank(&self, h: &HotelNights, rooms: &[i16], max_price: Option<i64>) -> Option<Rank> {
-        let types = h.types.iter().map(|t| (t.max_guests, t.offer));
-        rank_of(h.hotel_id, h.stars, h.score, types, rooms, max_price)
+        let types = h
+            .types
+            .iter()
+            .map(|t| (t.key.room_type_id, t.max_guests, t.offer));
+        let mut shown_types = Vec::new();
+        rank_of(
+            h.hotel_id,
+            h.stars,
+            h.score,
+            types,
+            rooms,
+            max_price,
+            &mut shown_types,
+        )
     }
 
     /// The hotel with its offered room types, when the party can be placed
@@ -772,23 +792,45 @@ enum Copied {
     Unranked(Vec<HotelNights>),
 }
 
-/// Where a hotel sorts, from its room types as `(max_guests, offer)`;
-/// `None` when the party cannot be placed in the offered ones (enough beds
-/// for the smallest room, free on every night, within `max_price`).
-/// Allocates nothing: it runs for every candidate of a search.
+/// A room type that may be shown (see `shown`), as ranking found it.
+#[derive(Debug, Clone, Copy)]
+struct ShownType {
+    room_type_id: i64,
+    price: Option<i64>,
+    free: i32,
+    max_guests: i16,
+}
+
+impl ShownType {
+    fn nights(&self, hotel_id: i64) -> TypeNights {
+        TypeNights {
+            key: CalendarKey {
+                hotel_id,
+                room_type_id: self.room_type_id,
+            },
+            max_guests: self.max_guests,
+            offer: Some((self.free, self.price)),
+            nights: Vec::new(),
+            source: Source::Copy,
+        }
+    }
+}
+
+/// Where a hotel sorts, from its room types as `(room type id, max_guests,
+/// offer)`; `None` when the party cannot be placed in the ones that may be
+/// shown. Those are appended to `shown_types` (and taken back off when the
+/// hotel does not match), so ranking a city's hotels fills one vector
+/// instead of allocating per hotel.
 fn rank_of(
     hotel_id: i64,
     stars: Option<i16>,
     score: f32,
-    types: impl Iterator<Item = (i16, Option<(i32, Option<i64>)>)> + Clone,
+    types: impl Iterator<Item = (i64, i16, Option<(i32, Option<i64>)>)>,
     rooms: &[i16],
     max_price: Option<i64>,
+    shown_types: &mut Vec<ShownType>,
 ) -> Option<Rank> {
     let smallest = rooms.iter().copied().min().unwrap_or(1);
-    let offered = types.filter_map(move |(max_guests, offer)| {
-        let (free, price) = shown(max_guests, offer, smallest, max_price)?;
-        Some((max_guests, free, price))
-    });
     let mut rank = Rank {
         hotel_id,
         stars,
@@ -796,23 +838,36 @@ fn rank_of(
         free_units: 0,
         score,
     };
-    let mut any = false;
-    for (_, free, price) in offered.clone() {
-        any = true;
+    let start = shown_types.len();
+    for (room_type_id, max_guests, offer) in types {
+        let Some((free, price)) = shown(max_guests, offer, smallest, max_price) else {
+            continue;
+        };
+        shown_types.push(ShownType {
+            room_type_id,
+            price,
+            free,
+            max_guests,
+        });
         rank.free_units += i64::from(free);
         rank.price_cents = match (rank.price_cents, price) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
         };
     }
+    let these = &shown_types[start..];
     let fits = placeable_by(rooms, |g| {
-        offered
-            .clone()
-            .filter(|(max_guests, _, _)| *max_guests >= g)
-            .map(|(_, free, _)| i64::from(free))
+        these
+            .iter()
+            .filter(|t| t.max_guests >= g)
+            .map(|t| i64::from(t.free))
             .sum()
     });
-    (any && fits).then_some(rank)
+    if these.is_empty() || !fits {
+        shown_types.truncate(start);
+        return None;
+    }
+    Some(rank)
 }
 
 /// A room type's offer when it may be shown: enough beds for the smallest
@@ -883,19 +938,21 @@ fn with_offers<'a>(
 }
 
 /// Where `hotel` sorts for `req`, straight from the copy's calendars; `None`
-/// when the copy shows no way to place the party. `folded` is scratch space.
+/// when the copy shows no way to place the party. `folded` is scratch
+/// space; the room types that may be shown go on `shown_types`.
 fn rank_in_copy(
     t: &Tables,
     hotel: &Hotel,
     score: f32,
     req: &SearchRequest,
     folded: &mut Vec<OfferSoFar>,
+    shown_types: &mut Vec<ShownType>,
 ) -> Option<Rank> {
     let smallest = req.rooms.iter().copied().min().unwrap_or(1);
     let (_, columns) = fold_hotel(t, hotel.id, req.stay, folded);
     let room_types = t.room_types.of_hotel(hotel.id);
     let types =
-        with_offers(room_types, columns, folded, smallest).map(|(rt, o)| (rt.max_guests, o));
+        with_offers(room_types, columns, folded, smallest).map(|(rt, o)| (rt.id, rt.max_guests, o));
     rank_of(
         hotel.id,
         hotel.stars,
@@ -903,6 +960,7 @@ fn rank_in_copy(
         types,
         &req.rooms,
         req.max_price_cents,
+        shown_types,
     )
 }
 

@@ -1,6 +1,10 @@
 //! Quote tokens: what one search answer showed for one room type, signed.
 //!
-//! A token is `base64url(payload ‖ HMAC-SHA256(key, payload))`, no padding.
+//! A token is `base64url(payload ‖ HMAC-SHA256(key, payload)[..16])`, no
+//! padding. The tag is truncated to 128 bits (RFC 2104 §5 and NIST SP
+//! 800-107 allow it; forging one still takes 2^128 tries per guess) because
+//! every room type of every answer carries a token: the full tag made them a
+//! fifth of a search answer's bytes.
 //! The payload is a fixed 48-byte big-endian record (below), so decoding is a
 //! length check and a handful of slice reads, and a token costs one HMAC over
 //! one SHA-256 block on the hot search path (the keyed state is computed once
@@ -30,9 +34,10 @@ use crate::search::Source;
 type HmacSha256 = Hmac<Sha256>;
 
 /// Bumped when the payload layout changes; older tokens are then refused.
-const VERSION: u8 = 1;
+const VERSION: u8 = 2;
 const PAYLOAD_LEN: usize = 48;
-const TAG_LEN: usize = 32;
+/// Bytes of the HMAC kept (version 1 kept all 32).
+const TAG_LEN: usize = 16;
 const TOKEN_LEN: usize = PAYLOAD_LEN + TAG_LEN;
 /// base64url of `TOKEN_LEN` bytes without padding; anything longer is refused
 /// before decoding.
@@ -105,10 +110,11 @@ impl QuoteKey {
         let payload = encode_payload(quote)?;
         let mut mac = self.mac.clone();
         mac.update(&payload);
-        let tag = mac.finalize().into_bytes();
+        let full = mac.finalize().into_bytes();
+        let tag = &full[..TAG_LEN];
         let mut token = [0u8; TOKEN_LEN];
         token[..PAYLOAD_LEN].copy_from_slice(&payload);
-        token[PAYLOAD_LEN..].copy_from_slice(&tag);
+        token[PAYLOAD_LEN..].copy_from_slice(tag);
         Ok(URL_SAFE_NO_PAD.encode(token))
     }
 
@@ -126,7 +132,7 @@ impl QuoteKey {
         let mut mac = self.mac.clone();
         mac.update(payload);
         // Constant time: the comparison does not stop at the first wrong byte.
-        mac.verify_slice(tag)
+        mac.verify_truncated_left(tag)
             .map_err(|_| QuoteError::BadSignature)?;
         decode_payload(payload)
     }
@@ -258,7 +264,7 @@ mod tests {
     fn round_trips_every_field() {
         let key = QuoteKey::new(&[7u8; 32]);
         let token = key.sign(&quote()).unwrap();
-        assert_eq!(token.len(), MAX_ENCODED_LEN - 1, "80 bytes → 107 chars");
+        assert_eq!(token.len(), 86, "64 bytes → 86 chars");
         assert!(
             token
                 .bytes()
@@ -294,7 +300,14 @@ mod tests {
     #[test]
     fn garbage_is_malformed_not_a_panic() {
         let key = QuoteKey::random();
-        for bad in ["", "x", "!!!!", &"A".repeat(107), &"A".repeat(5000)] {
+        for bad in [
+            "",
+            "x",
+            "!!!!",
+            &"A".repeat(86),
+            &"A".repeat(107),
+            &"A".repeat(5000),
+        ] {
             assert!(key.verify(bad).is_err(), "{bad:?} verified");
         }
         assert_eq!(key.verify("not base64 at all"), Err(QuoteError::Malformed));
@@ -339,7 +352,7 @@ mod tests {
             let mut mac = key.mac.clone();
             mac.update(&payload);
             let mut raw = payload.clone();
-            raw.extend_from_slice(&mac.finalize().into_bytes());
+            raw.extend_from_slice(&mac.finalize().into_bytes()[..TAG_LEN]);
             match key.verify(&URL_SAFE_NO_PAD.encode(&raw)) {
                 Ok(_) | Err(QuoteError::UnknownVersion | QuoteError::BadField) => {}
                 Err(other) => prop_assert!(false, "unexpected {:?}", other),
