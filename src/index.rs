@@ -83,7 +83,20 @@ pub struct HotelIndex {
     dirty: Mutex<HashSet<i64>>,
     rebuild: AtomicBool,
     synced: AtomicU64,
+    /// Bumped after each reload of the reader: part of every cached
+    /// answer's key, so no answer of an older reader outlives it.
+    generation: AtomicU64,
+    /// Recent candidate lists. Guests ask the same few places over and over
+    /// (a city, with a handful of filters), and the index changes only when
+    /// a hotel does; a hit saves a query that was a twentieth of a search.
+    answers: moka::sync::Cache<(u64, String), Candidates>,
 }
+
+/// Hotel ids with a relevance score, shared between cache and searches.
+pub type Candidates = Arc<Vec<(i64, f32)>>;
+
+/// Most candidates the cache holds in all (16 bytes each with their key's share).
+const CACHED_CANDIDATES: u64 = 1_000_000;
 
 impl HotelIndex {
     pub fn new() -> Result<Arc<HotelIndex>, IndexError> {
@@ -117,6 +130,13 @@ impl HotelIndex {
             dirty: Mutex::new(HashSet::new()),
             rebuild: AtomicBool::new(false),
             synced: AtomicU64::new(0),
+            generation: AtomicU64::new(0),
+            answers: moka::sync::Cache::builder()
+                .max_capacity(CACHED_CANDIDATES)
+                .weigher(|_, v: &Candidates| u32::try_from(v.len()).unwrap_or(u32::MAX).max(1))
+                // Stale generations are never asked for again; let them go.
+                .time_to_idle(Duration::from_secs(60))
+                .build(),
         }))
     }
 
@@ -224,6 +244,7 @@ impl HotelIndex {
         writer.commit()?;
         drop(writer);
         self.reader.reload()?;
+        self.generation.fetch_add(1, Ordering::AcqRel);
         metrics::INDEX_COMMIT_DURATION.observe(started.elapsed().as_secs_f64());
         let searcher = self.reader.searcher();
         metrics::INDEX_DOCUMENTS.set(searcher.num_docs() as i64);
@@ -234,7 +255,19 @@ impl HotelIndex {
 
     /// Hotel ids matching `q`, with a relevance score (1.0 when the place is
     /// not free text).
-    pub fn candidates(&self, q: &CandidateQuery) -> Result<Vec<(i64, f32)>, IndexError> {
+    pub fn candidates(&self, q: &CandidateQuery) -> Result<Candidates, IndexError> {
+        // Read before the query runs: a reload in between stores a newer
+        // answer under the older generation, never the reverse.
+        let key = (self.generation.load(Ordering::Acquire), format!("{q:?}"));
+        if let Some(hit) = self.answers.get(&key) {
+            return Ok(hit);
+        }
+        let found = Arc::new(self.query(q)?);
+        self.answers.insert(key, found.clone());
+        Ok(found)
+    }
+
+    fn query(&self, q: &CandidateQuery) -> Result<Vec<(i64, f32)>, IndexError> {
         let f = self.fields;
         let mut clauses: Vec<(Occur, Box<dyn Query>)> = Vec::new();
         match &q.place {
@@ -342,5 +375,90 @@ pub async fn run_indexer(
             Ok(Err(error)) => tracing::error!(%error, "index sync failed"),
             Err(error) => tracing::error!(%error, "index sync task failed"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Hotel, Unsent};
+
+    fn hotel(id: i64, city: &str) -> Change {
+        Change::UpsertHotel {
+            hotel: Box::new(Hotel {
+                id,
+                name: format!("Hotel {id}"),
+                city: city.into(),
+                country: None,
+                stars: Some(3),
+                latitude: None,
+                longitude: None,
+                amenities: Vec::new(),
+            }),
+            unsent: Unsent::default(),
+        }
+    }
+
+    fn commit(model: &ReadModel, index: &HotelIndex, lsn: u64, changes: Vec<Change>) {
+        let txn = Transaction {
+            commit_lsn: Lsn(lsn),
+            end_lsn: Lsn(lsn + 1),
+            commit_time: chrono::Utc::now(),
+            changes,
+        };
+        index.note_transaction(&txn);
+        model.apply(&txn).unwrap();
+        index.sync(model).unwrap();
+    }
+
+    fn in_city(city: &str) -> CandidateQuery {
+        CandidateQuery {
+            place: Place::City(city.into()),
+            stars_min: None,
+            amenities: Vec::new(),
+        }
+    }
+
+    fn ids(c: &Candidates) -> Vec<i64> {
+        let mut ids: Vec<i64> = c.iter().map(|(id, _)| *id).collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    #[test]
+    fn cached_candidates_last_only_until_the_index_changes() {
+        let model = ReadModel::new();
+        let index = HotelIndex::new().unwrap();
+        commit(
+            &model,
+            &index,
+            10,
+            vec![hotel(1, "Porto"), hotel(2, "Lisbon")],
+        );
+
+        let first = index.candidates(&in_city("porto")).unwrap();
+        assert_eq!(ids(&first), vec![1]);
+        let again = index.candidates(&in_city("porto")).unwrap();
+        assert!(
+            Arc::ptr_eq(&first, &again),
+            "the second ask is served from the cache"
+        );
+        let other = index.candidates(&in_city("lisbon")).unwrap();
+        assert_eq!(ids(&other), vec![2], "another question has its own entry");
+
+        // A new hotel in Porto and one moving out: the next answer shows both.
+        commit(
+            &model,
+            &index,
+            20,
+            vec![hotel(3, "Porto"), hotel(1, "Faro")],
+        );
+        let after = index.candidates(&in_city("porto")).unwrap();
+        assert_eq!(ids(&after), vec![3]);
+
+        // A sync with nothing to re-index keeps the cached answers.
+        index.sync(&model).unwrap();
+        let kept = index.candidates(&in_city("porto")).unwrap();
+        assert!(Arc::ptr_eq(&after, &kept));
     }
 }
