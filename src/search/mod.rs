@@ -506,12 +506,19 @@ impl Search {
                 h.name.clone_from(&hotel.name);
                 h.city.clone_from(&hotel.city);
             }
+            // Both are sorted by room type id, so one walk pairs them; the
+            // keyed lookup is there should an order ever differ.
+            let mut names = t.room_types.of_hotel(h.hotel_id).iter().peekable();
             for o in &mut h.room_types {
+                while names.next_if(|rt| rt.id < o.room_type_id).is_some() {}
                 let key = CalendarKey {
                     hotel_id: h.hotel_id,
                     room_type_id: o.room_type_id,
                 };
-                if let Some(rt) = t.room_types.get(&key) {
+                let found = names
+                    .next_if(|rt| rt.id == o.room_type_id)
+                    .or_else(|| t.room_types.get(&key));
+                if let Some(rt) = found {
                     o.name.clone_from(&rt.name);
                 }
             }
