@@ -12,10 +12,11 @@
 //! newer one. It follows Netflix's DBLog watermark method: the refresher
 //! registers a window, writes a low watermark (`pg_logical_emit_message`,
 //! transactional, so it lands in commit order), reads the calendars, then
-//! writes a high watermark. Between the two watermarks the projector notes
-//! every night the stream changed in those calendars; at the high watermark
-//! it merges the rows read, except those nights, whose stream values are at
-//! least as new. A window whose watermarks do not both arrive (a reconnect, a
+//! writes a high watermark. From the window's registration (not just from
+//! the low watermark: WAL commit order is not visibility order, see
+//! `Window::changed`) to the high watermark the projector notes every night
+//! the stream changed in those calendars; at the high watermark it merges the
+//! rows read, except those nights, whose stream values are at least as new. A window whose watermarks do not both arrive (a reconnect, a
 //! resnapshot) is abandoned and its calendars queued again.
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -72,9 +73,16 @@ struct Window {
     keys: HashSet<CalendarKey>,
     rows: Option<Vec<(CalendarKey, NaiveDate, NightCounts)>>,
     opened: bool,
-    /// Nights the stream changed between the watermarks: theirs is newer.
+    /// Nights the stream changed since the window was registered: theirs is
+    /// at least as new as the read's. Counted from registration, before the
+    /// low watermark is written, because PostgreSQL's commit order in the
+    /// WAL is not its visibility order: a transaction whose commit record
+    /// precedes the low watermark can still be invisible to the read's
+    /// snapshot for a moment (committed, not yet marked so in the proc
+    /// array), and counting from the low watermark would let the read's
+    /// older value overwrite that transaction's change.
     changed: HashSet<(CalendarKey, NaiveDate)>,
-    /// An inventory truncate inside the window: every night the read saw may
+    /// An inventory truncate since registration: every night the read saw may
     /// be older than the stream's, so the window is read again instead.
     truncated: bool,
     registered: Instant,
@@ -177,7 +185,7 @@ impl Refresh {
                 ),
                 Change::Truncate { tables } => {
                     if tables.contains(&Table::Inventory) {
-                        for w in windows.values_mut().filter(|w| w.opened) {
+                        for w in windows.values_mut() {
                             w.truncated = true;
                         }
                     }
@@ -187,10 +195,8 @@ impl Refresh {
             };
             touched.insert(key);
             if let Some(night) = night {
-                for w in windows
-                    .values_mut()
-                    .filter(|w| w.opened && w.keys.contains(&key))
-                {
+                // From registration, not from the low watermark: see `Window::changed`.
+                for w in windows.values_mut().filter(|w| w.keys.contains(&key)) {
                     w.changed.insert((key, night));
                 }
             }
@@ -420,4 +426,123 @@ async fn reread(
     refresh.set_rows(id, rows);
     client.execute(emit, &[&format!("high:{id}")]).await?;
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lsn::Lsn;
+
+    fn key() -> CalendarKey {
+        CalendarKey {
+            hotel_id: 1,
+            room_type_id: 1,
+        }
+    }
+
+    fn night() -> NaiveDate {
+        NaiveDate::from_ymd_opt(2030, 1, 1).unwrap()
+    }
+
+    fn taken(n: i32) -> NightCounts {
+        NightCounts {
+            total: 10,
+            taken: n,
+            sell_limit: None,
+            price_cents: Some(100),
+        }
+    }
+
+    fn txn(lsn: u64, changes: Vec<Change>) -> Transaction {
+        Transaction {
+            commit_lsn: Lsn(lsn),
+            end_lsn: Lsn(lsn + 1),
+            commit_time: chrono::Utc::now(),
+            changes,
+        }
+    }
+
+    fn watermark(kind: &str, id: u64, lsn: u64) -> OwnMessage {
+        OwnMessage {
+            prefix: WATERMARK_PREFIX.into(),
+            content: format!("{kind}:{id}").into_bytes(),
+            lsn: Lsn(lsn),
+        }
+    }
+
+    fn apply(refresh: &Refresh, model: &ReadModel, t: Transaction, messages: &[OwnMessage]) {
+        model.apply(&t).unwrap();
+        refresh.after_apply(model, &t, messages);
+    }
+
+    /// A transaction whose commit record lands just before the low
+    /// watermark, but which the read's snapshot did not yet see: its change
+    /// must survive the merge of the read's older value.
+    #[test]
+    fn a_change_committed_just_before_the_low_watermark_is_not_overwritten() {
+        let model = ReadModel::new();
+        let refresh = Refresh::new(Duration::from_secs(3600));
+        let set = |n| Change::UpsertNight {
+            key: key(),
+            night: night(),
+            counts: taken(n),
+        };
+        apply(&refresh, &model, txn(10, vec![set(1)]), &[]);
+        let id = refresh.register(&[key()]);
+        // Committed (in WAL order) before the low watermark...
+        apply(&refresh, &model, txn(20, vec![set(2)]), &[]);
+        apply(
+            &refresh,
+            &model,
+            txn(30, vec![]),
+            &[watermark("low", id, 30)],
+        );
+        // ...but invisible to the read, which still saw taken = 1.
+        refresh.set_rows(id, vec![(key(), night(), taken(1))]);
+        apply(
+            &refresh,
+            &model,
+            txn(40, vec![]),
+            &[watermark("high", id, 40)],
+        );
+
+        assert_eq!(
+            refresh.merged.load(Ordering::Relaxed),
+            1,
+            "the window merged"
+        );
+        let copy = model.read().calendars.get(&key()).unwrap().get(night());
+        assert_eq!(copy, Some(taken(2)), "the stream's newer value stays");
+    }
+
+    /// The safety net still repairs what the stream never delivered.
+    #[test]
+    fn a_night_the_stream_did_not_touch_takes_the_read_value() {
+        let model = ReadModel::new();
+        let refresh = Refresh::new(Duration::from_secs(3600));
+        let set = |n| Change::UpsertNight {
+            key: key(),
+            night: night(),
+            counts: taken(n),
+        };
+        apply(&refresh, &model, txn(10, vec![set(1)]), &[]);
+        let id = refresh.register(&[key()]);
+        apply(
+            &refresh,
+            &model,
+            txn(30, vec![]),
+            &[watermark("low", id, 30)],
+        );
+        refresh.set_rows(id, vec![(key(), night(), taken(5))]);
+        apply(
+            &refresh,
+            &model,
+            txn(40, vec![]),
+            &[watermark("high", id, 40)],
+        );
+
+        assert_eq!(refresh.repaired.load(Ordering::Relaxed), 1);
+        let copy = model.read().calendars.get(&key()).unwrap().get(night());
+        assert_eq!(copy, Some(taken(5)));
+    }
 }
