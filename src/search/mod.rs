@@ -82,7 +82,7 @@ pub struct HotelResult {
 /// What the answer's order needs of a matched hotel. It is computed for
 /// every match (a city's 200 hotels), while a `HotelResult`, with its room
 /// types, names and quotes, is built only for the page shown.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 struct Rank {
     hotel_id: i64,
     stars: Option<i16>,
@@ -241,21 +241,10 @@ impl OfferSoFar {
     }
 }
 
-/// Whether every room (guests each) fits into the types (max guests, units
-/// free). Eligible types for a room are all those with enough beds, so the
-/// sets are nested and Hall's condition per guest count decides it.
-pub fn placeable(rooms: &[i16], types: &[(i16, i32)]) -> bool {
-    placeable_by(rooms, |g| {
-        types
-            .iter()
-            .filter(|(m, _)| *m >= g)
-            .map(|(_, f)| i64::from(*f))
-            .sum()
-    })
-}
-
-/// `placeable`, with `free_for(g)` the units free in types of at least `g`
-/// beds: lets a caller count over its own room types without collecting them.
+/// Whether every room (guests each) fits into the room types, with
+/// `free_for(g)` the units free in types of at least `g` beds. Eligible
+/// types for a room are all those with enough beds, so the sets are nested
+/// and Hall's condition per guest count decides it.
 pub fn placeable_by(rooms: &[i16], free_for: impl Fn(i16) -> i64) -> bool {
     rooms.iter().all(|&g| {
         let need = rooms.iter().filter(|&&r| r >= g).count() as i64;
@@ -610,17 +599,16 @@ impl Search {
             .iter()
             .filter_map(|t| {
                 let (free, price) = shown(t.max_guests, t.offer, smallest, max_price)?;
-                Some((t, free, price))
-            })
-            .map(|(t, free, price)| RoomOffer {
-                room_type_id: t.key.room_type_id,
-                name: String::new(),
-                max_guests: t.max_guests,
-                free_units: free,
-                price_cents: price,
-                low_availability: free <= self.few_units,
-                source: t.source,
-                quote: String::new(),
+                Some(RoomOffer {
+                    room_type_id: t.key.room_type_id,
+                    name: String::new(),
+                    max_guests: t.max_guests,
+                    free_units: free,
+                    price_cents: price,
+                    low_availability: free <= self.few_units,
+                    source: t.source,
+                    quote: String::new(),
+                })
             })
             .collect();
         Some(HotelResult {
@@ -1107,6 +1095,17 @@ mod tests {
         assert!(!placeable(&[4], &[(2, 9)]), "not enough beds");
         assert!(placeable(&[4, 1], &[(4, 1), (1, 1)]));
         assert!(!placeable(&[4, 4], &[(4, 1), (6, 0), (1, 5)]));
+    }
+
+    /// `placeable_by` over a list of (max guests, units free).
+    fn placeable(rooms: &[i16], types: &[(i16, i32)]) -> bool {
+        placeable_by(rooms, |g| {
+            types
+                .iter()
+                .filter(|(m, _)| *m >= g)
+                .map(|(_, f)| i64::from(*f))
+                .sum()
+        })
     }
 
     /// Brute force: try every assignment of rooms to types.

@@ -475,37 +475,40 @@ mod tests {
         refresh.after_apply(model, &t, messages);
     }
 
+    fn set(taken_units: i32) -> Change {
+        Change::UpsertNight {
+            key: key(),
+            night: night(),
+            counts: taken(taken_units),
+        }
+    }
+
+    /// One re-read window over the night, which the stream first set to
+    /// taken = 1: registered, then `before_low` applied by the stream (the
+    /// low watermark not yet written), then the low watermark, the read
+    /// (which saw `read_taken`) and the high watermark. Returns the copy.
+    fn window(before_low: Vec<Change>, read_taken: i32) -> (Arc<ReadModel>, Arc<Refresh>) {
+        let model = ReadModel::new();
+        let refresh = Refresh::new(Duration::from_secs(3600));
+        apply(&refresh, &model, txn(10, vec![set(1)]), &[]);
+        let id = refresh.register(&[key()]);
+        apply(&refresh, &model, txn(20, before_low), &[]);
+        let low = [watermark("low", id, 30)];
+        apply(&refresh, &model, txn(30, vec![]), &low);
+        refresh.set_rows(id, vec![(key(), night(), taken(read_taken))]);
+        let high = [watermark("high", id, 40)];
+        apply(&refresh, &model, txn(40, vec![]), &high);
+        (model, refresh)
+    }
+
     /// A transaction whose commit record lands just before the low
     /// watermark, but which the read's snapshot did not yet see: its change
     /// must survive the merge of the read's older value.
     #[test]
     fn a_change_committed_just_before_the_low_watermark_is_not_overwritten() {
-        let model = ReadModel::new();
-        let refresh = Refresh::new(Duration::from_secs(3600));
-        let set = |n| Change::UpsertNight {
-            key: key(),
-            night: night(),
-            counts: taken(n),
-        };
-        apply(&refresh, &model, txn(10, vec![set(1)]), &[]);
-        let id = refresh.register(&[key()]);
-        // Committed (in WAL order) before the low watermark...
-        apply(&refresh, &model, txn(20, vec![set(2)]), &[]);
-        apply(
-            &refresh,
-            &model,
-            txn(30, vec![]),
-            &[watermark("low", id, 30)],
-        );
-        // ...but invisible to the read, which still saw taken = 1.
-        refresh.set_rows(id, vec![(key(), night(), taken(1))]);
-        apply(
-            &refresh,
-            &model,
-            txn(40, vec![]),
-            &[watermark("high", id, 40)],
-        );
-
+        // Committed (in WAL order) before the low watermark, but invisible to
+        // the read, which still saw taken = 1.
+        let (model, refresh) = window(vec![set(2)], 1);
         assert_eq!(
             refresh.merged.load(Ordering::Relaxed),
             1,
@@ -518,29 +521,7 @@ mod tests {
     /// The safety net still repairs what the stream never delivered.
     #[test]
     fn a_night_the_stream_did_not_touch_takes_the_read_value() {
-        let model = ReadModel::new();
-        let refresh = Refresh::new(Duration::from_secs(3600));
-        let set = |n| Change::UpsertNight {
-            key: key(),
-            night: night(),
-            counts: taken(n),
-        };
-        apply(&refresh, &model, txn(10, vec![set(1)]), &[]);
-        let id = refresh.register(&[key()]);
-        apply(
-            &refresh,
-            &model,
-            txn(30, vec![]),
-            &[watermark("low", id, 30)],
-        );
-        refresh.set_rows(id, vec![(key(), night(), taken(5))]);
-        apply(
-            &refresh,
-            &model,
-            txn(40, vec![]),
-            &[watermark("high", id, 40)],
-        );
-
+        let (model, refresh) = window(Vec::new(), 5);
         assert_eq!(refresh.repaired.load(Ordering::Relaxed), 1);
         let copy = model.read().calendars.get(&key()).unwrap().get(night());
         assert_eq!(copy, Some(taken(5)));
