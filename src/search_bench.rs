@@ -195,6 +195,8 @@ struct Measured {
     failed: u64,
     owner_reads: Option<u64>,
     owner_read_errors: Option<u64>,
+    /// Mean time of one owner read, as the server timed it.
+    owner_read_ms: Option<f64>,
     mean_bytes: Option<f64>,
     /// CPU time of this process (server, and the client's one thread) per
     /// answer: steadier than searches/s on a shared machine.
@@ -687,23 +689,25 @@ async fn drive_vacancy(
     drop(conn);
 
     let reads = || {
+        let duration = metrics::OWNER_READ_DURATION.with_label_values(&["few_units"]);
         (
             metrics::OWNER_READS.with_label_values(&["few_units"]).get(),
             metrics::OWNER_READ_ERRORS
                 .with_label_values(&["few_units"])
                 .get(),
+            (duration.get_sample_sum(), duration.get_sample_count()),
         )
     };
     if args.warmup_seconds > 0 {
         load_http(app.addr, data, args.clients, args.warmup_seconds, 1).await?;
     }
-    let (reads_before, errors_before) = reads();
+    let (reads_before, errors_before, timed_before) = reads();
     let cpu_before = process_cpu();
     let tally = load_http(app.addr, data, args.clients, args.seconds, 2).await?;
     let cpu = process_cpu()
         .zip(cpu_before)
         .map(|(after, before)| after - before);
-    let (reads_after, errors_after) = reads();
+    let (reads_after, errors_after, timed_after) = reads();
     let method = if threshold > 0 {
         format!("vacancy /v1/search (few_units_threshold = {threshold}, default)")
     } else {
@@ -717,6 +721,9 @@ async fn drive_vacancy(
     )?;
     measured.cpu_ms_per_search =
         cpu.map(|c| c.as_secs_f64() * 1e3 / measured.answers.max(1) as f64);
+    let timed = timed_after.1 - timed_before.1;
+    measured.owner_read_ms =
+        (timed > 0).then(|| (timed_after.0 - timed_before.0) * 1e3 / timed as f64);
     Ok((measured, agreement))
 }
 
@@ -783,6 +790,7 @@ impl Tally {
             failed: self.failed,
             owner_reads: Some(owner_reads),
             owner_read_errors: Some(owner_read_errors),
+            owner_read_ms: None,
             mean_bytes: Some(self.bytes as f64 / answers.max(1) as f64),
             cpu_ms_per_search: None,
         })
@@ -1075,6 +1083,7 @@ async fn measure_owner(
         failed,
         owner_reads: None,
         owner_read_errors: None,
+        owner_read_ms: None,
         mean_bytes: None,
         cpu_ms_per_search: None,
     })
@@ -1268,8 +1277,11 @@ fn render(r: &Report) -> String {
                 .map_or("n/a".into(), |v| format!("{:.1}%", v * 100.0)),
             m.failed,
             m.owner_reads.map_or("n/a".into(), |n| {
+                let mean = m
+                    .owner_read_ms
+                    .map_or(String::new(), |ms| format!(", mean {ms:.2} ms"));
                 format!(
-                    "{n} ({:.2}/search, {} failed)",
+                    "{n} ({:.2}/search{mean}, {} failed)",
                     n as f64 / m.answers.max(1) as f64,
                     m.owner_read_errors.unwrap_or(0)
                 )

@@ -35,7 +35,7 @@ use crate::model::calendars::HotelCalendars;
 use crate::model::{CalendarKey, Hotel, NightCounts, ReadModel, RoomType, Tables};
 use crate::stale::StaleLoop;
 use crate::stale::token::{Quote, QuoteKey};
-use owner_read::{OwnerReader, Reason};
+use owner_read::{OwnerCalendars, OwnerReader, Reason};
 use params::{AvailabilityRequest, Cursor, SearchRequest, Sort, Stay};
 
 /// Whose numbers a room type shows.
@@ -153,11 +153,12 @@ impl QuoteContext {
     }
 }
 
-/// Owner rows read for some calendars; `None` rows: the read failed.
-type OwnerNights = (
-    std::collections::HashSet<CalendarKey>,
-    Option<HashMap<(CalendarKey, NaiveDate), NightCounts>>,
-);
+/// What one owner read gave for some calendars.
+enum OwnerNights {
+    Read(Arc<OwnerCalendars>),
+    /// The read failed; the calendars asked for, sorted.
+    Failed(Vec<CalendarKey>),
+}
 
 /// One room type's nights over the stay, as read from the copy.
 #[derive(Debug, Clone)]
@@ -446,7 +447,7 @@ impl Search {
             if let Some(read) = self.owner_nights(few, req.stay, Reason::FewUnits).await {
                 let looked_at = batch.len();
                 let mut nights: Vec<HotelNights> = batch.into_iter().map(|(_, h)| h).collect();
-                apply_owner_nights(&mut nights, req.stay, read);
+                apply_owner_nights(&mut nights, &read);
                 batch = nights
                     .into_iter()
                     .filter_map(|h| Some((self.evaluate(&h, &req.rooms, req.max_price_cents)?, h)))
@@ -543,7 +544,7 @@ impl Search {
         )
         .await;
         for read in [all, flagged].into_iter().flatten() {
-            apply_owner_nights(hotels, stay, read);
+            apply_owner_nights(hotels, &read);
         }
     }
 
@@ -557,11 +558,14 @@ impl Search {
         if keys.is_empty() {
             return None;
         }
-        let read = self.owner.read(&keys, stay, reason).await;
-        let by_night = read
-            .ok()
-            .map(|rows| rows.iter().map(|(k, n, c)| ((*k, *n), *c)).collect());
-        Some((keys.into_iter().collect(), by_night))
+        Some(match self.owner.read(&keys, stay, reason).await {
+            Ok(read) => OwnerNights::Read(read),
+            Err(_) => {
+                let mut keys = keys;
+                keys.sort_unstable();
+                OwnerNights::Failed(keys)
+            }
+        })
     }
 
     /// Where the hotel sorts, when the party can be placed in its offered
@@ -655,7 +659,7 @@ impl Search {
                 .map(|t| t.key)
                 .collect();
             if let Some(read) = self.owner_nights(few, req.stay, reason).await {
-                apply_owner_nights(std::slice::from_mut(&mut hotel), req.stay, read);
+                apply_owner_nights(std::slice::from_mut(&mut hotel), &read);
             }
         } else {
             self.read_owner_where_needed(
@@ -756,20 +760,20 @@ pub struct NightAvailability {
 
 /// Puts the owner's rows over the copy's for the calendars read; when the
 /// read failed, flags them as showing the copy's numbers instead.
-fn apply_owner_nights(hotels: &mut [HotelNights], stay: Stay, read: OwnerNights) {
-    let (keys, by_night) = read;
-    for h in hotels.iter_mut() {
-        for t in h.types.iter_mut().filter(|t| keys.contains(&t.key)) {
-            match &by_night {
-                Some(rows) => {
-                    t.nights = stay
-                        .nights()
-                        .map(|n| rows.get(&(t.key, n)).copied())
-                        .collect();
+fn apply_owner_nights(hotels: &mut [HotelNights], read: &OwnerNights) {
+    for t in hotels.iter_mut().flat_map(|h| h.types.iter_mut()) {
+        match read {
+            OwnerNights::Read(calendars) => {
+                if let Some(nights) = calendars.nights(&t.key) {
+                    t.nights = nights.to_vec();
                     t.offer = offer(&t.nights);
                     t.source = Source::Owner;
                 }
-                None => t.source = Source::CopyFallback,
+            }
+            OwnerNights::Failed(keys) => {
+                if keys.binary_search(&t.key).is_ok() {
+                    t.source = Source::CopyFallback;
+                }
             }
         }
     }

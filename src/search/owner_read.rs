@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use chrono::NaiveDate;
 use moka::future::Cache;
+use rustc_hash::FxBuildHasher;
 use tokio_postgres::{Client, Statement};
 
 use super::params::Stay;
@@ -57,8 +58,49 @@ pub enum OwnerReadError {
     Failed(String),
 }
 
-/// Rows read: (calendar, night) → counts; a night missing here has no row.
-pub type OwnerRows = Vec<(CalendarKey, NaiveDate, NightCounts)>;
+/// What the owner holds for the calendars one read asked for, night by
+/// night over the stay. Laid out once per query, not per search that shares
+/// it: a page of a busy city shares one read with hundreds of searches.
+#[derive(Debug)]
+pub struct OwnerCalendars {
+    /// Sorted by calendar; every calendar asked for, with or without rows.
+    calendars: Vec<(CalendarKey, Box<[Option<NightCounts>]>)>,
+}
+
+impl OwnerCalendars {
+    /// Places `rows` on the nights of `stay`; `keys` are sorted and unique.
+    fn new(
+        keys: &[CalendarKey],
+        stay: Stay,
+        rows: impl Iterator<Item = (CalendarKey, NaiveDate, NightCounts)>,
+    ) -> OwnerCalendars {
+        let len = usize::try_from(stay.len()).unwrap_or(0);
+        let mut calendars: Vec<(CalendarKey, Box<[Option<NightCounts>]>)> = keys
+            .iter()
+            .map(|k| (*k, vec![None; len].into_boxed_slice()))
+            .collect();
+        for (key, night, counts) in rows {
+            let Ok(at) = calendars.binary_search_by(|(k, _)| k.cmp(&key)) else {
+                continue;
+            };
+            let day = (night - stay.check_in).num_days();
+            if let Some(slot) = usize::try_from(day)
+                .ok()
+                .and_then(|d| calendars[at].1.get_mut(d))
+            {
+                *slot = Some(counts);
+            }
+        }
+        OwnerCalendars { calendars }
+    }
+
+    /// The stay's nights of `key` (`None` for a night without a row), or
+    /// `None` when this read did not ask for `key`.
+    pub fn nights(&self, key: &CalendarKey) -> Option<&[Option<NightCounts>]> {
+        let at = self.calendars.binary_search_by(|(k, _)| k.cmp(key)).ok()?;
+        Some(&self.calendars[at].1)
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct ReadKey {
@@ -72,7 +114,7 @@ pub struct OwnerReader {
     timeout: Duration,
     clients: Vec<Mutex<Option<Prepared>>>,
     next: AtomicUsize,
-    cache: Cache<ReadKey, Arc<OwnerRows>>,
+    cache: Cache<ReadKey, Arc<OwnerCalendars>, FxBuildHasher>,
 }
 
 impl OwnerReader {
@@ -93,7 +135,9 @@ impl OwnerReader {
                 })
                 .max_capacity(10_000)
                 .time_to_live(Duration::from_millis(settings.search.owner_read_cache_ms))
-                .build(),
+                // A key holds a page's calendars; SipHash over them cost more
+                // than the lookup it guards.
+                .build_with_hasher(FxBuildHasher),
         }
     }
 
@@ -105,15 +149,15 @@ impl OwnerReader {
         keys: &[CalendarKey],
         stay: Stay,
         reason: Reason,
-    ) -> Result<Arc<OwnerRows>, OwnerReadError> {
+    ) -> Result<Arc<OwnerCalendars>, OwnerReadError> {
         let mut keys = keys.to_vec();
-        keys.sort();
+        keys.sort_unstable();
         keys.dedup();
         let key = ReadKey { keys, stay };
         let sent = std::sync::atomic::AtomicBool::new(false);
         let result = self
             .cache
-            .try_get_with(key.clone(), async {
+            .try_get_with_by_ref(&key, async {
                 sent.store(true, Ordering::Relaxed);
                 metrics::OWNER_READS
                     .with_label_values(&[reason.label()])
@@ -168,7 +212,7 @@ impl OwnerReader {
         Ok((slot, c, s))
     }
 
-    async fn query(&self, key: &ReadKey) -> Result<OwnerRows, OwnerReadError> {
+    async fn query(&self, key: &ReadKey) -> Result<OwnerCalendars, OwnerReadError> {
         let (slot, client, statement) = self.client().await?;
         let hotels: Vec<i64> = key.keys.iter().map(|k| k.hotel_id).collect();
         let room_types: Vec<i64> = key.keys.iter().map(|k| k.room_type_id).collect();
@@ -187,23 +231,72 @@ impl OwnerReader {
                 *self.clients[slot].lock().unwrap_or_else(|p| p.into_inner()) = None;
                 OwnerReadError::Failed(e.to_string())
             })?;
-        Ok(rows
-            .iter()
-            .map(|r| {
-                (
-                    CalendarKey {
-                        hotel_id: r.get(0),
-                        room_type_id: r.get(1),
-                    },
-                    r.get(2),
-                    NightCounts {
-                        total: r.get(3),
-                        taken: r.get(4),
-                        sell_limit: r.get(5),
-                        price_cents: r.get(6),
-                    },
-                )
-            })
-            .collect())
+        let rows = rows.iter().map(|r| {
+            (
+                CalendarKey {
+                    hotel_id: r.get(0),
+                    room_type_id: r.get(1),
+                },
+                r.get(2),
+                NightCounts {
+                    total: r.get(3),
+                    taken: r.get(4),
+                    sell_limit: r.get(5),
+                    price_cents: r.get(6),
+                },
+            )
+        });
+        Ok(OwnerCalendars::new(&key.keys, key.stay, rows))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(hotel_id: i64, room_type_id: i64) -> CalendarKey {
+        CalendarKey {
+            hotel_id,
+            room_type_id,
+        }
+    }
+
+    fn counts(taken: i32) -> NightCounts {
+        NightCounts {
+            total: 5,
+            taken,
+            sell_limit: None,
+            price_cents: Some(100),
+        }
+    }
+
+    #[test]
+    fn rows_land_on_their_calendar_and_night() {
+        let day = |d: u32| NaiveDate::from_ymd_opt(2030, 1, d).unwrap();
+        let stay = Stay {
+            check_in: day(10),
+            check_out: day(13),
+        };
+        let asked = [key(1, 1), key(1, 2), key(2, 7)];
+        let rows = [
+            (key(2, 7), day(12), counts(3)),
+            (key(1, 1), day(10), counts(1)),
+            (key(1, 1), day(11), counts(2)),
+            // Neither asked for nor inside the stay: both are dropped.
+            (key(9, 9), day(10), counts(4)),
+            (key(1, 1), day(13), counts(4)),
+        ];
+        let read = OwnerCalendars::new(&asked, stay, rows.into_iter());
+        assert_eq!(
+            read.nights(&key(1, 1)),
+            Some(&[Some(counts(1)), Some(counts(2)), None][..])
+        );
+        // Asked for, no row at all: every night is missing, not "not read".
+        assert_eq!(read.nights(&key(1, 2)), Some(&[None, None, None][..]));
+        assert_eq!(
+            read.nights(&key(2, 7)),
+            Some(&[None, None, Some(counts(3))][..])
+        );
+        assert_eq!(read.nights(&key(9, 9)), None);
     }
 }
