@@ -423,38 +423,33 @@ impl Search {
             if want == 0 {
                 break;
             }
-            let taken: Vec<(Rank, HotelNights)> = rest.by_ref().take(want).collect();
+            let mut taken: Vec<HotelNights> = rest.by_ref().take(want).map(|(_, h)| h).collect();
             if taken.is_empty() {
                 break;
             }
             next += taken.len();
-            let mut batch: Vec<(HotelResult, HotelNights)> = taken
-                .into_iter()
-                .filter_map(|(_, h)| Some((self.evaluate(&h, &req.rooms, req.max_price_cents)?, h)))
-                .collect();
-            let few: Vec<CalendarKey> = batch
+            // Every hotel taken matched in the copy; its shown room types
+            // with few units left are read before it is built.
+            let few: Vec<CalendarKey> = taken
                 .iter()
-                .flat_map(|(r, h)| {
-                    r.room_types
-                        .iter()
-                        .filter(|o| o.source == Source::Copy && o.free_units <= self.few_units)
-                        .map(move |o| CalendarKey {
-                            hotel_id: h.hotel_id,
-                            room_type_id: o.room_type_id,
-                        })
+                .flat_map(|h| h.types.iter())
+                .filter(|t| {
+                    t.source == Source::Copy
+                        && shown(t.max_guests, t.offer, smallest, req.max_price_cents)
+                            .is_some_and(|(free, _)| free <= self.few_units)
                 })
+                .map(|t| t.key)
                 .collect();
             if let Some(read) = self.owner_nights(few, req.stay, Reason::FewUnits).await {
-                let looked_at = batch.len();
-                let mut nights: Vec<HotelNights> = batch.into_iter().map(|(_, h)| h).collect();
-                apply_owner_nights(&mut nights, &read);
-                batch = nights
-                    .into_iter()
-                    .filter_map(|h| Some((self.evaluate(&h, &req.rooms, req.max_price_cents)?, h)))
-                    .collect();
-                ruled_out += looked_at - batch.len();
+                apply_owner_nights(&mut taken, &read);
             }
-            page.extend(batch.into_iter().map(|(r, _)| r));
+            let before = page.len();
+            page.extend(
+                taken
+                    .iter()
+                    .filter_map(|h| self.evaluate(h, &req.rooms, req.max_price_cents)),
+            );
+            ruled_out += taken.len() - (page.len() - before);
         }
         // Owner numbers may move a hotel within the page.
         page.sort_by(|a, b| order(&a.rank, &b.rank, req.sort));
