@@ -16,6 +16,7 @@ use std::time::Duration;
 pub use endpoint::{Endpoint, EndpointError, SslMode};
 
 use crate::config::OwnerSettings;
+use crate::model::{CalendarKey, NightCounts};
 
 /// The reference schema (`config/owner-schema.sql`), the contract other tools load through.
 pub const SCHEMA_SQL: &str = include_str!("../../config/owner-schema.sql");
@@ -36,6 +37,24 @@ pub enum OwnerError {
     ConnectTimeout(Duration),
     #[error("owner query failed: {0}")]
     Query(#[from] tokio_postgres::Error),
+}
+
+/// One inventory night as a direct read selects it: `hotel_id,
+/// room_type_id, night, total, taken, sell_limit, price_cents`, in that order.
+pub fn inventory_night(row: &tokio_postgres::Row) -> (CalendarKey, chrono::NaiveDate, NightCounts) {
+    (
+        CalendarKey {
+            hotel_id: row.get(0),
+            room_type_id: row.get(1),
+        },
+        row.get(2),
+        NightCounts {
+            total: row.get(3),
+            taken: row.get(4),
+            sell_limit: row.get(5),
+            price_cents: row.get(6),
+        },
+    )
 }
 
 /// tokio-postgres shows "db error" or "invalid configuration" alone; an

@@ -231,21 +231,7 @@ impl OwnerReader {
                 *self.clients[slot].lock().unwrap_or_else(|p| p.into_inner()) = None;
                 OwnerReadError::Failed(e.to_string())
             })?;
-        let rows = rows.iter().map(|r| {
-            (
-                CalendarKey {
-                    hotel_id: r.get(0),
-                    room_type_id: r.get(1),
-                },
-                r.get(2),
-                NightCounts {
-                    total: r.get(3),
-                    taken: r.get(4),
-                    sell_limit: r.get(5),
-                    price_cents: r.get(6),
-                },
-            )
-        });
+        let rows = rows.iter().map(owner::inventory_night);
         Ok(OwnerCalendars::new(&key.keys, key.stay, rows))
     }
 }
@@ -254,25 +240,19 @@ impl OwnerReader {
 mod tests {
     use super::*;
 
-    fn key(hotel_id: i64, room_type_id: i64) -> CalendarKey {
-        CalendarKey {
-            hotel_id,
-            room_type_id,
-        }
-    }
-
-    fn counts(taken: i32) -> NightCounts {
-        NightCounts {
-            total: 5,
-            taken,
-            sell_limit: None,
-            price_cents: Some(100),
-        }
-    }
-
     #[test]
     fn rows_land_on_their_calendar_and_night() {
         let day = |d: u32| NaiveDate::from_ymd_opt(2030, 1, d).unwrap();
+        let key = |hotel_id, room_type_id| CalendarKey {
+            hotel_id,
+            room_type_id,
+        };
+        let counts = |taken| NightCounts {
+            taken,
+            total: 5,
+            sell_limit: None,
+            price_cents: Some(100),
+        };
         let stay = Stay {
             check_in: day(10),
             check_out: day(13),

@@ -406,21 +406,7 @@ async fn reread(
         )
         .await?
         .iter()
-        .map(|r| {
-            (
-                CalendarKey {
-                    hotel_id: r.get(0),
-                    room_type_id: r.get(1),
-                },
-                r.get(2),
-                NightCounts {
-                    total: r.get(3),
-                    taken: r.get(4),
-                    sell_limit: r.get(5),
-                    price_cents: r.get(6),
-                },
-            )
-        })
+        .map(crate::owner::inventory_night)
         .collect();
     let n = rows.len() as u64;
     refresh.set_rows(id, rows);
