@@ -23,7 +23,7 @@ pub mod params;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, NaiveDate, Utc};
 use serde::Serialize;
@@ -308,6 +308,7 @@ impl Search {
         req: &SearchRequest,
         lagging: bool,
     ) -> Result<SearchAnswer, SearchError> {
+        let asked_at = Instant::now();
         let caught_up = self.reached(req.min_lsn).await;
         let candidates = self.index.candidates(&crate::index::CandidateQuery {
             place: req.place.clone(),
@@ -401,7 +402,7 @@ impl Search {
                 // The copy cannot be trusted for this answer (or for these
                 // hotels): read them before matching, since the copy may be
                 // wrong either way.
-                self.read_owner_where_needed(&mut hotels, req.stay, reason, &bypassed)
+                self.read_owner_where_needed(&mut hotels, req.stay, reason, &bypassed, asked_at)
                     .await;
                 let mut matched: Vec<(Rank, HotelNights)> = hotels
                     .into_iter()
@@ -442,7 +443,10 @@ impl Search {
                 })
                 .map(|t| t.key)
                 .collect();
-            if let Some(read) = self.owner_nights(few, req.stay, Reason::FewUnits).await {
+            let read = self
+                .owner_nights(few, req.stay, Reason::FewUnits, asked_at)
+                .await;
+            if let Some(read) = read {
                 apply_owner_nights(&mut taken, &read);
             }
             let before = page.len();
@@ -523,6 +527,7 @@ impl Search {
         stay: Stay,
         reason: Reason,
         bypassed: &std::collections::HashSet<i64>,
+        asked_at: Instant,
     ) {
         let everything = reason != Reason::FewUnits;
         let mut wanted = Vec::new();
@@ -536,8 +541,8 @@ impl Search {
             }
         }
         let (all, flagged) = futures_util::future::join(
-            self.owner_nights(wanted, stay, reason),
-            self.owner_nights(bypass, stay, Reason::Bypass),
+            self.owner_nights(wanted, stay, reason, asked_at),
+            self.owner_nights(bypass, stay, Reason::Bypass, asked_at),
         )
         .await;
         for read in [all, flagged].into_iter().flatten() {
@@ -546,23 +551,30 @@ impl Search {
     }
 
     /// Reads `keys` from the owner; `None` when there is nothing to read.
+    /// `asked_at` is when the search began.
     async fn owner_nights(
         &self,
         keys: Vec<CalendarKey>,
         stay: Stay,
         reason: Reason,
+        asked_at: Instant,
     ) -> Option<OwnerNights> {
         if keys.is_empty() {
             return None;
         }
-        Some(match self.owner.read(&keys, stay, reason).await {
-            Ok(read) => OwnerNights::Read(read),
-            Err(_) => {
-                let mut keys = keys;
-                keys.sort_unstable();
-                OwnerNights::Failed(keys)
-            }
-        })
+        // Read-your-writes: a read sent before this search began may miss
+        // the write the guest waits for.
+        let not_before = (reason == Reason::MinLsn).then_some(asked_at);
+        Some(
+            match self.owner.read(&keys, stay, reason, not_before).await {
+                Ok(read) => OwnerNights::Read(read),
+                Err(_) => {
+                    let mut keys = keys;
+                    keys.sort_unstable();
+                    OwnerNights::Failed(keys)
+                }
+            },
+        )
     }
 
     /// Where the hotel sorts, when the party can be placed in its offered
@@ -627,6 +639,7 @@ impl Search {
         req: &AvailabilityRequest,
         lagging: bool,
     ) -> Result<Availability, SearchError> {
+        let asked_at = Instant::now();
         let caught_up = self.reached(req.min_lsn).await;
         let (mut hotel, lsn) = {
             let t = self.model.read();
@@ -652,7 +665,7 @@ impl Search {
                 .filter(|t| t.offer.is_some_and(|(free, _)| free <= self.few_units))
                 .map(|t| t.key)
                 .collect();
-            if let Some(read) = self.owner_nights(few, req.stay, reason).await {
+            if let Some(read) = self.owner_nights(few, req.stay, reason, asked_at).await {
                 apply_owner_nights(std::slice::from_mut(&mut hotel), &read);
             }
         } else {
@@ -661,6 +674,7 @@ impl Search {
                 req.stay,
                 reason,
                 &bypassed,
+                asked_at,
             )
             .await;
         }

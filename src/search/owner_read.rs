@@ -6,7 +6,7 @@
 //! TTL well under a second, a timeout, and a small set of pipelined
 //! connections (a `tokio_postgres::Client` serves concurrent queries).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -65,6 +65,8 @@ pub enum OwnerReadError {
 pub struct OwnerCalendars {
     /// Sorted by calendar; every calendar asked for, with or without rows.
     calendars: Vec<(CalendarKey, Box<[Option<NightCounts>]>)>,
+    /// When the query was sent: its rows are at least this fresh.
+    read_at: Instant,
 }
 
 impl OwnerCalendars {
@@ -72,6 +74,7 @@ impl OwnerCalendars {
     fn new(
         keys: &[CalendarKey],
         stay: Stay,
+        read_at: Instant,
         rows: impl Iterator<Item = (CalendarKey, NaiveDate, NightCounts)>,
     ) -> OwnerCalendars {
         let len = usize::try_from(stay.len()).unwrap_or(0);
@@ -91,7 +94,7 @@ impl OwnerCalendars {
                 *slot = Some(counts);
             }
         }
-        OwnerCalendars { calendars }
+        OwnerCalendars { calendars, read_at }
     }
 
     /// The stay's nights of `key` (`None` for a night without a row), or
@@ -141,7 +144,11 @@ impl OwnerReader {
         }
     }
 
-    /// Reads the stay's nights of `keys` from the owner, in one query.
+    /// Reads the stay's nights of `keys` from the owner, in one query, or
+    /// shares a read of the same calendars and stay made within
+    /// `owner_read_cache_ms`. With `not_before` (read-your-writes: when the
+    /// search began), only a read sent after it will do: an earlier one may
+    /// predate the guest's own write, so it is dropped and read again.
     /// Reads, errors and durations are counted once per query actually sent,
     /// not once per search that shared it.
     pub async fn read(
@@ -149,36 +156,24 @@ impl OwnerReader {
         keys: &[CalendarKey],
         stay: Stay,
         reason: Reason,
+        not_before: Option<Instant>,
     ) -> Result<Arc<OwnerCalendars>, OwnerReadError> {
         let mut keys = keys.to_vec();
         keys.sort_unstable();
         keys.dedup();
         let key = ReadKey { keys, stay };
-        let sent = std::sync::atomic::AtomicBool::new(false);
-        let result = self
-            .cache
-            .try_get_with_by_ref(&key, async {
+        let fresh_enough = |r: &OwnerCalendars| not_before.is_none_or(|t| r.read_at >= t);
+        let sent = AtomicBool::new(false);
+        let mut result = self.shared_read(&key, reason, &sent).await;
+        if result.as_deref().is_ok_and(|r| !fresh_enough(r)) {
+            self.cache.invalidate(&key).await;
+            result = self.shared_read(&key, reason, &sent).await;
+            if result.as_deref().is_ok_and(|r| !fresh_enough(r)) {
+                // Another search put back a read older than ours may be.
                 sent.store(true, Ordering::Relaxed);
-                metrics::OWNER_READS
-                    .with_label_values(&[reason.label()])
-                    .inc();
-                let started = Instant::now();
-                let result = match tokio::time::timeout(self.timeout, self.query(&key)).await {
-                    Ok(r) => r.map(Arc::new),
-                    Err(_) => Err(OwnerReadError::Timeout(self.timeout)),
-                };
-                metrics::OWNER_READ_DURATION
-                    .with_label_values(&[reason.label()])
-                    .observe(started.elapsed().as_secs_f64());
-                if result.is_err() {
-                    metrics::OWNER_READ_ERRORS
-                        .with_label_values(&[reason.label()])
-                        .inc();
-                }
-                result
-            })
-            .await
-            .map_err(|e: Arc<OwnerReadError>| (*e).clone());
+                result = self.counted_query(&key, reason).await.map(Arc::new);
+            }
+        }
         let looked_up = if sent.load(Ordering::Relaxed) {
             "miss"
         } else {
@@ -187,6 +182,48 @@ impl OwnerReader {
         metrics::CACHE_REQUESTS
             .with_label_values(&["owner_read", looked_up])
             .inc();
+        result
+    }
+
+    /// The cached read of `key`, or one query for it that concurrent
+    /// searches share; `sent` is set when this search sent it.
+    async fn shared_read(
+        &self,
+        key: &ReadKey,
+        reason: Reason,
+        sent: &AtomicBool,
+    ) -> Result<Arc<OwnerCalendars>, OwnerReadError> {
+        self.cache
+            .try_get_with_by_ref(key, async {
+                sent.store(true, Ordering::Relaxed);
+                self.counted_query(key, reason).await.map(Arc::new)
+            })
+            .await
+            .map_err(|e: Arc<OwnerReadError>| (*e).clone())
+    }
+
+    /// One query, with the timeout, counted in the metrics.
+    async fn counted_query(
+        &self,
+        key: &ReadKey,
+        reason: Reason,
+    ) -> Result<OwnerCalendars, OwnerReadError> {
+        metrics::OWNER_READS
+            .with_label_values(&[reason.label()])
+            .inc();
+        let started = Instant::now();
+        let result = match tokio::time::timeout(self.timeout, self.query(key)).await {
+            Ok(r) => r,
+            Err(_) => Err(OwnerReadError::Timeout(self.timeout)),
+        };
+        metrics::OWNER_READ_DURATION
+            .with_label_values(&[reason.label()])
+            .observe(started.elapsed().as_secs_f64());
+        if result.is_err() {
+            metrics::OWNER_READ_ERRORS
+                .with_label_values(&[reason.label()])
+                .inc();
+        }
         result
     }
 
@@ -213,6 +250,7 @@ impl OwnerReader {
     }
 
     async fn query(&self, key: &ReadKey) -> Result<OwnerCalendars, OwnerReadError> {
+        let read_at = Instant::now();
         let (slot, client, statement) = self.client().await?;
         let hotels: Vec<i64> = key.keys.iter().map(|k| k.hotel_id).collect();
         let room_types: Vec<i64> = key.keys.iter().map(|k| k.room_type_id).collect();
@@ -232,7 +270,7 @@ impl OwnerReader {
                 OwnerReadError::Failed(e.to_string())
             })?;
         let rows = rows.iter().map(owner::inventory_night);
-        Ok(OwnerCalendars::new(&key.keys, key.stay, rows))
+        Ok(OwnerCalendars::new(&key.keys, key.stay, read_at, rows))
     }
 }
 
@@ -266,7 +304,7 @@ mod tests {
             (key(9, 9), day(10), counts(4)),
             (key(1, 1), day(13), counts(4)),
         ];
-        let read = OwnerCalendars::new(&asked, stay, rows.into_iter());
+        let read = OwnerCalendars::new(&asked, stay, Instant::now(), rows.into_iter());
         assert_eq!(
             read.nights(&key(1, 1)),
             Some(&[Some(counts(1)), Some(counts(2)), None][..])

@@ -661,6 +661,47 @@ async fn min_lsn_reads_your_writes() {
     app.stop(Duration::from_secs(5)).await;
 }
 
+/// Read-your-writes never takes a shared owner read from before the
+/// search: with the copy held back, two writes in a row, each followed by a
+/// search with its `min_lsn`, each see their own write, although the owner
+/// read cache would still hold the first read for the second question.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_lsn_never_takes_an_owner_read_from_before_the_write() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    one_room_type(&client, 9).await;
+    let url = least_privilege_role(&client, &owner.url, None).await;
+    create_publication(&client).await;
+    let mut s = settings_for(&owner);
+    s.owner.url = url;
+    s.search.min_lsn_wait_ms = 100;
+    // Long enough that the first read is still cached at the second search.
+    s.search.owner_read_cache_ms = 900;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let app = vacancy::app::start(s, listener).expect("start vacancy");
+    settled(&app, &client).await;
+    hold_copy_back(&client, false).await;
+    for taken in [3, 5] {
+        client
+            .batch_execute(&format!("UPDATE inventory SET taken = {taken}"))
+            .await
+            .unwrap();
+        let lsn = slot::current_wal_lsn(&client).await.unwrap();
+        let (code, _, body) = get(app.addr, &stay_query(&format!("&min_lsn={lsn}"))).await;
+        assert_eq!(code, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        let t = &v["results"][0]["room_types"][0];
+        assert_eq!(t["source"], "owner", "{v}");
+        assert_eq!(
+            t["free_units"],
+            9 - taken,
+            "the write before min_lsn={lsn}: {v}"
+        );
+    }
+    hold_copy_back(&client, true).await;
+    app.stop(Duration::from_secs(5)).await;
+}
+
 /// Holds the copy back for real: the role loses REPLICATION and its
 /// walsender is ended, so the projector cannot reconnect while the owner
 /// goes on writing; ordinary reads of the owner still work. `undo` gives
