@@ -81,11 +81,20 @@ async fn status_calendar_health_and_problems() {
     })
     .await;
 
-    let (code, _, body) = get(addr, "/v1/status").await;
-    assert_eq!(code, 200);
-    let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+    // Ready means the copy is loaded and fresh enough; the stream connects
+    // a round trip later (START_REPLICATION), so status may say so after.
+    let status = wait_for(
+        "status to say connected",
+        Duration::from_secs(30),
+        || async {
+            let (code, _, body) = get(addr, "/v1/status").await;
+            assert_eq!(code, 200);
+            let status: serde_json::Value = serde_json::from_str(&body).unwrap();
+            (status["connected"] == true).then_some(status)
+        },
+    )
+    .await;
     assert_eq!(status["snapshot"]["phase"], "loaded");
-    assert_eq!(status["connected"], true);
     assert_eq!(status["model"]["inventory_rows"], 3);
     let applied = status["applied_lsn"].as_str().unwrap();
     assert!(applied.parse::<vacancy::lsn::Lsn>().is_ok(), "{applied}");
