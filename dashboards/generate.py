@@ -240,10 +240,11 @@ def health():
           [(hq(0.5, "vacancy_index_commit_duration_seconds"), "p50"),
            (hq(0.99, "vacancy_index_commit_duration_seconds"), "p99")], w=8)
     b.add("timeseries", "TTL re-reads",
-          "The TTL safety net: inventory rows re-read from the owner because their calendar's TTL ran out, and nights such a re-read found different, per second.",
+          "The TTL safety net: inventory rows re-read from the owner because their calendar's TTL ran out, nights such a re-read found different, and re-reads given up because the owner still hid a commit the copy had applied (synchronous replication waiting on a standby), per second.",
           "ops",
           [(f"sum(rate(vacancy_ttl_rows_reread_total{sel()}{RI}))", "rows re-read"),
-           (f"sum(rate(vacancy_ttl_rows_repaired_total{sel()}{RI}))", "nights repaired")], w=8)
+           (f"sum(rate(vacancy_ttl_rows_repaired_total{sel()}{RI}))", "nights repaired"),
+           (f"sum(rate(vacancy_ttl_reads_deferred_total{sel()}{RI}))", "re-reads deferred")], w=8)
     b.add("timeseries", "TTL calendars due",
           "Calendars whose TTL ran out and wait for a re-read. Growing means the refresher cannot keep up (owner slow or model.refresh_batch too small).",
           "short", [(f"max by (instance) (vacancy_ttl_due_calendars{sel()})", "{{instance}}")], w=8)

@@ -102,6 +102,7 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
         tokio::spawn(projector.run(shutdown.clone())),
         tokio::spawn(refresh::run_refresher(
             settings.clone(),
+            model.clone(),
             refresh.clone(),
             shutdown.clone(),
         )),

@@ -401,6 +401,7 @@ mod tests {
 
     fn commit(model: &ReadModel, index: &HotelIndex, lsn: u64, changes: Vec<Change>) {
         let txn = Transaction {
+            xid: 1,
             commit_lsn: Lsn(lsn),
             end_lsn: Lsn(lsn + 1),
             commit_time: chrono::Utc::now(),

@@ -189,6 +189,12 @@ pub static TTL_ROWS_REPAIRED: LazyLock<IntCounter> = LazyLock::new(|| {
         "Nights a TTL re-read found different in the copy (a change the stream did not deliver)",
     )
 });
+pub static TTL_READS_DEFERRED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "vacancy_ttl_reads_deferred_total",
+        "TTL re-reads given up because the owner still hid a commit the stream had delivered (synchronous replication waiting on a standby, say); their calendars are queued again",
+    )
+});
 pub static TTL_DUE: LazyLock<IntGauge> = LazyLock::new(|| {
     gauge(
         "vacancy_ttl_due_calendars",
@@ -412,6 +418,7 @@ pub fn init() {
     LazyLock::force(&TTL_ROWS_REREAD);
     LazyLock::force(&TTL_ROWS_REPAIRED);
     LazyLock::force(&TTL_DUE);
+    LazyLock::force(&TTL_READS_DEFERRED);
     LazyLock::force(&OWNER_READ_DURATION);
     LazyLock::force(&INDEX_DOCUMENTS);
     LazyLock::force(&SEARCH_RESULTS);

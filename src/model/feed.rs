@@ -276,6 +276,7 @@ mod tests {
 
     fn txn(end: u64, changes: Vec<Change>) -> Transaction {
         Transaction {
+            xid: 1,
             commit_lsn: Lsn(end - 1),
             end_lsn: Lsn(end),
             commit_time: Utc::now(),

@@ -11,6 +11,7 @@ pub mod calendar;
 pub mod calendars;
 pub mod feed;
 pub mod room_types;
+pub mod xids;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -141,6 +142,8 @@ impl Change {
 /// A committed owner transaction, ready to apply as one unit.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Transaction {
+    /// The owner's (top-level) transaction id.
+    pub xid: u32,
     /// Where the commit record starts: transactions commit in this order.
     pub commit_lsn: Lsn,
     /// Just past the commit record: what is acknowledged once applied.
@@ -348,6 +351,8 @@ pub struct ReadModel {
     /// What each applied transaction changed, for pushers (`crate::events`);
     /// published after the write lock is released, never waited on.
     pub feed: feed::Feed,
+    /// The transactions applied, for owner reads that must see them all.
+    pub xids: xids::AppliedXids,
 }
 
 impl ReadModel {
@@ -366,6 +371,8 @@ impl ReadModel {
     /// committed before what the copy already holds is skipped: a reconnect
     /// can deliver it again, and applying it twice would be wrong for nothing.
     pub fn apply(&self, txn: &Transaction) -> Result<Applied, ApplyError> {
+        // Before the change shows, so a reader's mark taken after includes it.
+        self.xids.record(txn.xid);
         let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
         if txn.commit_lsn < tables.applied {
             return Ok(Applied {

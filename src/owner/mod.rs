@@ -10,6 +10,7 @@ pub mod cluster;
 pub mod endpoint;
 pub mod ops;
 pub mod seed;
+pub mod visibility;
 
 use std::time::Duration;
 

@@ -21,6 +21,15 @@
 //!    between are skipped (a later pass samples again). On a healthy stream
 //!    the count therefore stays 0 however busy the owner is.
 //!
+//!    The second read must also see every transaction the copy had applied
+//!    when it was compared: a commit reaches the stream before other
+//!    sessions see it (for a standby round trip under synchronous
+//!    replication), and a row the copy already shows changed would look
+//!    unwritten to a read that misses it. So the second read returns its
+//!    snapshot, checked against the xids the copy had applied
+//!    (`owner::visibility`, `model::xids`), and is made again while it hides
+//!    one of them; past `audit_wait_ms` the suspects are skipped.
+//!
 //! Neither lock nor transaction is held on the owner while waiting for the
 //! copy, so the audit never slows a take.
 
@@ -37,7 +46,9 @@ use tokio_postgres::Client;
 
 use crate::lsn::Lsn;
 use crate::metrics;
+use crate::model::xids::XidMark;
 use crate::model::{CalendarKey, NightCounts, ReadModel, Tables};
+use crate::owner::visibility::{self, VisibilityError};
 use crate::owner::{self, OwnerError};
 use crate::stream::StreamStatus;
 
@@ -56,6 +67,8 @@ pub enum AuditError {
     Timeout(Duration),
     #[error("the owner returned an unreadable LSN: {0}")]
     Lsn(#[from] crate::lsn::ParseLsnError),
+    #[error(transparent)]
+    Visibility(#[from] VisibilityError),
     #[error("the copy did not reach {target} within {waited:?}")]
     NotCaughtUp { target: Lsn, waited: Duration },
 }
@@ -230,16 +243,20 @@ impl Audit {
         let first = self.read_rows(&client, &keys).await?;
         let lsn = self.owner_lsn(&client).await?;
         self.wait_for(lsn).await?;
-        let suspects: Vec<usize> = {
+        let (suspects, applied) = {
             let t = self.model.read();
-            keys.iter()
+            // Everything the copy shows now was recorded before this mark.
+            let applied = self.model.xids.mark();
+            let suspects = keys
+                .iter()
                 .zip(&first)
                 .enumerate()
                 .filter(|(_, ((key, night), owner))| {
                     copy_value(&t, key, *night) != owner.as_ref().map(|r| r.counts)
                 })
                 .map(|(i, _)| i)
-                .collect()
+                .collect::<Vec<usize>>();
+            (suspects, applied)
         };
         let mut report = PassReport {
             lsn,
@@ -247,23 +264,28 @@ impl Audit {
         };
         if !suspects.is_empty() {
             let again_keys: Vec<Key> = suspects.iter().map(|i| keys[*i]).collect();
-            let again = self.read_rows(&client, &again_keys).await?;
-            for (i, now) in suspects.iter().zip(&again) {
-                // Same version (same xmin and values), or still no row: the
-                // owner did not write it since the first read.
-                if first[*i] == *now {
-                    report.mismatches += 1;
-                    if report.examples.len() < 10 {
-                        let (key, night) = keys[*i];
-                        report.examples.push(MismatchKey {
-                            hotel_id: key.hotel_id,
-                            room_type_id: key.room_type_id,
-                            night,
-                        });
+            match self.reread_rows(&client, &again_keys, applied).await? {
+                Some(again) => {
+                    for (i, now) in suspects.iter().zip(&again) {
+                        // Same version (same xmin and values), or still no
+                        // row: the owner did not write it since the first read.
+                        if first[*i] == *now {
+                            report.mismatches += 1;
+                            if report.examples.len() < 10 {
+                                let (key, night) = keys[*i];
+                                report.examples.push(MismatchKey {
+                                    hotel_id: key.hotel_id,
+                                    room_type_id: key.room_type_id,
+                                    night,
+                                });
+                            }
+                        } else {
+                            report.skipped += 1;
+                        }
                     }
-                } else {
-                    report.skipped += 1;
                 }
+                // The owner kept hiding a commit the copy had: judged next time.
+                None => report.skipped += suspects.len() as u64,
             }
         }
         report.checked = keys.len() as u64 - report.skipped;
@@ -278,63 +300,87 @@ impl Audit {
         Ok(report)
     }
 
+    /// The owner's rows for `keys`, in their order (`None` where it has none).
     async fn read_rows(
         &self,
         client: &Client,
         keys: &[Key],
     ) -> Result<Vec<Option<OwnerRow>>, AuditError> {
-        let hotels: Vec<i64> = keys.iter().map(|(k, _)| k.hotel_id).collect();
-        let types: Vec<i64> = keys.iter().map(|(k, _)| k.room_type_id).collect();
-        let nights: Vec<NaiveDate> = keys.iter().map(|(_, n)| *n).collect();
-        let sql = format!(
+        let (hotels, types, nights) = key_columns(keys);
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&hotels, &types, &nights];
+        let rows = self
+            .timed_read(client.query(&self.rows_sql(), &params))
+            .await?;
+        place_rows(keys.len(), &rows)
+    }
+
+    /// `read_rows` in a snapshot that sees every transaction the copy had
+    /// applied by `applied`; `None` when the owner hid one of them for all
+    /// of `audit_wait_ms`.
+    async fn reread_rows(
+        &self,
+        client: &Client,
+        keys: &[Key],
+        applied: XidMark,
+    ) -> Result<Option<Vec<Option<OwnerRow>>>, AuditError> {
+        let (hotels, types, nights) = key_columns(keys);
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&hotels, &types, &nights];
+        let statement = visibility::seeing(&self.rows_sql());
+        let hides = |s: &visibility::Snapshot| {
+            self.model
+                .xids
+                .any_hidden(applied, s.xmin(), |xid| !s.sees(xid))
+        };
+        let read = visibility::read_seeing(client, &statement, &params, hides, self.settings.wait);
+        match self.timed_read(read).await? {
+            Some(rows) => Ok(Some(place_rows(keys.len(), &rows)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn rows_sql(&self) -> String {
+        format!(
             "SELECT k.ord, i.total, i.taken, i.sell_limit, i.price_cents, i.xmin::text
              FROM unnest($1::bigint[], $2::bigint[], $3::date[]) WITH ORDINALITY
                   AS k(hotel_id, room_type_id, night, ord)
              JOIN {}.inventory i USING (hotel_id, room_type_id, night)",
             self.settings.schema
-        );
+        )
+    }
+
+    /// One owner read, counted and timed in the metrics, bounded by the
+    /// query timeout plus the wait a judged read may spend.
+    async fn timed_read<T, E>(
+        &self,
+        read: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<T, AuditError>
+    where
+        AuditError: From<E>,
+    {
         metrics::OWNER_READS.with_label_values(&["audit"]).inc();
         let started = std::time::Instant::now();
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&hotels, &types, &nights];
-        let query = client.query(&sql, &params);
-        let rows = match tokio::time::timeout(self.settings.query_timeout, query).await {
+        let limit = self.settings.query_timeout + self.settings.wait;
+        let failed = || {
+            self.forget_client();
+            metrics::OWNER_READ_ERRORS
+                .with_label_values(&["audit"])
+                .inc();
+        };
+        let result = match tokio::time::timeout(limit, read).await {
             Ok(Ok(rows)) => rows,
             Ok(Err(e)) => {
-                self.forget_client();
-                metrics::OWNER_READ_ERRORS
-                    .with_label_values(&["audit"])
-                    .inc();
+                failed();
                 return Err(e.into());
             }
             Err(_) => {
-                self.forget_client();
-                metrics::OWNER_READ_ERRORS
-                    .with_label_values(&["audit"])
-                    .inc();
-                return Err(AuditError::Timeout(self.settings.query_timeout));
+                failed();
+                return Err(AuditError::Timeout(limit));
             }
         };
         metrics::OWNER_READ_DURATION
             .with_label_values(&["audit"])
             .observe(started.elapsed().as_secs_f64());
-        let mut out = vec![None; keys.len()];
-        for row in rows {
-            let ord: i64 = row.try_get(0)?;
-            // ORDINALITY counts from 1; a value outside the keys is ignored.
-            let Some(slot) = usize::try_from(ord - 1).ok().and_then(|i| out.get_mut(i)) else {
-                continue;
-            };
-            *slot = Some(OwnerRow {
-                counts: NightCounts {
-                    total: row.try_get(1)?,
-                    taken: row.try_get(2)?,
-                    sell_limit: row.try_get(3)?,
-                    price_cents: row.try_get(4)?,
-                },
-                xmin: row.try_get(5)?,
-            });
-        }
-        Ok(out)
+        Ok(result)
     }
 
     async fn owner_lsn(&self, client: &Client) -> Result<Lsn, AuditError> {
@@ -368,6 +414,37 @@ impl Audit {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
+}
+
+/// The keys as the three arrays the owner read unnests.
+fn key_columns(keys: &[Key]) -> (Vec<i64>, Vec<i64>, Vec<NaiveDate>) {
+    (
+        keys.iter().map(|(k, _)| k.hotel_id).collect(),
+        keys.iter().map(|(k, _)| k.room_type_id).collect(),
+        keys.iter().map(|(_, n)| *n).collect(),
+    )
+}
+
+/// The rows of an owner read in the order of its `n` keys.
+fn place_rows(n: usize, rows: &[tokio_postgres::Row]) -> Result<Vec<Option<OwnerRow>>, AuditError> {
+    let mut out = vec![None; n];
+    for row in rows {
+        let ord: i64 = row.try_get(0)?;
+        // ORDINALITY counts from 1; a value outside the keys is ignored.
+        let Some(slot) = usize::try_from(ord - 1).ok().and_then(|i| out.get_mut(i)) else {
+            continue;
+        };
+        *slot = Some(OwnerRow {
+            counts: NightCounts {
+                total: row.try_get(1)?,
+                taken: row.try_get(2)?,
+                sell_limit: row.try_get(3)?,
+                price_cents: row.try_get(4)?,
+            },
+            xmin: row.try_get(5)?,
+        });
+    }
+    Ok(out)
 }
 
 /// The copy's value for one row.

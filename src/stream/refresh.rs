@@ -16,8 +16,17 @@
 //! the low watermark: WAL commit order is not visibility order, see
 //! `Window::changed`) to the high watermark the projector notes every night
 //! the stream changed in those calendars; at the high watermark it merges the
-//! rows read, except those nights, whose stream values are at least as new. A window whose watermarks do not both arrive (a reconnect, a
-//! resnapshot) is abandoned and its calendars queued again.
+//! rows read, except those nights, whose stream values are at least as new.
+//! A window whose watermarks do not both arrive (a reconnect, a resnapshot)
+//! is abandoned and its calendars queued again.
+//!
+//! The read itself must see every transaction the copy applied before the
+//! window was registered, or the merge would put the owner's older rows over
+//! them. A commit reaches the stream before other sessions see it (for a
+//! standby round trip under synchronous replication), so the read returns
+//! its snapshot, which is checked against the xids the copy had applied at
+//! registration (`owner::visibility`, `model::xids`); it is made again, or
+//! the window given up, while such a commit is still hidden from it.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,8 +42,10 @@ use rand::RngExt;
 use super::txn::OwnMessage;
 use crate::config::Settings;
 use crate::metrics;
+use crate::model::xids::XidMark;
 use crate::model::{CalendarKey, Change, NightCounts, ReadModel, Table, Tables, Transaction};
 use crate::owner;
+use crate::owner::visibility;
 
 /// Prefix of the watermark messages; contents are `low:<id>` and `high:<id>`.
 pub const WATERMARK_PREFIX: &str = "vacancy.wm";
@@ -101,6 +112,9 @@ pub struct Refresh {
     pub repaired: AtomicU64,
     /// Windows merged into the copy.
     pub merged: AtomicU64,
+    /// Re-reads given up because the owner still hid a commit the stream had
+    /// delivered (their calendars are queued again).
+    pub deferred: AtomicU64,
 }
 
 impl Refresh {
@@ -129,6 +143,7 @@ impl Refresh {
             next_window: AtomicU64::new(1),
             repaired: AtomicU64::new(0),
             merged: AtomicU64::new(0),
+            deferred: AtomicU64::new(0),
         })
     }
 
@@ -322,11 +337,14 @@ enum RereadError {
     Owner(#[from] owner::OwnerError),
     #[error("owner query failed: {0}")]
     Query(#[from] tokio_postgres::Error),
+    #[error(transparent)]
+    Visibility(#[from] visibility::VisibilityError),
 }
 
 /// The refresher task: re-reads due calendars in batches between watermarks.
 pub async fn run_refresher(
     settings: Arc<Settings>,
+    model: Arc<ReadModel>,
     refresh: Arc<Refresh>,
     shutdown: CancellationToken,
 ) {
@@ -358,17 +376,32 @@ pub async fn run_refresher(
             continue;
         };
         let id = refresh.register(&keys);
+        // Every transaction the copy had applied when the window opened: the
+        // read must see them all (changes after it are noted in the window).
+        let applied = model.xids.mark();
         let started = Instant::now();
         // Every attempt counts as a read; the failed ones also as errors.
         metrics::OWNER_READS.with_label_values(&["ttl"]).inc();
-        let outcome =
-            tokio::time::timeout(settings.query_timeout(), reread(c, id, &keys, &refresh)).await;
+        // Half the query timeout for a hidden commit to show, so that a
+        // deferral is told apart from an owner that does not answer.
+        let hidden_limit = settings.query_timeout() / 2;
+        let outcome = tokio::time::timeout(
+            settings.query_timeout(),
+            reread(c, id, &keys, &refresh, (&model, applied), hidden_limit),
+        )
+        .await;
         metrics::OWNER_READ_DURATION
             .with_label_values(&["ttl"])
             .observe(started.elapsed().as_secs_f64());
         match outcome {
-            Ok(Ok(rows)) => {
+            Ok(Ok(Some(rows))) => {
                 metrics::TTL_ROWS_REREAD.inc_by(rows);
+            }
+            Ok(Ok(None)) => {
+                tracing::debug!("ttl re-read deferred: the owner still hides a delivered commit");
+                metrics::TTL_READS_DEFERRED.inc();
+                refresh.deferred.fetch_add(1, Ordering::Relaxed);
+                refresh.abandon(id);
             }
             Ok(Err(error)) => {
                 tracing::warn!(%error, "ttl re-read failed");
@@ -386,32 +419,40 @@ pub async fn run_refresher(
     }
 }
 
-/// Low watermark, read, high watermark. Returns the rows read.
+/// Low watermark, read, high watermark. Returns the rows read, or `None`
+/// when for `hidden_limit` every read hid a transaction the copy had applied
+/// by `applied` (the window is then given up, not merged).
 async fn reread(
     client: &tokio_postgres::Client,
     id: u64,
     keys: &[CalendarKey],
     refresh: &Refresh,
-) -> Result<u64, RereadError> {
+    (model, applied): (&ReadModel, XidMark),
+    hidden_limit: Duration,
+) -> Result<Option<u64>, RereadError> {
     let emit = "SELECT pg_logical_emit_message(true, 'vacancy.wm', $1)";
     client.execute(emit, &[&format!("low:{id}")]).await?;
     let hotels: Vec<i64> = keys.iter().map(|k| k.hotel_id).collect();
     let room_types: Vec<i64> = keys.iter().map(|k| k.room_type_id).collect();
-    let rows: Vec<(CalendarKey, NaiveDate, NightCounts)> = client
-        .query(
-            "SELECT i.hotel_id, i.room_type_id, i.night, i.total, i.taken, i.sell_limit, i.price_cents
-             FROM unnest($1::bigint[], $2::bigint[]) AS k(hotel_id, room_type_id)
-             JOIN inventory i USING (hotel_id, room_type_id)",
-            &[&hotels, &room_types],
-        )
-        .await?
-        .iter()
-        .map(crate::owner::inventory_night)
-        .collect();
+    let read = visibility::seeing(
+        "SELECT i.hotel_id, i.room_type_id, i.night, i.total, i.taken, i.sell_limit, i.price_cents
+         FROM unnest($1::bigint[], $2::bigint[]) AS k(hotel_id, room_type_id)
+         JOIN inventory i USING (hotel_id, room_type_id)",
+    );
+    let hides =
+        |s: &visibility::Snapshot| model.xids.any_hidden(applied, s.xmin(), |xid| !s.sees(xid));
+    let Some(rows) =
+        visibility::read_seeing(client, &read, &[&hotels, &room_types], hides, hidden_limit)
+            .await?
+    else {
+        return Ok(None);
+    };
+    let rows: Vec<(CalendarKey, NaiveDate, NightCounts)> =
+        rows.iter().map(crate::owner::inventory_night).collect();
     let n = rows.len() as u64;
     refresh.set_rows(id, rows);
     client.execute(emit, &[&format!("high:{id}")]).await?;
-    Ok(n)
+    Ok(Some(n))
 }
 
 #[cfg(test)]
@@ -441,6 +482,7 @@ mod tests {
 
     fn txn(lsn: u64, changes: Vec<Change>) -> Transaction {
         Transaction {
+            xid: 1,
             commit_lsn: Lsn(lsn),
             end_lsn: Lsn(lsn + 1),
             commit_time: chrono::Utc::now(),

@@ -44,6 +44,7 @@ pub enum AssembleError {
 
 #[derive(Debug, Default)]
 struct Open {
+    xid: u32,
     changes: Vec<Change>,
     messages: Vec<OwnMessage>,
 }
@@ -101,7 +102,12 @@ impl Assembler {
 
     pub fn push(&mut self, event: &ChangeEvent) -> Result<Assembled, AssembleError> {
         match &event.event_type {
-            EventType::Begin { .. } => self.open = Some(Open::default()),
+            EventType::Begin { transaction_id, .. } => {
+                self.open = Some(Open {
+                    xid: *transaction_id,
+                    ..Open::default()
+                })
+            }
             EventType::Commit {
                 commit_timestamp,
                 commit_lsn,
@@ -109,6 +115,7 @@ impl Assembler {
             } => {
                 let open = self.open.take().unwrap_or_default();
                 return Ok(commit(
+                    open.xid,
                     open.changes,
                     open.messages,
                     *commit_lsn,
@@ -138,6 +145,7 @@ impl Assembler {
                 let held = self.streamed.remove(transaction_id).unwrap_or_default();
                 let changes = held.changes.into_iter().map(|(_, c)| c).collect();
                 return Ok(commit(
+                    *transaction_id,
                     changes,
                     held.messages,
                     *commit_lsn,
@@ -205,6 +213,7 @@ impl Assembler {
 }
 
 fn commit(
+    xid: u32,
     changes: Vec<Change>,
     messages: Vec<OwnMessage>,
     commit_lsn: pg_walstream::Lsn,
@@ -213,6 +222,7 @@ fn commit(
 ) -> Assembled {
     Assembled::Commit(
         Transaction {
+            xid,
             commit_lsn: Lsn(commit_lsn.value()),
             end_lsn: Lsn(end_lsn.value()),
             commit_time,
@@ -320,6 +330,7 @@ mod tests {
         let t = committed(a.push(&ev(commit_ev(200), None)).unwrap());
         assert_eq!(taken_values(&t), vec![1]);
         assert_eq!(t.end_lsn, Lsn(208));
+        assert_eq!(t.xid, 5, "the owner's xid goes with the transaction");
         assert!(a.is_idle());
     }
 
@@ -353,6 +364,7 @@ mod tests {
         a.push(&ev(EventType::StreamStop, None)).unwrap();
         let t = committed(a.push(&ev(stream_commit(9, 300), None)).unwrap());
         assert_eq!(taken_values(&t), vec![1, 2]);
+        assert_eq!(t.xid, 9);
         assert!(a.is_idle());
     }
 

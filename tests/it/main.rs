@@ -18,3 +18,4 @@ mod search;
 mod seed;
 mod shutdown;
 mod stale;
+mod visibility;

@@ -1,0 +1,155 @@
+//! The owner transactions the copy has applied, by xid.
+//!
+//! An owner read that corrects or judges the copy must see every
+//! transaction the copy already shows, and the owner cannot say which of its
+//! running transactions have in fact committed (`owner::visibility`). The
+//! copy can: it applied them. So each applied transaction's xid is kept
+//! here, most recent last, in a bounded ring; a reader takes a [`XidMark`]
+//! when it looks at the copy and later asks whether any transaction applied
+//! before the mark is hidden from the owner snapshot it read in.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+use crate::owner::visibility::precedes;
+
+/// Xids remembered: at a thousand commits a second, a minute of them, in
+/// 256 KiB. An owner read that has to look further back than the ring holds
+/// is treated as possibly hiding one, so a long write transaction on the
+/// owner can delay re-reads and audits, never make them wrong.
+const CAPACITY: usize = 65_536;
+
+/// Everything applied up to some moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct XidMark(u64);
+
+#[derive(Debug)]
+pub struct AppliedXids {
+    ring: Mutex<Ring>,
+    capacity: usize,
+}
+
+#[derive(Debug, Default)]
+struct Ring {
+    /// Sequence number of `xids[0]`: how many were forgotten.
+    first: u64,
+    xids: VecDeque<u32>,
+    /// The latest (by xid order) of the forgotten ones.
+    newest_forgotten: Option<u32>,
+}
+
+impl Default for AppliedXids {
+    fn default() -> Self {
+        AppliedXids::with_capacity(CAPACITY)
+    }
+}
+
+impl AppliedXids {
+    pub fn with_capacity(capacity: usize) -> AppliedXids {
+        AppliedXids {
+            ring: Mutex::new(Ring::default()),
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// Notes a committed transaction. Called before it is applied, so any
+    /// mark taken once it shows in the copy includes it.
+    pub fn record(&self, xid: u32) {
+        let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        if ring.xids.len() == self.capacity
+            && let Some(old) = ring.xids.pop_front()
+        {
+            ring.first += 1;
+            ring.newest_forgotten = Some(match ring.newest_forgotten {
+                Some(n) if precedes(old, n) => n,
+                _ => old,
+            });
+        }
+        ring.xids.push_back(xid);
+    }
+
+    /// Everything recorded so far.
+    pub fn mark(&self) -> XidMark {
+        let ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        XidMark(ring.first + ring.xids.len() as u64)
+    }
+
+    /// Whether some transaction recorded before `mark` may be hidden, with
+    /// `hidden(xid)` saying so for one and `floor` an xid before which all
+    /// are seen (a snapshot's xmin). Forgotten ones count as hidden unless
+    /// all of them come before `floor`.
+    pub fn any_hidden(&self, mark: XidMark, floor: u32, hidden: impl Fn(u32) -> bool) -> bool {
+        let ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        if ring
+            .newest_forgotten
+            .is_some_and(|n| !precedes(n, floor) && mark.0 > 0)
+        {
+            return true;
+        }
+        let before = mark.0.saturating_sub(ring.first);
+        let before = usize::try_from(before).unwrap_or(usize::MAX);
+        ring.xids
+            .iter()
+            .take(before)
+            .any(|&x| !precedes(x, floor) && hidden(x))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_transactions_before_the_mark_count() {
+        let xids = AppliedXids::with_capacity(8);
+        xids.record(100);
+        xids.record(101);
+        let mark = xids.mark();
+        xids.record(102);
+        let hidden_102 = |x: u32| x == 102;
+        assert!(
+            !xids.any_hidden(mark, 0, hidden_102),
+            "102 came after the mark"
+        );
+        assert!(xids.any_hidden(xids.mark(), 0, hidden_102));
+        assert!(xids.any_hidden(mark, 0, |x| x == 101));
+        assert!(
+            !xids.any_hidden(mark, 102, |x| x == 101),
+            "before the floor: seen"
+        );
+    }
+
+    #[test]
+    fn forgotten_transactions_count_as_hidden_unless_before_the_floor() {
+        let xids = AppliedXids::with_capacity(2);
+        // Commit order is not xid order: 50 is forgotten after 90.
+        for x in [90, 50, 60, 70] {
+            xids.record(x);
+        }
+        let mark = xids.mark();
+        let none = |_| false;
+        assert!(
+            xids.any_hidden(mark, 90, none),
+            "90 was forgotten and is not before 90"
+        );
+        assert!(!xids.any_hidden(mark, 91, none));
+    }
+
+    #[test]
+    fn an_early_mark_stays_valid_after_the_ring_moves_on() {
+        let xids = AppliedXids::with_capacity(2);
+        xids.record(10);
+        let mark = xids.mark();
+        for x in 11..20 {
+            xids.record(x);
+        }
+        // 10 was forgotten, with 11 to 17 after it; which of them came
+        // before the mark is not kept, so only a floor past all of them
+        // says 10 was seen.
+        assert!(xids.any_hidden(mark, 5, |_| false));
+        assert!(xids.any_hidden(mark, 17, |_| false));
+        assert!(!xids.any_hidden(mark, 18, |_| false));
+        // Nothing recorded before an empty mark.
+        assert!(!AppliedXids::with_capacity(2).any_hidden(XidMark(0), 0, |_| true));
+    }
+}
