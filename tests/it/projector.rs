@@ -50,7 +50,7 @@ pub(crate) async fn load_inventory(client: &Client) {
         .expect("load inventory");
 }
 
-fn settings_for(owner: &TestOwner) -> Settings {
+pub(crate) fn settings_for(owner: &TestOwner) -> Settings {
     let mut s = Settings::defaults();
     s.owner.url = owner.url.clone();
     s.stream.reconnect_min_ms = 50;

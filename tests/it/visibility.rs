@@ -65,11 +65,7 @@ async fn owner_with_a_missing_standby() -> TestOwner {
 }
 
 async fn start(owner: &TestOwner, tune: impl FnOnce(&mut Settings)) -> App {
-    let mut s = Settings::defaults();
-    s.owner.url = owner.url.clone();
-    s.stream.reconnect_min_ms = 50;
-    s.stream.reconnect_max_ms = 500;
-    s.stream.heartbeat_interval_ms = 200;
+    let mut s = crate::projector::settings_for(owner);
     s.stale.audit_interval_ms = 0;
     tune(&mut s);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
