@@ -35,7 +35,7 @@ use crate::lsn::{Lsn, ParseLsnError};
 use crate::metrics;
 use crate::model::{CalendarKey, ReadModel};
 use crate::owner::cluster::{Cluster, ClusterError, ClusterOptions, DEFAULT_BIN_DIR};
-use crate::owner::seed::{self, SeedError, SeedOptions};
+use crate::owner::seed::{self, SeedError};
 use crate::owner::{self, OwnerError};
 use crate::stream::refresh::Refresh;
 use crate::stream::slot::{self, SlotError};
@@ -259,25 +259,7 @@ impl Owner {
         };
         let client = owner::connect(&url, CONNECT_TIMEOUT).await?;
         if !has_inventory(&client).await? {
-            eprintln!(
-                "seeding {} hotels x {} room types x {} nights",
-                args.hotels, args.room_types, args.nights
-            );
-            let report = seed::run(&SeedOptions {
-                owner_url: url.clone(),
-                hotels: args.hotels,
-                room_types: args.room_types,
-                nights: args.nights,
-                start: chrono::Utc::now().date_naive(),
-                seed: 1,
-                progress: false,
-            })
-            .await?;
-            eprintln!(
-                "seeded {} inventory rows in {:.1}s",
-                report.inventory_rows,
-                report.elapsed.as_secs_f64()
-            );
+            seed::run_announced(&url, (args.hotels, args.room_types, args.nights), 1).await?;
         }
         let shape = read_shape(&client).await?;
         Ok(Owner {

@@ -42,7 +42,7 @@ use crate::bench::{ToolError, run_tool};
 use crate::lsn::{Lsn, ParseLsnError};
 use crate::model::NightCounts;
 use crate::owner::cluster::{Cluster, ClusterError, ClusterOptions, StopMode};
-use crate::owner::seed::{self, SeedError, SeedOptions};
+use crate::owner::seed::{self, SeedError};
 use crate::owner::{self, OwnerError};
 use crate::simulator::{self, SimError, SimOptions, SimSummary, http};
 use crate::stream::slot::{self, SlotError};
@@ -339,20 +339,8 @@ pub async fn run(args: FaultArgs) -> Result<(), FaultBenchError> {
         .await
         .map_err(std::io::Error::other)??;
     let url = cluster.create_database("faults")?;
-    eprintln!(
-        "seeding {} hotels x {} room types x {} nights",
-        args.hotels, args.room_types, args.nights
-    );
-    let report = seed::run(&SeedOptions {
-        owner_url: url.clone(),
-        hotels: args.hotels,
-        room_types: args.room_types,
-        nights: args.nights,
-        start: chrono::Utc::now().date_naive(),
-        seed: args.seed,
-        progress: false,
-    })
-    .await?;
+    let report =
+        seed::run_announced(&url, (args.hotels, args.room_types, args.nights), args.seed).await?;
     let work_dir = tempfile::Builder::new()
         .prefix("vacancy-faults-")
         .tempdir()?;
