@@ -259,6 +259,61 @@ impl Cluster {
         format!("postgresql://postgres@127.0.0.1:{}/{}", self.port, database)
     }
 
+    /// A streaming standby of this cluster: a base backup (`pg_basebackup
+    /// -R`) in a fresh folder, started on a free port, replaying this
+    /// cluster's WAL. Name it in this cluster's `synchronous_standby_names`
+    /// (or use `'*'`) to make every commit wait for it, as an owner with
+    /// synchronous replication does. `extra_conf` are `postgresql.conf`
+    /// lines for the standby (say `recovery_min_apply_delay`, to make a
+    /// `remote_apply` commit wait longer). Dropping it stops and removes it.
+    pub fn start_standby(&self, extra_conf: &[&str]) -> Result<Cluster, ClusterError> {
+        let root = tempfile::Builder::new()
+            .prefix("vacancy-pg-standby-")
+            .tempdir()?;
+        if let Some((uid, gid)) = self.run_as {
+            std::os::unix::fs::chown(root.path(), Some(uid), Some(gid))?;
+        }
+        let mut standby = Cluster {
+            bin_dir: self.bin_dir.clone(),
+            data_dir: root.path().join("data"),
+            log_file: root.path().join("server.log"),
+            root,
+            port: 0,
+            run_as: self.run_as,
+        };
+        standby.run(
+            "pg_basebackup",
+            &[
+                "-D",
+                path_str(&standby.data_dir),
+                "-d",
+                &format!(
+                    "host=127.0.0.1 port={} user=postgres application_name=vacancy_standby",
+                    self.port
+                ),
+                "-R",
+                "--checkpoint=fast",
+                "--no-sync",
+            ],
+        )?;
+        // The copied settings point at this cluster's socket folder, which
+        // goes away with it.
+        let mut conf = fs::OpenOptions::new()
+            .append(true)
+            .open(standby.data_dir.join("postgresql.conf"))?;
+        writeln!(
+            conf,
+            "\n# vacancy test standby\nunix_socket_directories = '{}'",
+            standby.root.path().display()
+        )?;
+        for line in extra_conf {
+            writeln!(conf, "{line}")?;
+        }
+        drop(conf);
+        standby.start_server()?;
+        Ok(standby)
+    }
+
     /// Creates a database (one per test keeps tests apart on a shared cluster).
     pub fn create_database(&self, name: &str) -> Result<String, ClusterError> {
         let psql = self.bin_dir.join("psql");

@@ -20,7 +20,7 @@ use vacancy::owner::cluster::{ClusterOptions, StopMode};
 use vacancy::owner::ops::{self, HoldRequest};
 use vacancy::stream::slot;
 
-use crate::support::{TestOwner, wait_for};
+use crate::support::{TestOwner, create_publication, least_privilege_role, wait_for};
 
 const HOTELS: i64 = 6;
 const ROOM_TYPES: i64 = 3;
@@ -636,9 +636,63 @@ async fn ttl_reread_repairs_a_change_the_stream_missed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ttl_rereads_racing_the_stream_change_nothing() {
     let owner = TestOwner::start().await;
+    ttl_rereads_race_the_workload(&owner, &owner.url).await;
+}
+
+/// The same race on an owner with synchronous replication, where takes
+/// wait for the standby to apply them (`remote_apply`, as a site that reads
+/// its standbys does) and `vacancy`'s own commits only for it to flush them
+/// (`on`). The standby applies WAL 20 ms late, so every take reaches the
+/// stream, and the copy, at least 20 ms before the owner lets other
+/// sessions see it, also after the re-read's low watermark has committed:
+/// re-reads keep meeting snapshots that hide takes the copy already shows
+/// (`owner::visibility`; `visibility.rs` holds one such commit on purpose).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttl_rereads_racing_the_stream_change_nothing_under_synchronous_replication() {
+    let owner = TestOwner::start().await;
+    let standby = tokio::task::block_in_place(|| {
+        owner
+            .cluster
+            .start_standby(&["recovery_min_apply_delay = '20ms'"])
+    })
+    .unwrap_or_else(|e| panic!("cannot start the standby: {e}"));
+    let client = owner.client().await;
+    let vacancy_url = least_privilege_role(&client, &owner.url, None).await;
+    create_publication(&client).await;
+    for sql in [
+        "ALTER SYSTEM SET synchronous_standby_names = '*'",
+        "SELECT pg_reload_conf()",
+        // The workload's sessions (and the loads and checks) connect as postgres.
+        "ALTER ROLE postgres SET synchronous_commit = remote_apply",
+    ] {
+        client.batch_execute(sql).await.unwrap();
+    }
+    wait_for(
+        "the standby to be synchronous",
+        Duration::from_secs(60),
+        || async {
+            let row = client
+                .query_opt(
+                    "SELECT 1 FROM pg_stat_replication WHERE sync_state = 'sync'",
+                    &[],
+                )
+                .await
+                .unwrap();
+            row.map(|_| ())
+        },
+    )
+    .await;
+    ttl_rereads_race_the_workload(&owner, &vacancy_url).await;
+    drop(standby);
+}
+
+/// Runs the random workload three times while every calendar is re-read over
+/// and over, with `vacancy` connecting to the owner at `vacancy_url`.
+async fn ttl_rereads_race_the_workload(owner: &TestOwner, vacancy_url: &str) {
     let client = owner.client().await;
     load_inventory(&client).await;
-    let mut settings = settings_for(&owner);
+    let mut settings = settings_for(owner);
+    settings.owner.url = vacancy_url.to_string();
     settings.model.ttl_secs = 1;
     settings.model.refresh_batch = 4;
     let app = start_app(settings).await;
@@ -658,7 +712,7 @@ async fn ttl_rereads_racing_the_stream_change_nothing() {
         })
     };
     for round in 0..3 {
-        run_workload(&owner, seed.wrapping_add(round), 4, 60).await;
+        run_workload(owner, seed.wrapping_add(round), 4, 60).await;
     }
     racing.store(false, Ordering::Release);
     requester.await.unwrap();
