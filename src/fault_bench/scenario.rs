@@ -1,0 +1,372 @@
+//! One scenario: start `vacancy serve`, run the workload, inject a fault,
+//! heal it, wait for recovery, and compare the copy with the owner.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use chrono::NaiveDate;
+use pg_walstream::CancellationToken;
+use tokio_postgres::Client;
+
+use crate::owner;
+use crate::owner::cluster::{Cluster, StopMode};
+use crate::simulator::{self, SimOptions, SimSummary};
+use crate::stream::slot;
+
+use super::child::Serve;
+use super::compare::{Divergence, measure_divergence};
+use super::load::{hotelier, search_loop};
+use super::{
+    BOOKING_TOKEN, CONNECT_TIMEOUT, FAIL_WRITES_SQL, Fault, FaultBenchError, HEAL_WRITES_SQL,
+    HTTP_TIMEOUT, LoadCounts, Outcome, POLL, SLOT, SLOT_WAL_KEEP, ScenarioOptions,
+};
+
+/// Runs the workload, injects `fault`, heals it, and measures: see the module doc.
+/// The child process, the slot and any fault setting are removed whatever happens.
+pub async fn run_scenario(
+    cluster: &mut Cluster,
+    url: &str,
+    fault: Fault,
+    options: &ScenarioOptions,
+) -> Result<Outcome, FaultBenchError> {
+    let client = owner::connect(url, CONNECT_TIMEOUT).await?;
+    slot::drop_slot(&client, SLOT).await?;
+    drop(client);
+    let name = format!("{fault:?}").to_lowercase();
+    let mut serve = Serve::start(&options.exe, url, &options.work_dir, &name)?;
+    let result = scenario(cluster, url, fault, options, &mut serve).await;
+    serve.stop().await;
+    let cleaned = clean_up(url, fault).await;
+    let outcome = result?;
+    cleaned?;
+    Ok(outcome)
+}
+
+async fn clean_up(url: &str, fault: Fault) -> Result<(), FaultBenchError> {
+    let client = connect_retrying(url, Duration::from_secs(60)).await?;
+    match fault {
+        Fault::WritesFail => client.batch_execute(HEAL_WRITES_SQL).await?,
+        Fault::SlotInvalidated => {
+            client
+                .batch_execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+                .await?;
+            client.batch_execute("SELECT pg_reload_conf()").await?
+        }
+        _ => {}
+    }
+    slot::drop_slot(&client, SLOT).await?;
+    Ok(())
+}
+
+async fn scenario(
+    cluster: &mut Cluster,
+    url: &str,
+    fault: Fault,
+    options: &ScenarioOptions,
+    serve: &mut Serve,
+) -> Result<Outcome, FaultBenchError> {
+    let client = owner::connect(url, CONNECT_TIMEOUT).await?;
+    let target = slot::current_wal_lsn(&client).await?;
+    serve
+        .caught_up(target, options.recover_limit, "the first snapshot")
+        .await?;
+    let (hotel_ids, cities, first_night, nights) = dataset(&client).await?;
+
+    let stop = CancellationToken::new();
+    let search_counts = Arc::new(std::sync::Mutex::new(LoadCounts::default()));
+    let mut searchers = Vec::new();
+    for client_no in 0..options.search_clients {
+        searchers.push(tokio::spawn(search_loop(
+            serve.addr,
+            cities.clone(),
+            first_night,
+            nights,
+            options.seed.wrapping_add(client_no as u64),
+            search_counts.clone(),
+            stop.clone(),
+        )));
+    }
+    let hotelier_counts = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
+    let hotelier = tokio::spawn(hotelier(
+        url.to_string(),
+        hotel_ids.clone(),
+        first_night,
+        nights,
+        options.seed,
+        hotelier_counts.clone(),
+        stop.clone(),
+    ));
+    let guests = (options.guests > 0).then(|| {
+        let mut sim = SimOptions::hot(
+            serve.addr,
+            url,
+            BOOKING_TOKEN,
+            hotel_ids.iter().copied().take(20).collect(),
+            first_night,
+        );
+        sim.guests = options.guests;
+        sim.takes_per_guest = None;
+        sim.duration = Some(Duration::from_secs(24 * 3600));
+        sim.nights_span = (nights.max(3) - 2) as u32;
+        sim.pause_ms = (20, 60);
+        sim.hold_secs = 30;
+        // Booking ids are made from the seed: a seed of its own per fault,
+        // or a later scenario's holds would find the earlier ones' ids.
+        sim.seed = options.seed.wrapping_mul(100).wrapping_add(fault as u64);
+        sim.http_timeout = HTTP_TIMEOUT;
+        tokio::spawn(simulator::run(sim, stop.clone()))
+    });
+
+    tokio::time::sleep(options.warm_up).await;
+    let measured = inject_and_recover(cluster, url, fault, options, serve).await;
+    let (recover_secs, mut problem) = match measured {
+        Ok(Some(secs)) => {
+            tokio::time::sleep(options.after).await;
+            (Some(secs), None)
+        }
+        Ok(None) => (
+            None,
+            Some(format!(
+                "not recovered within {:?}; last status: {}",
+                options.recover_limit,
+                serve.status_line().await
+            )),
+        ),
+        Err(e) => (None, Some(e.to_string())),
+    };
+
+    stop.cancel();
+    for s in searchers {
+        let _ = s.await;
+    }
+    let _ = hotelier.await;
+    let takes = match guests {
+        Some(g) => match g.await {
+            Ok(Ok(summary)) => summary,
+            Ok(Err(e)) => {
+                problem.get_or_insert(format!("simulator: {e}"));
+                SimSummary::default()
+            }
+            Err(e) => {
+                problem.get_or_insert(format!("simulator: {e}"));
+                SimSummary::default()
+            }
+        },
+        None => SimSummary::default(),
+    };
+
+    // The comparison needs the copy at the owner's position; a copy that
+    // never got there is reported as not compared, not as equal.
+    let divergence = match final_divergence(url, serve, options.recover_limit).await {
+        Ok(d) => Some(d),
+        Err(e) => {
+            problem.get_or_insert(e.to_string());
+            None
+        }
+    };
+    let snapshots = serve.snapshots_taken().await;
+    let searches = search_counts
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    Ok(Outcome {
+        fault,
+        recovered: recover_secs.is_some(),
+        recover_secs,
+        divergence,
+        searches,
+        takes,
+        hotelier_ok: hotelier_counts.0.load(Ordering::Relaxed),
+        hotelier_failed: hotelier_counts.1.load(Ordering::Relaxed),
+        snapshots,
+        problem,
+    })
+}
+
+async fn final_divergence(
+    url: &str,
+    serve: &Serve,
+    limit: Duration,
+) -> Result<Divergence, FaultBenchError> {
+    let client = connect_retrying(url, limit).await?;
+    let target = slot::current_wal_lsn(&client).await?;
+    serve.caught_up(target, limit, "the final catch-up").await?;
+    measure_divergence(serve.addr, &client).await
+}
+
+/// Injects the fault, heals it, and waits for recovery: the seconds from the
+/// heal until the copy applied a marker committed after it, or `None` when
+/// that did not happen within the limit.
+async fn inject_and_recover(
+    cluster: &mut Cluster,
+    url: &str,
+    fault: Fault,
+    options: &ScenarioOptions,
+    serve: &mut Serve,
+) -> Result<Option<f64>, FaultBenchError> {
+    let client = owner::connect(url, CONNECT_TIMEOUT).await?;
+    match fault {
+        Fault::WalsenderTerminated => {
+            let info = wait_slot(&client, "the walsender to attach", |i| i.active).await?;
+            client
+                .execute(
+                    "SELECT pg_terminate_backend($1)",
+                    &[&info.active_pid.unwrap_or(0)],
+                )
+                .await?;
+        }
+        Fault::OwnerRestartFast | Fault::OwnerRestartImmediate => {
+            let mode = if fault == Fault::OwnerRestartFast {
+                StopMode::Fast
+            } else {
+                StopMode::Immediate
+            };
+            drop(client);
+            tokio::task::block_in_place(|| cluster.restart(mode))?;
+        }
+        Fault::VacancyKilled => {
+            serve.kill().await;
+            wait_slot(&client, "the killed walsender to let go", |i| !i.active).await?;
+            serve.restart()?;
+        }
+        Fault::SlotDropped => {
+            serve.signal("STOP").await?;
+            // The stopped process cannot answer; end its session so the slot
+            // is free to drop, as it would be after a network partition.
+            slot::drop_slot(&client, SLOT).await?;
+            serve.signal("CONT").await?;
+        }
+        Fault::SlotInvalidated => {
+            // ALTER SYSTEM may not run in the implicit transaction of a
+            // multi-statement query: one statement per call.
+            client
+                .batch_execute(&format!(
+                    "ALTER SYSTEM SET max_slot_wal_keep_size = '{SLOT_WAL_KEEP}'"
+                ))
+                .await?;
+            client.batch_execute("SELECT pg_reload_conf()").await?;
+            client
+                .batch_execute("CREATE TABLE IF NOT EXISTS vacancy_fault_ballast (x int)")
+                .await?;
+            serve.signal("STOP").await?;
+            let lost = invalidate_slot(&client).await;
+            serve.signal("CONT").await?;
+            lost?;
+        }
+        Fault::OwnerUnreachable => {
+            drop(client);
+            tokio::task::block_in_place(|| cluster.stop(StopMode::Fast))?;
+            tokio::time::sleep(options.unreachable).await;
+            tokio::task::block_in_place(|| cluster.start_again())?;
+        }
+        Fault::WritesFail => {
+            client.batch_execute(FAIL_WRITES_SQL).await?;
+            tokio::time::sleep(options.writes_fail_for).await;
+            client.batch_execute(HEAL_WRITES_SQL).await?;
+        }
+    }
+    let healed = Instant::now();
+    let deadline = healed + options.recover_limit;
+    let client = connect_retrying(url, options.recover_limit).await?;
+    client
+        .execute(
+            "SELECT pg_logical_emit_message(true, 'vacancy.fault', 'healed')",
+            &[],
+        )
+        .await?;
+    let marker = slot::current_wal_lsn(&client).await?;
+    while Instant::now() < deadline {
+        if serve.recovered_past(marker).await {
+            return Ok(Some(healed.elapsed().as_secs_f64()));
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    Ok(None)
+}
+
+/// Switches WAL segments and checkpoints until the held-back slot is `lost`.
+async fn invalidate_slot(client: &Client) -> Result<(), FaultBenchError> {
+    for round in 0..60 {
+        client
+            .batch_execute("INSERT INTO vacancy_fault_ballast VALUES (1); SELECT pg_switch_wal();")
+            .await?;
+        if round % 4 == 3 {
+            client.batch_execute("CHECKPOINT").await?;
+            let info = slot::slot_info(client, SLOT).await?;
+            if info.is_some_and(|i| i.is_lost()) {
+                return Ok(());
+            }
+        }
+    }
+    Err(FaultBenchError::Timeout {
+        what: "the slot to be invalidated".into(),
+        limit: Duration::ZERO,
+        detail: " (60 WAL segment switches)".into(),
+    })
+}
+
+/// Polls the slot until `done` holds; the slot as last seen.
+async fn wait_slot(
+    client: &Client,
+    what: &str,
+    done: impl Fn(&slot::SlotInfo) -> bool,
+) -> Result<slot::SlotInfo, FaultBenchError> {
+    let limit = Duration::from_secs(30);
+    let started = Instant::now();
+    loop {
+        if let Some(info) = slot::slot_info(client, SLOT).await?
+            && done(&info)
+        {
+            return Ok(info);
+        }
+        if started.elapsed() > limit {
+            return Err(FaultBenchError::Timeout {
+                what: what.to_string(),
+                limit,
+                detail: String::new(),
+            });
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Connects, retrying while the owner is starting.
+async fn connect_retrying(url: &str, limit: Duration) -> Result<Client, FaultBenchError> {
+    let started = Instant::now();
+    loop {
+        match owner::connect(url, CONNECT_TIMEOUT).await {
+            Ok(c) => return Ok(c),
+            Err(e) if started.elapsed() > limit => return Err(e.into()),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// Hotel ids, cities, the first night and the number of nights on the owner.
+async fn dataset(
+    client: &Client,
+) -> Result<(Vec<i64>, Vec<String>, NaiveDate, i64), FaultBenchError> {
+    let hotel_ids: Vec<i64> = client
+        .query("SELECT id FROM hotels ORDER BY id", &[])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let cities: Vec<String> = client
+        .query(
+            "SELECT city FROM hotels GROUP BY city ORDER BY count(*) DESC LIMIT 10",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let row = client
+        .query_one("SELECT min(night), max(night) FROM inventory", &[])
+        .await?;
+    let (first, last): (Option<NaiveDate>, Option<NaiveDate>) = (row.get(0), row.get(1));
+    let first = first.unwrap_or_else(|| chrono::Utc::now().date_naive());
+    let nights = last.map_or(1, |l| (l - first).num_days() + 1);
+    Ok((hotel_ids, cities, first, nights))
+}
