@@ -19,6 +19,12 @@ use crate::owner::visibility::precedes;
 /// owner can delay re-reads and audits, never make them wrong.
 const CAPACITY: usize = 65_536;
 
+/// How far behind the newest applied xid an older one is dropped: xids
+/// compare modulo 2^32, so one more than 2^31 behind would look ahead of a
+/// snapshot (forever hidden, and every re-read deferred). A transaction the
+/// copy applied 2^30 xids ago finished long since.
+const ANCIENT: u32 = 1 << 30;
+
 /// Everything applied up to some moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct XidMark(u64);
@@ -65,6 +71,13 @@ impl AppliedXids {
                 _ => old,
             });
         }
+        while ring.xids.front().is_some_and(|&old| far_behind(xid, old)) {
+            ring.xids.pop_front();
+            ring.first += 1;
+        }
+        if ring.newest_forgotten.is_some_and(|n| far_behind(xid, n)) {
+            ring.newest_forgotten = None;
+        }
         ring.xids.push_back(xid);
     }
 
@@ -93,6 +106,15 @@ impl AppliedXids {
             .take(before)
             .any(|&x| !precedes(x, floor) && hidden(x))
     }
+}
+
+/// `older` is more than `ANCIENT` behind `newer`. Commit order is not xid
+/// order (a long transaction commits after younger ones), so an xid that
+/// comes before its predecessor in the ring is not far behind: it is simply
+/// older by a little, which `precedes` tells.
+fn far_behind(newer: u32, older: u32) -> bool {
+    let behind = newer.wrapping_sub(older);
+    behind > ANCIENT && !precedes(newer, older)
 }
 
 #[cfg(test)]
@@ -133,6 +155,27 @@ mod tests {
             "90 was forgotten and is not before 90"
         );
         assert!(!xids.any_hidden(mark, 91, none));
+    }
+
+    #[test]
+    fn xids_far_behind_the_newest_are_dropped_before_they_look_ahead() {
+        let xids = AppliedXids::with_capacity(2);
+        xids.record(10);
+        xids.record(11);
+        // 10 falls out of the ring: forgotten, not yet ancient.
+        xids.record(12);
+        let later = 12 + (1u32 << 30) + 1;
+        // Now 10, 11 and 12 are all over 2^30 behind: dropped, and the
+        // forgotten 11 no longer counts.
+        xids.record(later);
+        let mark = xids.mark();
+        assert!(!xids.any_hidden(mark, later, |x| x != later));
+        assert!(xids.any_hidden(mark, later, |x| x == later));
+        // Past the wrap as well.
+        let wrapping = AppliedXids::with_capacity(4);
+        wrapping.record(u32::MAX - 5);
+        wrapping.record((u32::MAX - 5).wrapping_add((1 << 30) + 10));
+        assert!(!wrapping.any_hidden(wrapping.mark(), 0, |x| x == u32::MAX - 5));
     }
 
     #[test]
