@@ -11,8 +11,6 @@
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
-use crate::owner::visibility::precedes;
-
 /// Xids remembered: at a thousand commits a second, a minute of them, in
 /// 256 KiB. An owner read that has to look further back than the ring holds
 /// is treated as possibly hiding one, so a long write transaction on the
@@ -24,6 +22,12 @@ const CAPACITY: usize = 65_536;
 /// snapshot (forever hidden, and every re-read deferred). A transaction the
 /// copy applied 2^30 xids ago finished long since.
 const ANCIENT: u32 = 1 << 30;
+
+/// Whether `a` comes before `b` among 32-bit xids, which wrap around
+/// (PostgreSQL's `TransactionIdPrecedes` for normal xids).
+pub fn precedes(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) < 0
+}
 
 /// Everything applied up to some moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

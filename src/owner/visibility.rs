@@ -23,6 +23,8 @@ use tokio::time::Instant;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Row};
 
+use crate::model::xids::{AppliedXids, XidMark, precedes};
+
 /// How long to wait before asking again while a commit is still hidden.
 const RETRY: Duration = Duration::from_millis(10);
 
@@ -32,12 +34,6 @@ pub enum VisibilityError {
     Query(#[from] tokio_postgres::Error),
     #[error("the owner returned an unreadable snapshot: {0:?}")]
     Snapshot(String),
-}
-
-/// Whether `a` comes before `b` among 32-bit xids, which wrap around
-/// (PostgreSQL's `TransactionIdPrecedes` for normal xids).
-pub fn precedes(a: u32, b: u32) -> bool {
-    (a.wrapping_sub(b) as i32) < 0
 }
 
 /// An owner snapshot (`pg_current_snapshot()`): which transactions it
@@ -75,16 +71,15 @@ impl Snapshot {
         })
     }
 
-    /// Every transaction before this one had finished when the snapshot was
-    /// taken: a committed one among them is seen.
-    pub fn xmin(&self) -> u32 {
-        self.xmin
-    }
-
     /// Whether a transaction that committed (the stream delivered it) is
     /// visible in this snapshot.
     pub fn sees(&self, xid: u32) -> bool {
         precedes(xid, self.xmin) || (precedes(xid, self.xmax) && !self.running.contains(&xid))
+    }
+
+    /// Whether a transaction the copy applied before `mark` is hidden here.
+    fn hides_any(&self, xids: &AppliedXids, mark: XidMark) -> bool {
+        xids.any_hidden(mark, self.xmin, |xid| !self.sees(xid))
     }
 }
 
@@ -99,16 +94,15 @@ pub fn seeing(read: &str) -> String {
     )
 }
 
-/// Runs `statement` (built by `seeing`) until `hides` says its snapshot
-/// hides none of the commits the caller cares about, and returns the read's
-/// rows; `None` when `limit` passed first (a synchronous standby that does
+/// Runs `statement` (built by `seeing`) until its snapshot hides none of the
+/// transactions the copy applied before `mark`, and returns the read's rows; `None` when `limit` passed first (a synchronous standby that does
 /// not answer, say), and the caller tries another time. While a commit is
 /// hidden only the snapshot is asked for, so waiting costs small queries.
 pub async fn read_seeing(
     client: &Client,
     statement: &str,
     params: &[&(dyn ToSql + Sync)],
-    hides: impl Fn(&Snapshot) -> bool,
+    (xids, mark): (&AppliedXids, XidMark),
     limit: Duration,
 ) -> Result<Option<Vec<Row>>, VisibilityError> {
     let started = Instant::now();
@@ -116,13 +110,13 @@ pub async fn read_seeing(
         let now = client
             .query_one("SELECT pg_current_snapshot()::text", &[])
             .await?;
-        if !hides(&Snapshot::parse(&now.try_get::<_, String>(0)?)?) {
+        if !Snapshot::parse(&now.try_get::<_, String>(0)?)?.hides_any(xids, mark) {
             let rows = client.query(statement, params).await?;
             let seen = match rows.first() {
                 Some(row) => row.try_get::<_, String>(row.len() - 1)?,
                 None => return Err(VisibilityError::Snapshot(String::new())),
             };
-            if !hides(&Snapshot::parse(&seen)?) {
+            if !Snapshot::parse(&seen)?.hides_any(xids, mark) {
                 // The padding row of an empty read has a null first column.
                 return Ok(Some(
                     rows.into_iter()

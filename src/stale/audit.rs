@@ -326,12 +326,13 @@ impl Audit {
         let (hotels, types, nights) = key_columns(keys);
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&hotels, &types, &nights];
         let statement = visibility::seeing(&self.rows_sql());
-        let hides = |s: &visibility::Snapshot| {
-            self.model
-                .xids
-                .any_hidden(applied, s.xmin(), |xid| !s.sees(xid))
-        };
-        let read = visibility::read_seeing(client, &statement, &params, hides, self.settings.wait);
+        let read = visibility::read_seeing(
+            client,
+            &statement,
+            &params,
+            (&self.model.xids, applied),
+            self.settings.wait,
+        );
         match self.timed_read(read).await? {
             Some(rows) => Ok(Some(place_rows(keys.len(), &rows)?)),
             None => Ok(None),

@@ -439,11 +439,14 @@ async fn reread(
          FROM unnest($1::bigint[], $2::bigint[]) AS k(hotel_id, room_type_id)
          JOIN inventory i USING (hotel_id, room_type_id)",
     );
-    let hides =
-        |s: &visibility::Snapshot| model.xids.any_hidden(applied, s.xmin(), |xid| !s.sees(xid));
-    let Some(rows) =
-        visibility::read_seeing(client, &read, &[&hotels, &room_types], hides, hidden_limit)
-            .await?
+    let Some(rows) = visibility::read_seeing(
+        client,
+        &read,
+        &[&hotels, &room_types],
+        (&model.xids, applied),
+        hidden_limit,
+    )
+    .await?
     else {
         return Ok(None);
     };
