@@ -23,15 +23,10 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Load-test /v1/search beside the same question asked of the owner in SQL.
-    BenchSearch(vacancy::search_bench::SearchBenchArgs),
-    /// The 409-after-shown rate with search from the copy, beside search
-    /// reading the owner, under simulated guests racing for few units.
-    BenchStale(vacancy::stale_bench::StaleBenchArgs),
     /// Measure speed and memory, each beside its baseline (see BENCHMARKS.md).
     Bench {
         #[command(subcommand)]
-        which: vacancy::bench::BenchCommand,
+        which: vacancy_lab::bench::BenchCommand,
     },
     /// Run everything on one machine: an embedded PostgreSQL owner, a generated
     /// dataset, the projector and the API, and guests booking against the owner.
@@ -95,18 +90,10 @@ enum Command {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
-        Command::BenchSearch(args) => {
-            vacancy::search_bench::run(args)
-                .await
-                .context("bench-search failed")?;
-        }
-        Command::BenchStale(args) => {
-            vacancy::stale_bench::run(args)
-                .await
-                .context("bench-stale failed")?;
-        }
         Command::Bench { which } => {
-            vacancy::bench::run(which).await.context("bench failed")?;
+            vacancy_lab::bench::run(which)
+                .await
+                .context("bench failed")?;
         }
         Command::Demo {
             owner_url,
@@ -120,14 +107,16 @@ async fn main() -> anyhow::Result<()> {
             duration,
             report_every,
         } => {
-            init_logging(&vacancy::config::Settings::defaults().log);
-            let stop = pg_walstream::CancellationToken::new();
+            vacancy_service::logging::init_logging(
+                &vacancy_service::config::Settings::defaults().log,
+            );
+            let stop = tokio_util::sync::CancellationToken::new();
             let on_signal = stop.clone();
             tokio::spawn(async move {
                 wait_for_signal().await;
                 on_signal.cancel();
             });
-            let options = vacancy::demo::DemoOptions {
+            let options = vacancy_lab::demo::DemoOptions {
                 owner_url,
                 pg_bin,
                 listen,
@@ -139,15 +128,15 @@ async fn main() -> anyhow::Result<()> {
                 duration,
                 report_every: report_every.max(std::time::Duration::from_secs(1)),
             };
-            vacancy::demo::run(options, stop)
+            vacancy_lab::demo::run(options, stop)
                 .await
                 .context("demo failed")?;
         }
         Command::Serve { config } => {
-            let settings = vacancy::config::Settings::load(config.as_deref())?;
-            init_logging(&settings.log);
+            let settings = vacancy_service::config::Settings::load(config.as_deref())?;
+            vacancy_service::logging::init_logging(&settings.log);
             let grace = std::time::Duration::from_millis(settings.http.shutdown_grace_ms);
-            let app = vacancy::app::App::bind_and_start(settings)
+            let app = vacancy_service::app::App::bind_and_start(settings)
                 .await
                 .context("cannot start")?;
             let token = app.shutdown_token();
@@ -170,7 +159,7 @@ async fn main() -> anyhow::Result<()> {
             start,
             seed,
         } => {
-            let options = vacancy::owner::seed::SeedOptions {
+            let options = vacancy_lab::seed::SeedOptions {
                 owner_url,
                 hotels,
                 room_types,
@@ -179,7 +168,7 @@ async fn main() -> anyhow::Result<()> {
                 seed,
                 progress: true,
             };
-            let report = vacancy::owner::seed::run(&options)
+            let report = vacancy_lab::seed::run(&options)
                 .await
                 .context("seed failed")?;
             println!(
@@ -193,20 +182,6 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-/// Structured logs to stderr, text or JSON, filtered by `log.level`
-/// (`RUST_LOG` wins when set).
-fn init_logging(log: &vacancy::config::LogSettings) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&log.level));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match log.format {
-        vacancy::config::LogFormat::Json => builder.json().init(),
-        vacancy::config::LogFormat::Text => builder.init(),
-    }
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

@@ -7,9 +7,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use vacancy::app::App;
-use vacancy::config::Settings;
-use vacancy::simulator::{HttpResponse, parse_response};
+use vacancy_lab::simulator::{HttpResponse, parse_response};
+use vacancy_service::app::App;
+use vacancy_service::config::Settings;
 
 use crate::projector::{assert_converged, load_inventory, run_workload, test_seed};
 use crate::support::{TestOwner, wait_for};
@@ -31,7 +31,7 @@ fn settings(owner_url: &str) -> Settings {
 
 async fn start(settings: Settings) -> App {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    vacancy::app::start(settings, listener).expect("start vacancy")
+    vacancy_service::app::start(settings, listener).expect("start vacancy")
 }
 
 /// One HTTP/1.1 request with any method and headers, one per connection.
@@ -287,7 +287,7 @@ async fn exhaust_with(addr: SocketAddr, headers: &[(&str, &str)]) -> HttpRespons
 }
 
 fn requested_resnapshots() -> u64 {
-    vacancy::metrics::RESNAPSHOTS
+    vacancy_service::metrics::RESNAPSHOTS
         .with_label_values(&["requested"])
         .get()
 }

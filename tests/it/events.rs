@@ -11,11 +11,11 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio_postgres::Client;
-use vacancy::app::App;
-use vacancy::config::Settings;
-use vacancy::lsn::Lsn;
-use vacancy::owner::ops::{self, HoldOutcome, HoldRequest};
-use vacancy::stream::slot;
+use vacancy_lab::ops::{self, HoldOutcome, HoldRequest};
+use vacancy_service::app::App;
+use vacancy_service::config::Settings;
+use vacancy_service::lsn::Lsn;
+use vacancy_service::stream::slot;
 
 use crate::support::{TestOwner, wait_for};
 
@@ -206,7 +206,7 @@ async fn events_send_each_change_once_in_order_and_resume_from_last_event_id() {
     let mut settings = Settings::defaults();
     settings.owner.url = owner.url.clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let app = vacancy::app::start(settings, listener).expect("start vacancy");
+    let app = vacancy_service::app::start(settings, listener).expect("start vacancy");
     wait_for("the snapshot", Duration::from_secs(60), || async {
         app.model.freshness.is_loaded().then_some(())
     })
@@ -288,7 +288,7 @@ async fn events_send_each_change_once_in_order_and_resume_from_last_event_id() {
     assert_eq!(night8.2, 4, "the state includes every commit");
 
     // Unknown hotels are a 404 problem, not an empty stream.
-    let r = vacancy::simulator::http(
+    let r = vacancy_lab::simulator::http(
         app.addr,
         "GET",
         "/v1/hotels/99/events",
@@ -299,7 +299,7 @@ async fn events_send_each_change_once_in_order_and_resume_from_last_event_id() {
     .await
     .unwrap();
     assert_eq!(r.status, 404);
-    let doc = vacancy::simulator::http(
+    let doc = vacancy_lab::simulator::http(
         app.addr,
         "GET",
         "/openapi.json",

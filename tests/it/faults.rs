@@ -6,9 +6,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use vacancy::fault_bench::{self, Fault, ScenarioOptions, Serve};
-use vacancy::owner::seed::{self, SeedOptions};
-use vacancy::stream::slot;
+use vacancy_lab::bench::faults::{self, Fault, ScenarioOptions, Serve};
+use vacancy_lab::seed::{self, SeedOptions};
+use vacancy_service::stream::slot;
 
 use crate::support::TestOwner;
 
@@ -53,7 +53,7 @@ async fn fault_scenarios_recover_with_no_divergent_rows() {
     let dir = tempfile::tempdir().unwrap();
     let options = options(dir.path());
     for fault in [Fault::SlotInvalidated, Fault::WritesFail] {
-        let outcome = fault_bench::run_scenario(&mut owner.cluster, &owner.url, fault, &options)
+        let outcome = faults::run_scenario(&mut owner.cluster, &owner.url, fault, &options)
             .await
             .unwrap_or_else(|e| panic!("{fault:?}: {e}"));
         assert!(
@@ -82,7 +82,7 @@ async fn fault_scenarios_recover_with_no_divergent_rows() {
             ),
         }
     }
-    let table = fault_bench::render(&[]);
+    let table = faults::render(&[]);
     assert!(table.starts_with("| fault | recovered |"));
 }
 
@@ -102,7 +102,7 @@ async fn the_divergence_counter_counts_rows_the_stream_never_delivered() {
         .caught_up(target, limit, "the snapshot")
         .await
         .unwrap();
-    let clean = fault_bench::measure_divergence(serve.addr, &client)
+    let clean = faults::measure_divergence(serve.addr, &client)
         .await
         .unwrap();
     assert_eq!(clean.total(), 0, "{clean:?}");
@@ -117,7 +117,7 @@ async fn the_divergence_counter_counts_rows_the_stream_never_delivered() {
                  (SELECT hotel_id, room_type_id, night FROM inventory ORDER BY 1 DESC, 2 DESC, 3 DESC LIMIT 1);
              UPDATE hotels SET stars = coalesce(stars, 0) % 5 + 1 WHERE id = 2;
              ALTER PUBLICATION {p} ADD TABLE inventory, hotels;",
-            p = fault_bench::PUBLICATION
+            p = faults::PUBLICATION
         ))
         .await
         .unwrap();
@@ -126,7 +126,7 @@ async fn the_divergence_counter_counts_rows_the_stream_never_delivered() {
         .caught_up(target, limit, "the catch-up")
         .await
         .unwrap();
-    let counted = fault_bench::measure_divergence(serve.addr, &client)
+    let counted = faults::measure_divergence(serve.addr, &client)
         .await
         .unwrap();
     assert_eq!(
@@ -135,5 +135,5 @@ async fn the_divergence_counter_counts_rows_the_stream_never_delivered() {
         "three changed rows and one deleted on the owner only, one hotel: {counted:?}"
     );
     serve.stop().await;
-    slot::drop_slot(&client, fault_bench::SLOT).await.unwrap();
+    slot::drop_slot(&client, faults::SLOT).await.unwrap();
 }

@@ -1,5 +1,5 @@
 //! All integration tests, in one binary, against a real PostgreSQL 15 that
-//! `support` starts for each test (see `vacancy::owner::cluster`).
+//! `support` starts for each test (see `vacancy_lab::cluster`).
 
 mod support;
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use chrono::NaiveDate;
 use tokio::sync::{Barrier, Mutex, mpsc};
 use tokio_postgres::Client;
-use vacancy::owner::ops::{
+use vacancy_lab::ops::{
     self, BookingStatus, CapacityOutcome, HoldOutcome, HoldRequest, OpsError, Transition,
 };
 
@@ -57,7 +57,7 @@ impl Db {
             ))
             .await
             .expect("create schema");
-        vacancy::owner::apply_schema(&client)
+        vacancy_lab::schema::apply(&client)
             .await
             .expect("load config/owner-schema.sql");
         db

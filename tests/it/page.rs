@@ -15,9 +15,9 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio_tungstenite::tungstenite::Message;
-use vacancy::config::Settings;
-use vacancy::owner::ops::{self, HoldOutcome, HoldRequest};
-use vacancy::stream::slot;
+use vacancy_lab::ops::{self, HoldOutcome, HoldRequest};
+use vacancy_service::config::Settings;
+use vacancy_service::stream::slot;
 
 use crate::support::{TestOwner, wait_for};
 
@@ -174,7 +174,7 @@ async fn devtools_get(addr: std::net::SocketAddr, path: &str) -> Option<Vec<u8>>
                 .find_map(|l| l.strip_prefix("content-length:"))
                 .and_then(|v| v.trim().parse().ok())?;
             if raw.len() >= split + 4 + length {
-                let r = vacancy::simulator::parse_response(&raw[..split + 4 + length]).ok()?;
+                let r = vacancy_lab::simulator::parse_response(&raw[..split + 4 + length]).ok()?;
                 return (r.status == 200).then_some(r.body);
             }
         }
@@ -226,7 +226,7 @@ async fn the_page_searches_opens_a_hotel_and_shows_a_hold_live() {
     let mut settings = Settings::defaults();
     settings.owner.url = owner.url.clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let app = vacancy::app::start(settings, listener).expect("start vacancy");
+    let app = vacancy_service::app::start(settings, listener).expect("start vacancy");
     let target = slot::current_wal_lsn(&client).await.unwrap();
     wait_for("the copy and index", Duration::from_secs(60), || async {
         (app.model.freshness.applied() >= target && app.hotel_index.synced_lsn() >= target)

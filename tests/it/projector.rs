@@ -12,13 +12,13 @@ use chrono::NaiveDate;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tokio_postgres::Client;
-use vacancy::app::App;
-use vacancy::config::Settings;
-use vacancy::lsn::Lsn;
-use vacancy::model::{CalendarKey, NightCounts, ReadModel};
-use vacancy::owner::cluster::{ClusterOptions, StopMode};
-use vacancy::owner::ops::{self, HoldRequest};
-use vacancy::stream::slot;
+use vacancy_lab::cluster::{ClusterOptions, StopMode};
+use vacancy_lab::ops::{self, HoldRequest};
+use vacancy_service::app::App;
+use vacancy_service::config::Settings;
+use vacancy_service::lsn::Lsn;
+use vacancy_service::model::{CalendarKey, NightCounts, ReadModel};
+use vacancy_service::stream::slot;
 
 use crate::support::{TestOwner, create_publication, least_privilege_role, wait_for};
 
@@ -62,7 +62,7 @@ pub(crate) fn settings_for(owner: &TestOwner) -> Settings {
 
 async fn start_app(settings: Settings) -> App {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    vacancy::app::start(settings, listener).expect("start vacancy")
+    vacancy_service::app::start(settings, listener).expect("start vacancy")
 }
 
 /// Waits until the copy has applied everything committed on the owner so far.
@@ -722,7 +722,7 @@ async fn ttl_rereads_race_the_workload(owner: &TestOwner, vacancy_url: &str) {
         "merged {merged} due {} watched {} rereads {}",
         app.refresh.due_len(),
         app.refresh.watched(),
-        vacancy::metrics::TTL_ROWS_REREAD.get()
+        vacancy_service::metrics::TTL_ROWS_REREAD.get()
     );
     assert!(merged > 0, "no TTL re-read was merged during the workload");
     assert_eq!(

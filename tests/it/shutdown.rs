@@ -6,8 +6,8 @@ use std::process::{Command, ExitStatus};
 use std::time::Duration;
 
 use serde_json::Value;
-use vacancy::lsn::Lsn;
-use vacancy::stream::slot;
+use vacancy_service::lsn::Lsn;
+use vacancy_service::stream::slot;
 
 use crate::api::get;
 use crate::process::{Serve, assert_binary_converged};
@@ -71,7 +71,7 @@ async fn sigterm_drains_requests_acknowledges_the_applied_lsn_and_exits_zero() {
 
     let addr = serve.addr;
     let search = tokio::spawn(async move {
-        vacancy::simulator::http(
+        vacancy_lab::simulator::http(
             addr,
             "GET",
             "/v1/search?city=Lisbon&check_in=2030-01-02&check_out=2030-01-04&room=2&min_lsn=FFFFFFFF/0",

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use tokio_postgres::Client;
-use vacancy::owner::cluster::{Cluster, ClusterOptions};
+use vacancy_lab::cluster::{Cluster, ClusterOptions};
 
 pub const DB: &str = "owner";
 
@@ -25,17 +25,17 @@ impl TestOwner {
             .expect("cluster start task")
             .unwrap_or_else(|e| panic!("cannot start the test PostgreSQL: {e}"));
         let url = cluster.create_database(DB).expect("create database");
-        let client = vacancy::owner::connect(&url, Duration::from_secs(10))
+        let client = vacancy_service::owner::connect(&url, Duration::from_secs(10))
             .await
             .expect("connect to the test owner");
-        vacancy::owner::apply_schema(&client)
+        vacancy_lab::schema::apply(&client)
             .await
             .expect("load config/owner-schema.sql");
         TestOwner { cluster, url }
     }
 
     pub async fn client(&self) -> tokio_postgres::Client {
-        vacancy::owner::connect(&self.url, Duration::from_secs(10))
+        vacancy_service::owner::connect(&self.url, Duration::from_secs(10))
             .await
             .expect("connect to the test owner")
     }

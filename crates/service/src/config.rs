@@ -14,7 +14,9 @@ use figment::Figment;
 use figment::providers::{Env, Format, Toml};
 use serde::Deserialize;
 
-pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
+pub use crate::logging::{LogFormat, LogSettings};
+
+pub const DEFAULT_TOML: &str = include_str!("../../../config/default.toml");
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -196,20 +198,6 @@ impl std::fmt::Debug for AdminSettings {
             .field("tokens_file", &self.tokens_file)
             .finish()
     }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LogSettings {
-    pub format: LogFormat,
-    pub level: String,
-}
-
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum LogFormat {
-    Text,
-    Json,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -25,20 +25,20 @@ use std::time::{Duration, Instant};
 
 use chrono::{NaiveDate, Utc};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use pg_walstream::CancellationToken;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use tokio_util::sync::CancellationToken;
 
-use crate::app::{self, App};
-use crate::config::Settings;
-use crate::metrics;
-use crate::model::ReadModel;
-use crate::owner::cluster::{Cluster, ClusterError, ClusterOptions};
-use crate::owner::ops::{self, CapacityOutcome, Transition};
-use crate::owner::seed::{self, SeedError, SeedOptions};
-use crate::owner::{self, OwnerError};
+use crate::cluster::{Cluster, ClusterError, ClusterOptions};
+use crate::ops::{self, CapacityOutcome, Transition};
+use crate::seed::{self, SeedError, SeedOptions};
 use crate::simulator::{self, SimError, SimOptions, SimSummary};
-use crate::stream::slot;
+use vacancy_service::app::{self, App};
+use vacancy_service::config::Settings;
+use vacancy_service::metrics;
+use vacancy_service::model::ReadModel;
+use vacancy_service::owner::{self, OwnerError};
+use vacancy_service::stream::slot;
 
 /// The demo's own slot, so it never takes over a `vacancy serve`'s slot on
 /// an attached owner.
@@ -84,7 +84,7 @@ pub enum DemoError {
     #[error("owner database: {0}")]
     Query(#[from] tokio_postgres::Error),
     #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
+    Config(#[from] vacancy_service::config::ConfigError),
     #[error("the owner has no hotels with inventory to book")]
     EmptyOwner,
     #[error("the copy did not load the owner's snapshot within {0:?}")]
@@ -137,7 +137,7 @@ pub async fn run(options: DemoOptions, stop: CancellationToken) -> Result<(), De
         }
     };
     let client = owner::connect(&owner_url, Duration::from_secs(10)).await?;
-    owner::apply_schema(&client).await?;
+    crate::schema::apply(&client).await?;
     let existing: i64 = client
         .query_one("SELECT count(*) FROM hotels", &[])
         .await?
@@ -685,11 +685,11 @@ pub async fn verify(
     let t = model.read();
     let mut differing = 0u64;
     for r in &rows {
-        let key = crate::model::CalendarKey {
+        let key = vacancy_service::model::CalendarKey {
             hotel_id: r.get(0),
             room_type_id: r.get(1),
         };
-        let owner = crate::model::NightCounts {
+        let owner = vacancy_service::model::NightCounts {
             total: r.get(3),
             taken: r.get(4),
             sell_limit: r.get(5),

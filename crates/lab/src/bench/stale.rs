@@ -1,4 +1,4 @@
-//! `vacancy bench-stale`: the 409-after-shown rate the copy adds (issue 5).
+//! `vacancy bench stale`: the 409-after-shown rate the copy adds (issue 5).
 //!
 //! Guests racing for few units produce conflicts whatever search reads: a
 //! unit shown free at the owner a moment ago may be gone by the time the
@@ -11,16 +11,16 @@
 use std::time::{Duration, Instant};
 
 use chrono::NaiveDate;
-use pg_walstream::CancellationToken;
 use tokio::net::TcpListener;
 use tokio_postgres::Client;
+use tokio_util::sync::CancellationToken;
 
-use crate::app::{self, App, AppError};
-use crate::config::Settings;
-use crate::owner::cluster::{Cluster, ClusterError, ClusterOptions};
-use crate::owner::{self, OwnerError};
+use crate::cluster::{Cluster, ClusterError, ClusterOptions};
 use crate::simulator::{self, SimError, SimOptions, SimSummary};
-use crate::stream::slot::{self, SlotError};
+use vacancy_service::app::{self, App, AppError};
+use vacancy_service::config::Settings;
+use vacancy_service::owner::{self, OwnerError};
+use vacancy_service::stream::slot::{self, SlotError};
 
 const SLOT: &str = "vacancy_stale_bench";
 const PUBLICATION: &str = "vacancy_stale_bench";
@@ -115,7 +115,7 @@ pub async fn run(args: StaleBenchArgs) -> Result<(), StaleBenchError> {
         }
     };
     let client = owner::connect(&url, CONNECT_TIMEOUT).await?;
-    owner::apply_schema(&client).await?;
+    crate::schema::apply(&client).await?;
     let first_night = chrono::Utc::now().date_naive() + chrono::Days::new(1);
     load(&client, &args, first_night).await?;
 
@@ -218,7 +218,7 @@ async fn one_run(
     result
 }
 
-async fn wait_ready(app: &App, target: crate::lsn::Lsn) -> Result<(), StaleBenchError> {
+async fn wait_ready(app: &App, target: vacancy_service::lsn::Lsn) -> Result<(), StaleBenchError> {
     let started = Instant::now();
     while !(app.model.freshness.is_loaded()
         && app.model.freshness.applied() >= target
@@ -233,7 +233,7 @@ async fn wait_ready(app: &App, target: crate::lsn::Lsn) -> Result<(), StaleBench
 }
 
 fn render(args: &StaleBenchArgs, runs: &[Run]) -> String {
-    let mut out = String::from("## vacancy bench-stale\n\n");
+    let mut out = String::from("## vacancy bench stale\n\n");
     out += &format!(
         "- data: {} hotels x {} room types, {} units per night, stays of 1-2 nights starting on {} nights\n",
         args.hotels, args.room_types, args.units, args.nights

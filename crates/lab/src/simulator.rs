@@ -15,14 +15,14 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use chrono::NaiveDate;
-use pg_walstream::CancellationToken;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::sync::CancellationToken;
 
-use crate::owner::ops::{self, HoldOutcome, HoldRequest};
-use crate::owner::{self, OwnerError};
+use crate::ops::{self, HoldOutcome, HoldRequest};
+use vacancy_service::owner::{self, OwnerError};
 
 /// Largest response the simulator reads; a search page is far smaller.
 const MAX_RESPONSE_BYTES: usize = 8 * 1024 * 1024;

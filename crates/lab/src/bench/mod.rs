@@ -14,7 +14,11 @@
 //! - `latency`: commit-to-visible latency of holds under a steady pgbench load.
 //! - `snapshot`: snapshot load rate, against server-side `COPY ... TO '/dev/null'`.
 //! - `memory`: resident bytes per inventory row once the copy is loaded.
-//! - `faults`: recovery and divergence per fault (`crate::fault_bench`).
+//! - `faults`: recovery and divergence per fault (`crate::bench::faults`).
+
+pub mod faults;
+pub mod search;
+pub mod stale;
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -22,25 +26,25 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::NaiveDate;
-use pg_walstream::CancellationToken;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tokio::net::TcpListener;
 use tokio::process::Command;
 use tokio_postgres::Client;
+use tokio_util::sync::CancellationToken;
 
-use crate::app::{self, AppError};
-use crate::config::Settings;
-use crate::lsn::{Lsn, ParseLsnError};
-use crate::metrics;
-use crate::model::{CalendarKey, ReadModel};
-use crate::owner::cluster::{Cluster, ClusterError, ClusterOptions, DEFAULT_BIN_DIR};
-use crate::owner::seed::{self, SeedError};
-use crate::owner::{self, OwnerError};
-use crate::stream::refresh::Refresh;
-use crate::stream::slot::{self, SlotError};
-use crate::stream::snapshot::SnapshotPhase;
-use crate::stream::{Projector, StreamStatus};
+use crate::cluster::{Cluster, ClusterError, ClusterOptions, DEFAULT_BIN_DIR};
+use crate::seed::{self, SeedError};
+use vacancy_service::app::{self, AppError};
+use vacancy_service::config::Settings;
+use vacancy_service::lsn::{Lsn, ParseLsnError};
+use vacancy_service::metrics;
+use vacancy_service::model::{CalendarKey, ReadModel};
+use vacancy_service::owner::{self, OwnerError};
+use vacancy_service::stream::refresh::Refresh;
+use vacancy_service::stream::slot::{self, SlotError};
+use vacancy_service::stream::snapshot::SnapshotPhase;
+use vacancy_service::stream::{Projector, StreamStatus};
 
 /// vacancy's slot during a bench: its own name, so a bench never touches the
 /// slot of a `vacancy serve` attached to the same owner.
@@ -107,7 +111,12 @@ pub enum BenchCommand {
     /// The convergence workload once per fault (walsender, owner restarts,
     /// SIGKILL, slot dropped or invalidated, owner unreachable, failing
     /// writes): recovery time, divergent rows, failed requests.
-    Faults(crate::fault_bench::FaultArgs),
+    Faults(crate::bench::faults::FaultArgs),
+    /// Load-test /v1/search beside the same question asked of the owner in SQL.
+    Search(crate::bench::search::SearchBenchArgs),
+    /// The 409-after-shown rate with search from the copy, beside search
+    /// reading the owner, under simulated guests racing for few units.
+    Stale(crate::bench::stale::StaleBenchArgs),
 }
 
 /// Where the owner is, or the size of the embedded one to seed.
@@ -132,7 +141,7 @@ pub struct OwnerArgs {
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     #[error(transparent)]
-    Index(#[from] crate::index::IndexError),
+    Index(#[from] vacancy_service::index::IndexError),
     #[error(transparent)]
     Cluster(#[from] ClusterError),
     #[error(transparent)]
@@ -160,7 +169,11 @@ pub enum BenchError {
     #[error("bench i/o: {0}")]
     Io(#[from] std::io::Error),
     #[error(transparent)]
-    Faults(#[from] crate::fault_bench::FaultBenchError),
+    Faults(#[from] crate::bench::faults::FaultBenchError),
+    #[error("bench search: {0}")]
+    Search(#[from] crate::bench::search::SearchBenchError),
+    #[error("bench stale: {0}")]
+    Stale(#[from] crate::bench::stale::StaleBenchError),
 }
 
 pub async fn run(command: BenchCommand) -> Result<(), BenchError> {
@@ -205,7 +218,9 @@ pub async fn run(command: BenchCommand) -> Result<(), BenchError> {
             let owner = Owner::prepare(&owner).await?;
             owner.guarded(memory(&owner)).await
         }
-        BenchCommand::Faults(args) => Ok(crate::fault_bench::run(args).await?),
+        BenchCommand::Faults(args) => Ok(crate::bench::faults::run(args).await?),
+        BenchCommand::Search(args) => Ok(crate::bench::search::run(args).await?),
+        BenchCommand::Stale(args) => Ok(crate::bench::stale::run(args).await?),
     }
 }
 
@@ -558,7 +573,7 @@ async fn apply(owner: &Owner, options: &ApplyOptions) -> Result<(), BenchError> 
         model.clone(),
         status.clone(),
         refresh.clone(),
-        crate::index::HotelIndex::new()?,
+        vacancy_service::index::HotelIndex::new()?,
     );
     let mut task = tokio::spawn(projector.run(stop.clone()));
     let started = Instant::now();
@@ -652,7 +667,7 @@ async fn apply(owner: &Owner, options: &ApplyOptions) -> Result<(), BenchError> 
             model.clone(),
             status.clone(),
             refresh.clone(),
-            crate::index::HotelIndex::new()?,
+            vacancy_service::index::HotelIndex::new()?,
         );
         let vacancy_started = Instant::now();
         task = tokio::spawn(projector.run(stop.clone()));

@@ -6,13 +6,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use chrono::NaiveDate;
-use pg_walstream::CancellationToken;
 use tokio_postgres::Client;
+use tokio_util::sync::CancellationToken;
 
-use crate::owner;
-use crate::owner::cluster::{Cluster, StopMode};
+use crate::cluster::{Cluster, StopMode};
 use crate::simulator::{self, SimOptions, SimSummary};
-use crate::stream::slot;
+use vacancy_service::owner;
+use vacancy_service::stream::slot;
 
 use super::child::Serve;
 use super::compare::{Divergence, measure_divergence};

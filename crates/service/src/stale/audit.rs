@@ -39,10 +39,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate, Utc};
-use pg_walstream::CancellationToken;
 use rand::RngExt;
 use serde::Serialize;
 use tokio_postgres::Client;
+use tokio_util::sync::CancellationToken;
 
 use crate::lsn::Lsn;
 use crate::metrics;

@@ -36,8 +36,8 @@ use std::time::{Duration, Instant};
 use chrono::NaiveDate;
 use moka::notification::RemovalCause;
 use moka::sync::Cache;
-use pg_walstream::CancellationToken;
 use rand::RngExt;
+use tokio_util::sync::CancellationToken;
 
 use super::txn::OwnMessage;
 use crate::config::Settings;

@@ -11,8 +11,8 @@ use serde_json::Value;
 use tokio::process::{Child, Command};
 
 use crate::bench::run_tool;
-use crate::lsn::Lsn;
 use crate::simulator::http;
+use vacancy_service::lsn::Lsn;
 
 use super::compare::get_json;
 use super::{BOOKING_TOKEN, FaultBenchError, HTTP_TIMEOUT, POLL, PUBLICATION, SLOT};

@@ -19,8 +19,8 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, NaiveDate, Utc};
-use pg_walstream::CancellationToken;
 use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
 
 use super::{CalendarKey, Change, NightCounts, Table, Transaction};
 use crate::lsn::Lsn;

@@ -31,12 +31,12 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::bench::ToolError;
-use crate::lsn::ParseLsnError;
-use crate::owner::OwnerError;
-use crate::owner::cluster::{Cluster, ClusterError, ClusterOptions};
-use crate::owner::seed::{self, SeedError};
+use crate::cluster::{Cluster, ClusterError, ClusterOptions};
+use crate::seed::{self, SeedError};
 use crate::simulator::{SimError, SimSummary};
-use crate::stream::slot::SlotError;
+use vacancy_service::lsn::ParseLsnError;
+use vacancy_service::owner::OwnerError;
+use vacancy_service::stream::slot::SlotError;
 
 mod child;
 mod compare;

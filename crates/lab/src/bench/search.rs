@@ -1,4 +1,4 @@
-//! `vacancy bench-search`: `/v1/search` under load beside the same question
+//! `vacancy bench search`: `/v1/search` under load beside the same question
 //! asked of the owner in SQL (issue 4).
 //!
 //! The claim `vacancy` exists for is that guest search is cheap on the copy
@@ -29,12 +29,12 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::process::Command;
 use tokio_postgres::Client;
 
-use crate::app::{self, App, AppError};
-use crate::config::Settings;
-use crate::metrics;
-use crate::owner::cluster::{Cluster, ClusterError, ClusterOptions};
-use crate::owner::{self, OwnerError};
-use crate::stream::slot::{self, SlotError};
+use crate::cluster::{Cluster, ClusterError, ClusterOptions};
+use vacancy_service::app::{self, App, AppError};
+use vacancy_service::config::Settings;
+use vacancy_service::metrics;
+use vacancy_service::owner::{self, OwnerError};
+use vacancy_service::stream::slot::{self, SlotError};
 
 /// Our own slot and publication, so a bench never touches those of a
 /// `vacancy serve` attached to the same owner.
@@ -136,7 +136,7 @@ pub enum SearchBenchError {
     #[error(transparent)]
     Tool(#[from] crate::bench::ToolError),
     #[error(transparent)]
-    Seed(#[from] crate::owner::seed::SeedError),
+    Seed(#[from] crate::seed::SeedError),
     #[error("pgbench printed no {0:?} line")]
     PgbenchOutput(&'static str),
     #[error("{what} did not happen within {limit:?} (stream's last error: {last_error})")]
@@ -311,7 +311,7 @@ async fn bench(
 /// `ceil(hotels / cities)`, 200 at the defaults), unless the database already
 /// holds data from an earlier run, which is reused as it is.
 async fn prepare_data(client: &Client, args: &SearchBenchArgs) -> Result<Data, SearchBenchError> {
-    owner::apply_schema(client).await?;
+    crate::schema::apply(client).await?;
     let city = city_names(args.cities)
         .into_iter()
         .next()
@@ -355,7 +355,7 @@ async fn load(client: &Client, args: &SearchBenchArgs) -> Result<(), SearchBench
     // The rows below are built from the parent rows in the same statement, so
     // the per-row foreign key triggers can only confirm what holds by
     // construction; skipping them (superuser only) halves the load time.
-    crate::owner::seed::defer_foreign_key_checks(client).await?;
+    crate::seed::defer_foreign_key_checks(client).await?;
     // Repeatable data from run to run (the inserts run in one backend, in order).
     client.batch_execute("SELECT setseed(0.42)").await?;
     client
@@ -618,7 +618,7 @@ async fn measure_vacancy(
     outcome
 }
 
-async fn wait_ready(app: &App, target: crate::lsn::Lsn) -> Result<(), SearchBenchError> {
+async fn wait_ready(app: &App, target: vacancy_service::lsn::Lsn) -> Result<(), SearchBenchError> {
     let started = Instant::now();
     loop {
         let f = &app.model.freshness;
@@ -1201,7 +1201,7 @@ fn render(r: &Report) -> String {
     let d = r.data;
     let a = r.args;
     let mut s = String::new();
-    let _ = writeln!(s, "## vacancy bench-search\n");
+    let _ = writeln!(s, "## vacancy bench search\n");
     let _ = writeln!(
         s,
         "- command: `{}`",

@@ -32,7 +32,7 @@ use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 
-use super::OwnerError;
+use vacancy_service::owner::OwnerError;
 
 /// What `vacancy seed` loads.
 #[derive(Debug, Clone)]
@@ -142,8 +142,8 @@ pub async fn run_announced(
 pub async fn run(options: &SeedOptions) -> Result<SeedReport, SeedError> {
     let started = Instant::now();
     let plan = Plan::new(options)?;
-    let client = super::connect(&options.owner_url, CONNECT_TIMEOUT).await?;
-    super::apply_schema(&client).await?;
+    let client = vacancy_service::owner::connect(&options.owner_url, CONNECT_TIMEOUT).await?;
+    crate::schema::apply(&client).await?;
 
     let total_rows =
         plan.hotel_count() * (1 + plan.room_types_per_hotel() * (1 + plan.night_count()));

@@ -8,8 +8,8 @@ use chrono::NaiveDate;
 use serde_json::Value;
 use tokio_postgres::Client;
 
-use crate::model::NightCounts;
 use crate::simulator::http;
+use vacancy_service::model::NightCounts;
 
 use super::{FaultBenchError, HTTP_TIMEOUT};
 

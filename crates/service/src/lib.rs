@@ -3,8 +3,8 @@
 //!
 //! Layout, in the order a change flows from the owner to a guest:
 //!
-//! - [`owner`]: the owner database (how to reach it: URL, password, TLS; schema,
-//!   operations, seed, throwaway cluster).
+//! - [`owner`]: the owner database: how to reach it (URL, password, TLS), and
+//!   reads that return the snapshot they saw.
 //! - [`stream`]: publication and slot, the snapshot tied to the slot, the
 //!   replication loop that assembles transactions and acknowledges LSNs.
 //! - [`model`]: the in-memory read model of hotels, room types and nightly
@@ -24,32 +24,21 @@
 //! - [`metrics`]: every Prometheus metric, defined in one place.
 //! - [`config`]: settings, layered from `config/default.toml`, a file and `VACANCY_*`.
 //! - [`app`]: wiring: spawn the tasks, one shutdown token, signals.
-//! - [`bench`]: `vacancy bench`, figures beside their baselines.
-//! - [`fault_bench`]: `vacancy bench faults`, recovery and divergent rows per injected fault.
-//! - [`search_bench`]: `vacancy bench-search`, search under load beside SQL on the owner.
-//! - [`stale_bench`]: `vacancy bench-stale`, the 409-after-shown rate from the copy beside the owner floor.
-//! - [`simulator`]: booking-service guests over the real API and owner
-//!   operations, reporting each take (tests, benchmarks, the demo).
-//! - [`demo`]: the whole job on one machine: embedded owner, seed, guests.
 //! - [`lsn`]: `Lsn`, a WAL position as PostgreSQL writes it.
 
 pub mod access;
 pub mod api;
 pub mod app;
-pub mod bench;
 pub mod config;
-pub mod demo;
 pub mod events;
-pub mod fault_bench;
 pub mod index;
+pub mod logging;
 pub mod lsn;
 pub mod metrics;
 pub mod model;
 pub mod owner;
 pub mod page;
 pub mod search;
-pub mod search_bench;
-pub mod simulator;
+pub mod setting;
 pub mod stale;
-pub mod stale_bench;
 pub mod stream;

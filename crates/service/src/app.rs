@@ -8,9 +8,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pg_walstream::CancellationToken;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 use crate::api::{self, ApiState};
 use crate::config::Settings;

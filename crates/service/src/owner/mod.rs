@@ -1,15 +1,12 @@
 //! The owner database: the booking site's PostgreSQL that decides every sale.
 //!
-//! `vacancy` only reads it (snapshot, stream, direct reads), but tests,
-//! benchmarks and the demo need a real one to race against, so the owner's
-//! schema, its operations (hold, confirm, release, sweep ...), a data
-//! generator and a throwaway cluster live here too. How to reach it (URL,
-//! password, TLS) is decided in one place, `endpoint`, for every connection.
+//! `vacancy` only reads it (snapshot, stream, direct reads). How to reach it
+//! (URL, password, TLS) is decided in one place, `endpoint`, for every
+//! connection. The owner's schema, its operations (hold, confirm, release,
+//! sweep ...), the data generator and the throwaway cluster are the lab's
+//! (`vacancy-lab`): the service never writes a booking.
 
-pub mod cluster;
 pub mod endpoint;
-pub mod ops;
-pub mod seed;
 pub mod visibility;
 
 use std::time::Duration;
@@ -18,9 +15,6 @@ pub use endpoint::{Endpoint, EndpointError, SslMode};
 
 use crate::config::OwnerSettings;
 use crate::model::{CalendarKey, NightCounts};
-
-/// The reference schema (`config/owner-schema.sql`), the contract other tools load through.
-pub const SCHEMA_SQL: &str = include_str!("../../config/owner-schema.sql");
 
 #[derive(Debug, thiserror::Error)]
 pub enum OwnerError {
@@ -86,10 +80,4 @@ pub async fn connect_configured(
 /// `sslmode` and password, else `PGPASSWORD`.
 pub async fn connect(url: &str, timeout: Duration) -> Result<tokio_postgres::Client, OwnerError> {
     Endpoint::from_url(url)?.connect(timeout).await
-}
-
-/// Loads the reference schema into the database (idempotent).
-pub async fn apply_schema(client: &tokio_postgres::Client) -> Result<(), OwnerError> {
-    client.batch_execute(SCHEMA_SQL).await?;
-    Ok(())
 }

@@ -8,13 +8,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use chrono::NaiveDate;
-use pg_walstream::CancellationToken;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tokio_postgres::Client;
+use tokio_util::sync::CancellationToken;
 
-use crate::owner;
 use crate::simulator::{self, http};
+use vacancy_service::owner;
 
 use super::{HTTP_TIMEOUT, LoadCounts};
 
@@ -97,7 +97,7 @@ pub(super) async fn hotelier(
         let done = match rng.random_range(0..100) {
             0..=54 => {
                 let total = rng.random_range(0..12);
-                crate::owner::ops::set_capacity(
+                crate::ops::set_capacity(
                     c,
                     hotel,
                     1,

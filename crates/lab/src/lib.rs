@@ -1,0 +1,24 @@
+//! `vacancy-lab`: what tests, measures and demonstrates the service, never
+//! what runs in production. It depends on `vacancy-service`; the service
+//! does not depend on it (the workspace makes that a compile error).
+//!
+//! Layout:
+//!
+//! - [`cluster`]: throwaway PostgreSQL clusters (and a streaming standby) from
+//!   the machine's server binaries, removed on drop.
+//! - [`schema`]: the owner's reference schema.
+//! - [`seed`]: a deterministic generated dataset, loaded through COPY.
+//! - [`ops`]: what the booking service does on the owner: hold, confirm,
+//!   release, cancel, sweep, capacity.
+//! - [`simulator`]: booking-service guests over the real API and owner
+//!   operations, reporting each take.
+//! - [`demo`]: the whole job on one machine: embedded owner, seed, guests.
+//! - [`bench`]: `vacancy bench ...`, each figure beside its baseline.
+
+pub mod bench;
+pub mod cluster;
+pub mod demo;
+pub mod ops;
+pub mod schema;
+pub mod seed;
+pub mod simulator;
