@@ -16,7 +16,7 @@ use vacancy_lab::ops;
 use vacancy_lab::simulator::{self, HttpResponse, SimOptions};
 use vacancy_service::app::App;
 use vacancy_service::config::Settings;
-use vacancy_service::search::Source;
+use vacancy_service::model::Source;
 use vacancy_service::stale::token::QuoteKey;
 use vacancy_service::stream::slot;
 

@@ -11,6 +11,8 @@ pub mod calendar;
 pub mod calendars;
 pub mod feed;
 pub mod room_types;
+mod source;
+mod stay;
 pub mod xids;
 
 use std::collections::HashMap;
@@ -23,6 +25,8 @@ use serde::Serialize;
 pub use calendar::{Calendar, NightCounts, UnstorableValue};
 pub use calendars::{CalendarView, Calendars, HotelCalendars};
 pub use room_types::RoomTypes;
+pub use source::Source;
+pub use stay::Stay;
 
 use crate::lsn::Lsn;
 

@@ -33,22 +33,11 @@ use crate::index::{HotelIndex, IndexError, Place};
 use crate::lsn::Lsn;
 use crate::model::calendars::HotelCalendars;
 use crate::model::{CalendarKey, Hotel, NightCounts, ReadModel, RoomType, Tables};
+pub use crate::model::{Source, Stay};
 use crate::stale::StaleLoop;
 use crate::stale::token::{Quote, QuoteKey};
 use owner_read::{OwnerCalendars, OwnerReader, Reason};
-use params::{AvailabilityRequest, Cursor, SearchRequest, Sort, Stay};
-
-/// Whose numbers a room type shows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum Source {
-    /// The copy, as of the answer's LSN.
-    Copy,
-    /// Read from the owner while answering (few units left, or min_lsn).
-    Owner,
-    /// The owner should have been read but did not answer in time.
-    CopyFallback,
-}
+use params::{AvailabilityRequest, Cursor, SearchRequest, Sort};
 
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct RoomOffer {

@@ -9,6 +9,7 @@ use chrono::NaiveDate;
 
 use crate::index::Place;
 use crate::lsn::Lsn;
+pub use crate::model::Stay;
 
 pub const MAX_ROOMS: usize = 8;
 pub const MAX_GUESTS_PER_ROOM: i16 = 20;
@@ -51,29 +52,6 @@ impl Sort {
                 "must be one of price, stars, availability, relevance",
             )),
         }
-    }
-}
-
-/// The nights `[check_in, check_out)`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Stay {
-    pub check_in: NaiveDate,
-    pub check_out: NaiveDate,
-}
-
-impl Stay {
-    pub fn nights(&self) -> impl Iterator<Item = NaiveDate> {
-        self.check_in
-            .iter_days()
-            .take_while(move |d| *d < self.check_out)
-    }
-
-    pub fn len(&self) -> i64 {
-        (self.check_out - self.check_in).num_days()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() <= 0
     }
 }
 

@@ -31,8 +31,8 @@ use serde::Serialize;
 
 use crate::config::Settings;
 use crate::metrics;
+use crate::model::Stay;
 use crate::model::{CalendarKey, ReadModel};
-use crate::search::params::Stay;
 use crate::stream::StreamStatus;
 use audit::{Audit, AuditSettings, AuditStatus};
 use bypass::{Advice, Inputs, Policy};

@@ -20,7 +20,7 @@ use super::token::{Quote, QuoteError, QuoteKey};
 use super::window::{Counts, HotelShare, Window};
 use crate::lsn::Lsn;
 use crate::metrics;
-use crate::search::Source;
+use crate::model::Source;
 
 /// Longest attempt id accepted; ids are made by the caller and stored as given.
 pub const MAX_ATTEMPT_ID_BYTES: usize = 200;

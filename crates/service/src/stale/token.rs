@@ -29,7 +29,7 @@ use rand::RngExt;
 use sha2::Sha256;
 
 use crate::lsn::Lsn;
-use crate::search::Source;
+use crate::model::Source;
 
 type HmacSha256 = Hmac<Sha256>;
 
