@@ -738,7 +738,7 @@ async fn a_held_back_copy_refuses_or_reads_the_owner() {
     // The superuser keeps REPLICATION; this role can lose it mid-test.
     let url = least_privilege_role(&client, &owner.url, None).await;
     create_publication(&client).await;
-    let start_with = |when: vacancy_service::config::WhenLagging| {
+    let start_with = |when: vacancy_service::search::WhenLagging| {
         let mut s = settings_for(&owner);
         s.owner.url = url.clone();
         s.search.max_lag_ms = 300;
@@ -752,8 +752,8 @@ async fn a_held_back_copy_refuses_or_reads_the_owner() {
             vacancy_service::app::start(s, listener).expect("start vacancy")
         }
     };
-    let refusing = start_with(vacancy_service::config::WhenLagging::Refuse).await;
-    let reading = start_with(vacancy_service::config::WhenLagging::Owner).await;
+    let refusing = start_with(vacancy_service::search::WhenLagging::Refuse).await;
+    let reading = start_with(vacancy_service::search::WhenLagging::Owner).await;
     settled(&refusing, &client).await;
     settled(&reading, &client).await;
 

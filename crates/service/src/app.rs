@@ -1,4 +1,5 @@
-//! Wiring: start the projector, the heartbeat, the slot watch, the
+//! Wiring: start the projector, the heartbeat, the slot watch (both in
+//! `stream`), the
 //! divergence audit and the HTTP server under one shutdown token, and stop
 //! them in order.
 //!
@@ -12,16 +13,16 @@ use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{self, ApiState};
 use crate::config::Settings;
+use crate::http::{self, ApiSettings, ApiState};
 use crate::index::{self, HotelIndex};
 use crate::metrics;
 use crate::model::ReadModel;
 use crate::owner;
 use crate::search::Search;
-use crate::stale::{self, StaleLoop};
+use crate::stale::{self, StaleReadState};
 use crate::stream::refresh::{self, Refresh};
-use crate::stream::{Projector, StreamStatus, slot};
+use crate::stream::{Projector, StreamStatus, heartbeat, slot_watch};
 
 /// A running `vacancy`: its copy, its stream status, and how to stop it.
 pub struct App {
@@ -30,7 +31,7 @@ pub struct App {
     pub refresh: Arc<Refresh>,
     pub hotel_index: Arc<HotelIndex>,
     /// Quote key, take-outcome ledger, bypass policy, divergence audit.
-    pub stale: Arc<StaleLoop>,
+    pub stale: Arc<StaleReadState>,
     pub addr: std::net::SocketAddr,
     shutdown: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
@@ -51,7 +52,9 @@ pub enum AppError {
     #[error(transparent)]
     Stale(#[from] stale::StaleError),
     #[error(transparent)]
-    Cors(#[from] crate::access::CorsError),
+    Cors(#[from] http::access::CorsError),
+    #[error(transparent)]
+    Tokens(#[from] http::access::TokenFileError),
     #[error(transparent)]
     Owner(#[from] owner::EndpointError),
 }
@@ -75,24 +78,45 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
     // Read once here so a missing password or root file stops the start
     // with its name; every connect reads them again (rotation).
     let owner_tls = owner::Endpoint::from_settings(&settings.owner)?.ssl_mode();
-    let stale = Arc::new(StaleLoop::new(&settings, model.clone(), status.clone())?);
-    let admin_tokens = Arc::new(crate::access::admin_tokens(&settings.admin)?);
+    let stale = Arc::new(StaleReadState::new(
+        &settings.stale,
+        &settings.owner,
+        &settings.stream,
+        settings.search.few_units_threshold,
+        model.clone(),
+        status.clone(),
+    )?);
+    let booking_tokens = Arc::new(http::access::booking_tokens(&settings.stale)?);
+    let admin_tokens = Arc::new(http::access::admin_tokens(&settings.admin)?);
     let refresh = Refresh::new(Duration::from_secs(settings.model.ttl_secs));
     let hotel_index = HotelIndex::new()?;
     // Built before any task starts, so a bad setting leaves nothing running.
     let search = Arc::new(
-        Search::new(&settings, model.clone(), hotel_index.clone()).with_stale(stale.clone()),
+        Search::new(
+            &settings.owner,
+            &settings.search,
+            model.clone(),
+            hotel_index.clone(),
+        )
+        .with_stale(stale.clone()),
     );
-    let router = api::router(ApiState {
+    let router = http::router(ApiState {
         model: model.clone(),
         search,
         status: status.clone(),
-        settings: settings.clone(),
+        settings: Arc::new(ApiSettings {
+            http: settings.http.clone(),
+            search: settings.search.clone(),
+            slot: settings.stream.slot.clone(),
+            publication: settings.stream.publication.clone(),
+        }),
         stale: stale.clone(),
+        booking_tokens,
         admin_tokens,
     })?;
     let projector = Projector::new(
-        settings.clone(),
+        settings.owner.clone(),
+        settings.stream.clone(),
         model.clone(),
         status.clone(),
         refresh.clone(),
@@ -101,7 +125,8 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
     let mut tasks = vec![
         tokio::spawn(projector.run(shutdown.clone())),
         tokio::spawn(refresh::run_refresher(
-            settings.clone(),
+            settings.owner.clone(),
+            settings.model.refresh_batch as usize,
             model.clone(),
             refresh.clone(),
             shutdown.clone(),
@@ -114,10 +139,15 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
         )),
     ];
     if settings.stream.heartbeat_interval_ms > 0 {
-        tasks.push(tokio::spawn(heartbeat(settings.clone(), shutdown.clone())));
+        tasks.push(tokio::spawn(heartbeat::run_heartbeat(
+            settings.owner.clone(),
+            Duration::from_millis(settings.stream.heartbeat_interval_ms),
+            shutdown.clone(),
+        )));
     }
-    tasks.push(tokio::spawn(watch_slot(
-        settings.clone(),
+    tasks.push(tokio::spawn(slot_watch::run_slot_watch(
+        settings.owner.clone(),
+        settings.stream.clone(),
         model.clone(),
         status.clone(),
         shutdown.clone(),
@@ -131,7 +161,7 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
     let http_shutdown = shutdown.clone();
     let events_model = model.clone();
     tasks.push(tokio::spawn(async move {
-        // The peer address is the rate limit's client (crate::access).
+        // The peer address is the rate limit's client (http::access).
         let service = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
         // On shutdown: stop accepting, let requests in flight finish (each is
         // bounded by http.request_timeout_ms; `App::stop` bounds the whole).
@@ -197,85 +227,5 @@ impl App {
     /// Waits until the shutdown token is cancelled (by a signal or a caller).
     pub async fn stopped(&self) {
         self.shutdown.cancelled().await;
-    }
-}
-
-/// Writes a transactional logical message at an interval, so the copy's lag
-/// is measured from a recent commit even while the owner is idle.
-async fn heartbeat(settings: Arc<Settings>, shutdown: CancellationToken) {
-    let interval = Duration::from_millis(settings.stream.heartbeat_interval_ms);
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut client = None;
-    loop {
-        tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => return,
-            _ = ticker.tick() => {}
-        }
-        if client.is_none() {
-            client = owner::connect_configured(&settings.owner, settings.connect_timeout())
-                .await
-                .ok();
-        }
-        let Some(c) = &client else { continue };
-        let beat = c.execute(
-            "SELECT pg_logical_emit_message(true, 'vacancy.heartbeat', now()::text)",
-            &[],
-        );
-        match tokio::time::timeout(settings.query_timeout(), beat).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(error)) => {
-                tracing::debug!(%error, "heartbeat failed");
-                client = None;
-            }
-            Err(_) => client = None,
-        }
-    }
-}
-
-/// Reads the slot's state and the owner's WAL position at an interval.
-async fn watch_slot(
-    settings: Arc<Settings>,
-    model: Arc<ReadModel>,
-    status: Arc<StreamStatus>,
-    shutdown: CancellationToken,
-) {
-    let mut ticker = tokio::time::interval(Duration::from_millis(
-        settings.stream.slot_watch_interval_ms,
-    ));
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut client = None;
-    loop {
-        tokio::select! {
-            biased;
-            _ = shutdown.cancelled() => return,
-            _ = ticker.tick() => {}
-        }
-        if client.is_none() {
-            client = owner::connect_configured(&settings.owner, settings.connect_timeout())
-                .await
-                .ok();
-        }
-        let Some(c) = &client else { continue };
-        let read = async {
-            let info = slot::slot_info(c, &settings.stream.slot).await?;
-            let wal = slot::current_wal_lsn(c).await?;
-            Ok::<_, slot::SlotError>((info, wal))
-        };
-        match tokio::time::timeout(settings.query_timeout(), read).await {
-            Ok(Ok((info, wal))) => {
-                model.freshness.note_server_wal_end(wal);
-                metrics::SLOT_ACTIVE.set(i64::from(info.as_ref().is_some_and(|i| i.active)));
-                metrics::SLOT_RETAINED_WAL
-                    .set(info.as_ref().and_then(|i| i.retained_bytes).unwrap_or(0));
-                status.set_slot(info);
-            }
-            Ok(Err(error)) => {
-                tracing::debug!(%error, "slot watch failed");
-                client = None;
-            }
-            Err(_) => client = None,
-        }
     }
 }

@@ -26,18 +26,15 @@
 //! - [`app`]: wiring: spawn the tasks, one shutdown token, signals.
 //! - [`lsn`]: `Lsn`, a WAL position as PostgreSQL writes it.
 
-pub mod access;
-pub mod api;
 pub mod app;
 pub mod config;
-pub mod events;
+pub mod http;
 pub mod index;
 pub mod logging;
 pub mod lsn;
 pub mod metrics;
 pub mod model;
 pub mod owner;
-pub mod page;
 pub mod search;
 pub mod setting;
 pub mod stale;

@@ -569,7 +569,8 @@ async fn apply(owner: &Owner, options: &ApplyOptions) -> Result<(), BenchError> 
 
     let mut stop = CancellationToken::new();
     let projector = Projector::new(
-        settings.clone(),
+        settings.owner.clone(),
+        settings.stream.clone(),
         model.clone(),
         status.clone(),
         refresh.clone(),
@@ -663,7 +664,8 @@ async fn apply(owner: &Owner, options: &ApplyOptions) -> Result<(), BenchError> 
         eprintln!("draining with vacancy to {target}");
         stop = CancellationToken::new();
         let projector = Projector::new(
-            settings.clone(),
+            settings.owner.clone(),
+            settings.stream.clone(),
             model.clone(),
             status.clone(),
             refresh.clone(),

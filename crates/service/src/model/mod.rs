@@ -11,6 +11,7 @@ pub mod calendar;
 pub mod calendars;
 pub mod feed;
 pub mod room_types;
+mod settings;
 mod source;
 mod stay;
 pub mod xids;
@@ -25,6 +26,7 @@ use serde::Serialize;
 pub use calendar::{Calendar, NightCounts, UnstorableValue};
 pub use calendars::{CalendarView, Calendars, HotelCalendars};
 pub use room_types::RoomTypes;
+pub use settings::ModelSettings;
 pub use source::Source;
 pub use stay::Stay;
 

@@ -54,7 +54,7 @@ use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureSc
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::OwnerError;
-use crate::config::OwnerSettings;
+use super::OwnerSettings;
 
 /// libpq's `sslmode`, less `allow`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,13 +7,14 @@
 //! (`vacancy-lab`): the service never writes a booking.
 
 pub mod endpoint;
+mod settings;
 pub mod visibility;
 
 use std::time::Duration;
 
 pub use endpoint::{Endpoint, EndpointError, SslMode};
+pub use settings::{OwnerSettings, OwnerSettingsError};
 
-use crate::config::OwnerSettings;
 use crate::model::{CalendarKey, NightCounts};
 
 #[derive(Debug, thiserror::Error)]

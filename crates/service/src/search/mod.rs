@@ -20,6 +20,7 @@
 
 pub mod owner_read;
 pub mod params;
+mod settings;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,16 +29,17 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, NaiveDate, Utc};
 use serde::Serialize;
 
-use crate::config::Settings;
 use crate::index::{HotelIndex, IndexError, Place};
 use crate::lsn::Lsn;
 use crate::model::calendars::HotelCalendars;
 use crate::model::{CalendarKey, Hotel, NightCounts, ReadModel, RoomType, Tables};
 pub use crate::model::{Source, Stay};
-use crate::stale::StaleLoop;
+use crate::owner::OwnerSettings;
+use crate::stale::StaleReadState;
 use crate::stale::token::{Quote, QuoteKey};
 use owner_read::{OwnerCalendars, OwnerReader, Reason};
 use params::{AvailabilityRequest, Cursor, SearchRequest, Sort};
+pub use settings::{SearchSettings, WhenLagging};
 
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct RoomOffer {
@@ -111,7 +113,7 @@ pub struct Search {
     /// Signs the quotes. A random key until `with_stale` gives the app's.
     quotes: QuoteKey,
     /// The stale-read loop, for the hotels to read from the owner.
-    stale: Option<Arc<StaleLoop>>,
+    stale: Option<Arc<StaleReadState>>,
 }
 
 /// What every quote of one answer shares.
@@ -247,13 +249,18 @@ pub fn placeable_by(rooms: &[i16], free_for: impl Fn(i16) -> i64) -> bool {
 }
 
 impl Search {
-    pub fn new(settings: &Settings, model: Arc<ReadModel>, index: Arc<HotelIndex>) -> Search {
+    pub fn new(
+        owner: &OwnerSettings,
+        settings: &SearchSettings,
+        model: Arc<ReadModel>,
+        index: Arc<HotelIndex>,
+    ) -> Search {
         Search {
             model,
             index,
-            owner: OwnerReader::new(settings),
-            few_units: settings.search.few_units_threshold,
-            min_lsn_wait: Duration::from_millis(settings.search.min_lsn_wait_ms),
+            owner: OwnerReader::new(owner, settings),
+            few_units: settings.few_units_threshold,
+            min_lsn_wait: Duration::from_millis(settings.min_lsn_wait_ms),
             quotes: QuoteKey::random(),
             stale: None,
         }
@@ -261,7 +268,7 @@ impl Search {
 
     /// Signs quotes with the loop's key and reads the hotels its policy
     /// flags from the owner.
-    pub fn with_stale(mut self, stale: Arc<StaleLoop>) -> Search {
+    pub fn with_stale(mut self, stale: Arc<StaleReadState>) -> Search {
         self.quotes = stale.key.clone();
         self.stale = Some(stale);
         self

@@ -15,11 +15,12 @@ use moka::future::Cache;
 use rustc_hash::FxBuildHasher;
 use tokio_postgres::{Client, Statement};
 
+use super::SearchSettings;
 use super::params::Stay;
-use crate::config::Settings;
 use crate::metrics;
 use crate::model::{CalendarKey, NightCounts};
 use crate::owner;
+use crate::owner::OwnerSettings;
 
 /// One index range per calendar (the primary key leads with hotel, room
 /// type, night), whatever the number of keys.
@@ -112,7 +113,7 @@ struct ReadKey {
 }
 
 pub struct OwnerReader {
-    owner: crate::config::OwnerSettings,
+    owner: OwnerSettings,
     connect_timeout: Duration,
     timeout: Duration,
     clients: Vec<Mutex<Option<Prepared>>>,
@@ -121,12 +122,12 @@ pub struct OwnerReader {
 }
 
 impl OwnerReader {
-    pub fn new(settings: &Settings) -> OwnerReader {
+    pub fn new(owner: &OwnerSettings, settings: &SearchSettings) -> OwnerReader {
         OwnerReader {
-            owner: settings.owner.clone(),
-            connect_timeout: settings.connect_timeout(),
-            timeout: Duration::from_millis(settings.search.owner_read_timeout_ms),
-            clients: (0..settings.search.owner_read_connections)
+            owner: owner.clone(),
+            connect_timeout: owner.connect_timeout(),
+            timeout: Duration::from_millis(settings.owner_read_timeout_ms),
+            clients: (0..settings.owner_read_connections)
                 .map(|_| Mutex::new(None))
                 .collect(),
             next: AtomicUsize::new(0),
@@ -137,7 +138,7 @@ impl OwnerReader {
                         .inc();
                 })
                 .max_capacity(10_000)
-                .time_to_live(Duration::from_millis(settings.search.owner_read_cache_ms))
+                .time_to_live(Duration::from_millis(settings.owner_read_cache_ms))
                 // A key holds a page's calendars; SipHash over them cost more
                 // than the lookup it guards.
                 .build_with_hasher(FxBuildHasher),

@@ -112,7 +112,7 @@ pub struct AuditStatus {
 
 #[derive(Debug, Clone)]
 pub struct AuditSettings {
-    pub owner: crate::config::OwnerSettings,
+    pub owner: crate::owner::OwnerSettings,
     pub schema: String,
     pub connect_timeout: Duration,
     pub query_timeout: Duration,

@@ -18,10 +18,11 @@
 pub mod audit;
 pub mod bypass;
 pub mod outcomes;
+mod settings;
 pub mod token;
 pub mod window;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -29,20 +30,16 @@ use std::time::Duration;
 use chrono::Utc;
 use serde::Serialize;
 
-use crate::config::Settings;
 use crate::metrics;
 use crate::model::Stay;
 use crate::model::{CalendarKey, ReadModel};
-use crate::stream::StreamStatus;
+use crate::owner::OwnerSettings;
+use crate::stream::{StreamSettings, StreamStatus};
 use audit::{Audit, AuditSettings, AuditStatus};
 use bypass::{Advice, Inputs, Policy};
-use outcomes::{BearerTokens, Ledger, LedgerSettings, Totals};
+use outcomes::{Ledger, LedgerSettings, Totals};
+pub use settings::StaleSettings;
 use token::{MIN_KEY_BYTES, QuoteKey};
-
-/// Shortest bearer token accepted from a file (the config's are validated there).
-pub const MIN_BOOKING_TOKEN_BYTES: usize = 16;
-/// Most tokens one file may list; more is a mistake, not a deployment.
-const MAX_BOOKING_TOKENS: usize = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StaleError {
@@ -57,11 +54,11 @@ pub enum StaleError {
     Invalid { field: &'static str, rule: String },
 }
 
-/// Everything the loop shares between the API, search and the audit task.
-pub struct StaleLoop {
+/// The stale-read loop's shared state: the quote key, the ledger, the
+/// bypass policy and the audit, read by the API, search and the audit task.
+pub struct StaleReadState {
     pub key: QuoteKey,
     pub ledger: Ledger,
-    pub tokens: BearerTokens,
     pub policy: Policy,
     pub audit: Arc<Audit>,
     pub top_hotels: usize,
@@ -111,13 +108,15 @@ pub struct HotelStaleReads {
     pub bypassed: bool,
 }
 
-impl StaleLoop {
+impl StaleReadState {
     pub fn new(
-        settings: &Settings,
+        s: &StaleSettings,
+        owner: &OwnerSettings,
+        stream: &StreamSettings,
+        few_units_threshold: i32,
         model: Arc<ReadModel>,
         status: Arc<StreamStatus>,
-    ) -> Result<StaleLoop, StaleError> {
-        let s = &settings.stale;
+    ) -> Result<StaleReadState, StaleError> {
         let key = match load_key(&s.quote_key, &s.quote_key_file)? {
             Some(bytes) => QuoteKey::new(&bytes),
             None => {
@@ -128,25 +127,13 @@ impl StaleLoop {
                 QuoteKey::random()
             }
         };
-        let file_tokens = load_tokens("stale.booking_tokens_file", &s.booking_tokens_file)?;
-        let tokens = BearerTokens::new(
-            s.booking_tokens
-                .iter()
-                .map(String::as_str)
-                .chain(file_tokens.iter().map(String::as_str)),
-        );
-        if tokens.is_empty() {
-            tracing::warn!(
-                "no stale.booking_tokens: POST /v1/take-outcomes answers 401 to every call"
-            );
-        }
         let width = Duration::from_millis(s.window_secs * 1000 / u64::from(s.window_buckets));
         let audit = Audit::new(
             AuditSettings {
-                owner: settings.owner.clone(),
-                schema: settings.stream.schema.clone(),
-                connect_timeout: settings.connect_timeout(),
-                query_timeout: settings.query_timeout(),
+                owner: owner.clone(),
+                schema: stream.schema.clone(),
+                connect_timeout: owner.connect_timeout(),
+                query_timeout: owner.query_timeout(),
                 sample: s.audit_sample,
                 wait: Duration::from_millis(s.audit_wait_ms),
                 interval: Duration::from_millis(s.audit_interval_ms),
@@ -154,7 +141,7 @@ impl StaleLoop {
             model.clone(),
             status.clone(),
         );
-        Ok(StaleLoop {
+        Ok(StaleReadState {
             key,
             ledger: Ledger::new(&LedgerSettings {
                 attempt_capacity: s.attempt_capacity,
@@ -163,9 +150,8 @@ impl StaleLoop {
                 buckets: s.window_buckets as usize,
                 max_hotels: s.max_hotels,
             }),
-            tokens,
             policy: Policy {
-                few_units_threshold: settings.search.few_units_threshold,
+                few_units_threshold,
                 max_lag_ms: s.bypass_max_lag_ms,
                 hotel_share_bound: s.hotel_share_bound,
                 hotel_min_takes: s.hotel_min_takes,
@@ -288,44 +274,12 @@ fn load_key(inline: &str, file: &str) -> Result<Option<Vec<u8>>, StaleError> {
     Ok(Some(bytes))
 }
 
-/// Bearer tokens from a file: one per line; blank lines and `#` comments
-/// skipped. `field` names the setting in errors (booking or admin tokens).
-pub(crate) fn load_tokens(field: &'static str, file: &str) -> Result<Vec<String>, StaleError> {
-    if file.is_empty() {
-        return Ok(Vec::new());
-    }
-    let text = std::fs::read_to_string(Path::new(file)).map_err(|source| StaleError::File {
-        field,
-        path: PathBuf::from(file),
-        source,
-    })?;
-    let tokens: Vec<String> = text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(str::to_string)
-        .collect();
-    if tokens.len() > MAX_BOOKING_TOKENS {
-        return Err(StaleError::Invalid {
-            field,
-            rule: format!("at most {MAX_BOOKING_TOKENS} tokens"),
-        });
-    }
-    if tokens.iter().any(|t| t.len() < MIN_BOOKING_TOKEN_BYTES) {
-        return Err(StaleError::Invalid {
-            field,
-            rule: format!("every token must be at least {MIN_BOOKING_TOKEN_BYTES} bytes"),
-        });
-    }
-    Ok(tokens)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn key_and_tokens_load_from_files() {
+    fn the_quote_key_loads_from_a_file() {
         let dir = tempfile::tempdir().unwrap();
         let key = dir.path().join("key");
         std::fs::write(&key, "k".repeat(40) + "\n").unwrap();
@@ -335,18 +289,5 @@ mod tests {
         assert!(load_key("", key.to_str().unwrap()).is_err());
         assert!(load_key("", "/nonexistent/key").is_err());
         assert_eq!(load_key("", "").unwrap(), None);
-
-        let tokens = dir.path().join("tokens");
-        std::fs::write(
-            &tokens,
-            "# booking service\nabcdefghijklmnop\n\n  qrstuvwxyz0123456 \n",
-        )
-        .unwrap();
-        assert_eq!(
-            load_tokens("stale.booking_tokens_file", tokens.to_str().unwrap()).unwrap(),
-            vec!["abcdefghijklmnop", "qrstuvwxyz0123456"]
-        );
-        std::fs::write(&tokens, "tooshort\n").unwrap();
-        assert!(load_tokens("stale.booking_tokens_file", tokens.to_str().unwrap()).is_err());
     }
 }

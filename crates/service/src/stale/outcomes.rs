@@ -507,54 +507,6 @@ impl Ledger {
     }
 }
 
-/// Bearer tokens (the booking service's, the admins'), kept as SHA-256
-/// digests: comparing digests in constant time hides the tokens' lengths and
-/// contents alike.
-pub struct BearerTokens {
-    digests: Vec<[u8; 32]>,
-}
-
-impl std::fmt::Debug for BearerTokens {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "BearerTokens({} configured)", self.digests.len())
-    }
-}
-
-impl BearerTokens {
-    pub fn new<'a>(tokens: impl IntoIterator<Item = &'a str>) -> BearerTokens {
-        BearerTokens {
-            digests: tokens
-                .into_iter()
-                .map(|t| Sha256::digest(t.as_bytes()).into())
-                .collect(),
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.digests.is_empty()
-    }
-
-    /// Whether an `Authorization` header value carries one of the tokens.
-    /// Every configured token is compared, with no early exit.
-    pub fn allows(&self, authorization: Option<&[u8]>) -> bool {
-        let Some(value) = authorization else {
-            return false;
-        };
-        let Some(presented) = value
-            .strip_prefix(b"Bearer ")
-            .or_else(|| value.strip_prefix(b"bearer "))
-        else {
-            return false;
-        };
-        let presented: [u8; 32] = Sha256::digest(presented).into();
-        let mut ok = subtle::Choice::from(0);
-        for d in &self.digests {
-            ok |= d.ct_eq(&presented);
-        }
-        bool::from(ok)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -718,18 +670,5 @@ mod tests {
         other.outcome = Outcome::Taken;
         assert_eq!(l.record(&other), Err(ReportError::AttemptReused));
         assert_eq!(l.totals().taken, 0);
-    }
-
-    #[test]
-    fn bearer_tokens_match_exactly() {
-        let t = BearerTokens::new(["first-token-0123456789", "second-token-0123456789"]);
-        assert!(t.allows(Some(b"Bearer second-token-0123456789")));
-        assert!(t.allows(Some(b"Bearer first-token-0123456789")));
-        assert!(!t.allows(Some(b"Bearer first-token-012345678")));
-        assert!(!t.allows(Some(b"Bearer first-token-0123456789 ")));
-        assert!(!t.allows(Some(b"Basic first-token-0123456789")));
-        assert!(!t.allows(Some(b"first-token-0123456789")));
-        assert!(!t.allows(None));
-        assert!(!BearerTokens::new([]).allows(Some(b"Bearer ")));
     }
 }

@@ -6,16 +6,23 @@
 //! - [`txn`]: events grouped into whole committed transactions.
 //! - [`refresh`]: the TTL safety net: re-reads between DBLog watermarks.
 //! - [`replicate`]: the loop: connect, snapshot or resume, apply, acknowledge,
-//!   reconnect; plus the heartbeat and the slot watch.
+//!   reconnect.
+//! - [`heartbeat`]: a logical message at an interval, so an idle owner's lag
+//!   stays measurable.
+//! - [`slot_watch`]: the slot's state and the owner's WAL position, polled.
 
 pub mod decode;
+pub mod heartbeat;
 pub mod refresh;
 pub mod replicate;
+mod settings;
 pub mod slot;
+pub mod slot_watch;
 pub mod snapshot;
 pub mod txn;
 
 pub use replicate::{Projector, StreamError, StreamStatus};
+pub use settings::StreamSettings;
 
 /// Prefix of the logical decoding messages `vacancy` writes (heartbeats).
 pub const MESSAGE_PREFIX: &str = "vacancy";

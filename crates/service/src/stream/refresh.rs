@@ -40,12 +40,11 @@ use rand::RngExt;
 use tokio_util::sync::CancellationToken;
 
 use super::txn::OwnMessage;
-use crate::config::Settings;
 use crate::metrics;
 use crate::model::xids::XidMark;
 use crate::model::{CalendarKey, Change, NightCounts, ReadModel, Table, Tables, Transaction};
-use crate::owner;
 use crate::owner::visibility;
+use crate::owner::{self, OwnerSettings};
 
 /// Prefix of the watermark messages; contents are `low:<id>` and `high:<id>`.
 pub const WATERMARK_PREFIX: &str = "vacancy.wm";
@@ -343,12 +342,12 @@ enum RereadError {
 
 /// The refresher task: re-reads due calendars in batches between watermarks.
 pub async fn run_refresher(
-    settings: Arc<Settings>,
+    owner: OwnerSettings,
+    batch: usize,
     model: Arc<ReadModel>,
     refresh: Arc<Refresh>,
     shutdown: CancellationToken,
 ) {
-    let batch = settings.model.refresh_batch as usize;
     let mut client: Option<tokio_postgres::Client> = None;
     let mut tick = tokio::time::interval(Duration::from_millis(100));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -367,7 +366,7 @@ pub async fn run_refresher(
             continue;
         }
         if client.is_none() {
-            client = owner::connect_configured(&settings.owner, settings.connect_timeout())
+            client = owner::connect_configured(&owner, owner.connect_timeout())
                 .await
                 .ok();
         }
@@ -384,9 +383,9 @@ pub async fn run_refresher(
         metrics::OWNER_READS.with_label_values(&["ttl"]).inc();
         // Half the query timeout for a hidden commit to show, so that a
         // deferral is told apart from an owner that does not answer.
-        let hidden_limit = settings.query_timeout() / 2;
+        let hidden_limit = owner.query_timeout() / 2;
         let outcome = tokio::time::timeout(
-            settings.query_timeout(),
+            owner.query_timeout(),
             reread(c, id, &keys, &refresh, (&model, applied), hidden_limit),
         )
         .await;

@@ -33,16 +33,16 @@ use pg_walstream::{
 };
 use rand::RngExt;
 
+use super::StreamSettings;
 use super::refresh::Refresh;
 use super::slot::{self, SlotError, SlotInfo};
 use super::snapshot::{self, SnapshotError, SnapshotProgress};
 use super::txn::{AssembleError, Assembled, Assembler};
-use crate::config::Settings;
 use crate::index::HotelIndex;
 use crate::lsn::Lsn;
 use crate::metrics;
 use crate::model::{ApplyError, ReadModel};
-use crate::owner::{Endpoint, OwnerError};
+use crate::owner::{Endpoint, OwnerError, OwnerSettings};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StreamError {
@@ -131,7 +131,8 @@ impl StreamStatus {
 
 /// The projector: owner stream in, read model out.
 pub struct Projector {
-    settings: Arc<Settings>,
+    owner: OwnerSettings,
+    stream: StreamSettings,
     model: Arc<ReadModel>,
     status: Arc<StreamStatus>,
     refresh: Arc<Refresh>,
@@ -170,14 +171,16 @@ impl SnapshotReason {
 
 impl Projector {
     pub fn new(
-        settings: Arc<Settings>,
+        owner: OwnerSettings,
+        stream: StreamSettings,
         model: Arc<ReadModel>,
         status: Arc<StreamStatus>,
         refresh: Arc<Refresh>,
         index: Arc<HotelIndex>,
     ) -> Projector {
         Projector {
-            settings,
+            owner,
+            stream,
             model,
             status,
             refresh,
@@ -187,8 +190,8 @@ impl Projector {
 
     /// Runs sessions until `shutdown`, reconnecting with backoff and jitter.
     pub async fn run(self, shutdown: CancellationToken) {
-        let min = Duration::from_millis(self.settings.stream.reconnect_min_ms);
-        let max = Duration::from_millis(self.settings.stream.reconnect_max_ms);
+        let min = Duration::from_millis(self.stream.reconnect_min_ms);
+        let max = Duration::from_millis(self.stream.reconnect_max_ms);
         let mut backoff = min;
         loop {
             let started = Instant::now();
@@ -248,11 +251,11 @@ impl Projector {
     }
 
     async fn connect_and_start(&self) -> Result<LogicalReplicationStream, StreamError> {
-        let s = &self.settings.stream;
+        let s = &self.stream;
         // Resolved per session: both connections get the same URL, password
         // and TLS, and a rotated password file counts from the next session.
-        let endpoint = Endpoint::from_settings(&self.settings.owner).map_err(OwnerError::from)?;
-        let mut client = endpoint.connect(self.settings.connect_timeout()).await?;
+        let endpoint = Endpoint::from_settings(&self.owner).map_err(OwnerError::from)?;
+        let mut client = endpoint.connect(self.owner.connect_timeout()).await?;
         slot::ensure_publication(&client, &s.publication, &s.schema).await?;
         let info = slot::slot_info(&client, &s.slot).await?;
         // Read before the snapshot starts: an ask that arrives later wants a
@@ -294,7 +297,7 @@ impl Projector {
             .with_streaming_mode(streaming)
             .with_messages(true)
             .with_feedback_interval(Duration::from_secs(1))
-            .with_connection_timeout(self.settings.connect_timeout())
+            .with_connection_timeout(self.owner.connect_timeout())
             // Our own loop owns reconnects; the library must not retry behind it.
             .with_retry_config(RetryConfig {
                 max_attempts: 1,
@@ -380,8 +383,7 @@ impl Projector {
                 // which ends the COPY (CopyDone) and the connection (Terminate).
                 let acked = self.model.freshness.applied();
                 self.acknowledge(stream, acked);
-                let sent =
-                    tokio::time::timeout(self.settings.connect_timeout(), stream.stop()).await;
+                let sent = tokio::time::timeout(self.owner.connect_timeout(), stream.stop()).await;
                 if sent.is_err() {
                     tracing::warn!("the final acknowledgement timed out");
                 }
@@ -404,7 +406,7 @@ impl Projector {
         stream: &mut LogicalReplicationStream,
         stop: &CancellationToken,
     ) -> Result<(), StreamError> {
-        let mut assembler = Assembler::new(self.settings.stream.schema.clone());
+        let mut assembler = Assembler::new(self.stream.schema.clone());
         // After a read that stopped before a held frame, the next read must
         // take that frame (a boundary read would stop before it again).
         let mut take_held = false;

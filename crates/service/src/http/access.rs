@@ -5,7 +5,8 @@
 //!   (`ClientLimiter`, bounded), answered 429 with `Retry-After` when empty.
 //! - `POST /v1/take-outcomes` needs a booking service token
 //!   (`stale.booking_tokens`), admin actions an admin token (`admin.tokens`);
-//!   both are `BearerTokens`, compared in constant time and never logged.
+//!   both are `BearerTokens`, kept as digests, compared in constant time
+//!   and never logged.
 //! - Browsers may call from the origins in `http.cors_allowed_origins` only.
 //!
 //! The client is the TCP peer's address; the last `X-Forwarded-For` entry
@@ -26,9 +27,14 @@ use governor::state::{InMemoryState, NotKeyed};
 use governor::{Quota, RateLimiter};
 use tower_http::cors::{AllowOrigin, CorsLayer};
 
-use crate::config::{AdminSettings, HttpSettings};
-use crate::stale::outcomes::BearerTokens;
-use crate::stale::{self, StaleError};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use super::{AdminSettings, HttpSettings};
+use crate::setting::MIN_BEARER_TOKEN_BYTES;
+use crate::stale::StaleSettings;
 
 /// Where one request comes from, as far as the limiter is concerned.
 pub fn client_key(
@@ -198,9 +204,91 @@ pub fn cors_layer(http: &HttpSettings) -> Result<Option<CorsLayer>, CorsError> {
     ))
 }
 
+/// Bearer tokens (the booking service's, the admins'), kept as SHA-256
+/// digests: comparing digests in constant time hides the tokens' lengths and
+/// contents alike.
+pub struct BearerTokens {
+    digests: Vec<[u8; 32]>,
+}
+
+impl std::fmt::Debug for BearerTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "BearerTokens({} configured)", self.digests.len())
+    }
+}
+
+impl BearerTokens {
+    pub fn new<'a>(tokens: impl IntoIterator<Item = &'a str>) -> BearerTokens {
+        BearerTokens {
+            digests: tokens
+                .into_iter()
+                .map(|t| Sha256::digest(t.as_bytes()).into())
+                .collect(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.digests.is_empty()
+    }
+
+    /// Whether an `Authorization` header value carries one of the tokens.
+    /// Every configured token is compared, with no early exit.
+    pub fn allows(&self, authorization: Option<&[u8]>) -> bool {
+        let Some(value) = authorization else {
+            return false;
+        };
+        let Some(presented) = value
+            .strip_prefix(b"Bearer ")
+            .or_else(|| value.strip_prefix(b"bearer "))
+        else {
+            return false;
+        };
+        let presented: [u8; 32] = Sha256::digest(presented).into();
+        let mut ok = subtle::Choice::from(0);
+        for d in &self.digests {
+            ok |= d.ct_eq(&presented);
+        }
+        bool::from(ok)
+    }
+}
+
+/// Most tokens one file may list; more is a mistake, not a deployment.
+const MAX_TOKENS_PER_FILE: usize = 64;
+
+/// A token file that cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenFileError {
+    #[error("cannot read {field} {path}: {source}")]
+    Read {
+        field: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{field}: {rule}")]
+    Invalid { field: &'static str, rule: String },
+}
+
+/// The booking service's tokens, from `stale.booking_tokens` and
+/// `stale.booking_tokens_file`.
+pub fn booking_tokens(stale: &StaleSettings) -> Result<BearerTokens, TokenFileError> {
+    let from_file = load_tokens("stale.booking_tokens_file", &stale.booking_tokens_file)?;
+    let tokens = BearerTokens::new(
+        stale
+            .booking_tokens
+            .iter()
+            .map(String::as_str)
+            .chain(from_file.iter().map(String::as_str)),
+    );
+    if tokens.is_empty() {
+        tracing::warn!("no stale.booking_tokens: POST /v1/take-outcomes answers 401 to every call");
+    }
+    Ok(tokens)
+}
+
 /// Admin tokens from `admin.tokens` and `admin.tokens_file`.
-pub fn admin_tokens(admin: &AdminSettings) -> Result<BearerTokens, StaleError> {
-    let from_file = stale::load_tokens("admin.tokens_file", &admin.tokens_file)?;
+pub fn admin_tokens(admin: &AdminSettings) -> Result<BearerTokens, TokenFileError> {
+    let from_file = load_tokens("admin.tokens_file", &admin.tokens_file)?;
     let tokens = BearerTokens::new(
         admin
             .tokens
@@ -214,9 +302,73 @@ pub fn admin_tokens(admin: &AdminSettings) -> Result<BearerTokens, StaleError> {
     Ok(tokens)
 }
 
+/// Bearer tokens from a file: one per line; blank lines and `#` comments
+/// skipped. `field` names the setting in errors (booking or admin tokens).
+/// The file is read at startup, so a bad one stops the start, naming it.
+fn load_tokens(field: &'static str, file: &str) -> Result<Vec<String>, TokenFileError> {
+    if file.is_empty() {
+        return Ok(Vec::new());
+    }
+    let text = std::fs::read_to_string(Path::new(file)).map_err(|source| TokenFileError::Read {
+        field,
+        path: PathBuf::from(file),
+        source,
+    })?;
+    let tokens: Vec<String> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(str::to_string)
+        .collect();
+    if tokens.len() > MAX_TOKENS_PER_FILE {
+        return Err(TokenFileError::Invalid {
+            field,
+            rule: format!("at most {MAX_TOKENS_PER_FILE} tokens"),
+        });
+    }
+    if tokens.iter().any(|t| t.len() < MIN_BEARER_TOKEN_BYTES) {
+        return Err(TokenFileError::Invalid {
+            field,
+            rule: format!("every token must be at least {MIN_BEARER_TOKEN_BYTES} bytes"),
+        });
+    }
+    Ok(tokens)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bearer_tokens_match_exactly() {
+        let t = BearerTokens::new(["first-token-0123456789", "second-token-0123456789"]);
+        assert!(t.allows(Some(b"Bearer second-token-0123456789")));
+        assert!(t.allows(Some(b"Bearer first-token-0123456789")));
+        assert!(!t.allows(Some(b"Bearer first-token-012345678")));
+        assert!(!t.allows(Some(b"Bearer first-token-0123456789 ")));
+        assert!(!t.allows(Some(b"Basic first-token-0123456789")));
+        assert!(!t.allows(Some(b"first-token-0123456789")));
+        assert!(!t.allows(None));
+        assert!(!BearerTokens::new([]).allows(Some(b"Bearer ")));
+    }
+
+    #[test]
+    fn tokens_load_from_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens = dir.path().join("tokens");
+        std::fs::write(
+            &tokens,
+            "# booking service\nabcdefghijklmnop\n\n  qrstuvwxyz0123456 \n",
+        )
+        .unwrap();
+        assert_eq!(
+            load_tokens("stale.booking_tokens_file", tokens.to_str().unwrap()).unwrap(),
+            vec!["abcdefghijklmnop", "qrstuvwxyz0123456"]
+        );
+        std::fs::write(&tokens, "tooshort\n").unwrap();
+        assert!(load_tokens("stale.booking_tokens_file", tokens.to_str().unwrap()).is_err());
+        assert!(load_tokens("admin.tokens_file", "/nonexistent/tokens").is_err());
+    }
 
     fn peer(addr: &str) -> ConnectInfo<SocketAddr> {
         ConnectInfo(addr.parse().unwrap())

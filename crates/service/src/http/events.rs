@@ -27,7 +27,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast::error::RecvError;
 
-use crate::api::{ApiState, Problem};
+use super::{ApiState, Problem};
 use crate::lsn::Lsn;
 use crate::model::feed::{FeedItem, NightChange};
 use crate::model::{CalendarKey, NightCounts, ReadModel};

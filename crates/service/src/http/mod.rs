@@ -23,17 +23,24 @@ use chrono::{NaiveDate, Utc};
 use problem_details::ProblemDetails;
 use serde::{Deserialize, Serialize};
 
-use crate::access::{self, ClientLimiter, CorsError};
-use crate::config::{Settings, WhenLagging};
+pub mod access;
+pub mod events;
+pub mod page;
+mod settings;
+
+pub use settings::{AdminSettings, HttpSettings};
+
 use crate::lsn::Lsn;
 use crate::metrics;
 use crate::model::{NightCounts, ReadModel};
 use crate::search::params::{self, ParamError, StayRules};
 use crate::search::{Search, SearchError};
-use crate::stale::outcomes::{BearerTokens, Recording, ReportError, TakeOutcomeBody};
-use crate::stale::{BypassQuestion, StaleLoop};
+use crate::search::{SearchSettings, WhenLagging};
+use crate::stale::outcomes::{Recording, ReportError, TakeOutcomeBody};
+use crate::stale::{BypassQuestion, StaleReadState};
 use crate::stream::StreamStatus;
 use crate::stream::snapshot::SnapshotPhase;
+use access::{BearerTokens, ClientLimiter, CorsError};
 
 /// What every handler may read.
 #[derive(Clone)]
@@ -41,10 +48,22 @@ pub struct ApiState {
     pub model: Arc<ReadModel>,
     pub search: Arc<Search>,
     pub status: Arc<StreamStatus>,
-    pub settings: Arc<Settings>,
-    pub stale: Arc<StaleLoop>,
+    pub settings: Arc<ApiSettings>,
+    pub stale: Arc<StaleReadState>,
+    /// Tokens for `POST /v1/take-outcomes` (`stale.booking_tokens`, `stale.booking_tokens_file`).
+    pub booking_tokens: Arc<BearerTokens>,
     /// Tokens for `/v1/admin/*` (`admin.tokens`, `admin.tokens_file`).
     pub admin_tokens: Arc<BearerTokens>,
+}
+
+/// The settings the handlers read: their own section, the search limits
+/// they check a question against, and the names `/v1/status` shows.
+#[derive(Debug, Clone)]
+pub struct ApiSettings {
+    pub http: HttpSettings,
+    pub search: SearchSettings,
+    pub slot: String,
+    pub publication: String,
 }
 
 /// The routes, their limits and the CORS policy. Fails only on a CORS
@@ -76,10 +95,7 @@ pub fn router(state: ApiState) -> Result<Router, CorsError> {
         .route("/openapi.json", get(openapi))
         .route("/v1/status", get(status))
         .route("/v1/hotels/{hotel_id}/calendar", get(calendar))
-        .route(
-            "/v1/hotels/{hotel_id}/events",
-            get(crate::events::hotel_events),
-        )
+        .route("/v1/hotels/{hotel_id}/events", get(events::hotel_events))
         .route(
             "/v1/take-outcomes",
             post(take_outcomes).layer(DefaultBodyLimit::max(state.stale.max_body_bytes)),
@@ -87,7 +103,7 @@ pub fn router(state: ApiState) -> Result<Router, CorsError> {
         .route("/v1/stale-reads", get(stale_reads))
         .route("/v1/admin/resnapshot", post(resnapshot))
         .merge(search_routes)
-        .merge(crate::page::router())
+        .merge(page::router())
         .fallback(not_found)
         // Every route: no body read past this (take-outcomes sets its own
         // above, which wins), no query string past max_query_bytes.
@@ -481,8 +497,8 @@ async fn status(State(state): State<ApiState>) -> Json<StatusBody> {
         resnapshotting: state.status.resnapshotting.load(Relaxed),
         ready: readiness(&state).is_ok(),
         slot: SlotBody {
-            name: state.settings.stream.slot.clone(),
-            publication: state.settings.stream.publication.clone(),
+            name: state.settings.slot.clone(),
+            publication: state.settings.publication.clone(),
             active: slot.as_ref().map(|s| s.active),
             wal_status: slot.as_ref().and_then(|s| s.wal_status.clone()),
             confirmed_flush_lsn: slot.as_ref().and_then(|s| s.confirmed_flush),
@@ -705,7 +721,7 @@ fn search_ready(state: &ApiState) -> Result<bool, Problem> {
     Ok(false)
 }
 
-fn stay_rules(settings: &Settings) -> StayRules {
+fn stay_rules(settings: &ApiSettings) -> StayRules {
     StayRules {
         today: Utc::now().date_naive(),
         horizon_days: settings.search.horizon_days,
@@ -842,7 +858,7 @@ async fn take_outcomes(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, Problem> {
     let authorization = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
-    if !state.stale.tokens.allows(authorization) {
+    if !state.booking_tokens.allows(authorization) {
         return Err(Problem::Unauthorized);
     }
     let body = body.map_err(|e| {
@@ -970,7 +986,7 @@ struct ProblemBody {
     paths(
         search,
         availability,
-        crate::events::hotel_events,
+        events::hotel_events,
         take_outcomes,
         bypass,
         stale_reads,
@@ -990,7 +1006,7 @@ struct ProblemBody {
         crate::stale::bypass::Advice,
         crate::stale::StaleReadsBody,
         ResnapshotAccepted,
-        crate::events::SseEvent
+        events::SseEvent
     )),
     modifiers(&BookingTokenScheme, &LayerResponses)
 )]

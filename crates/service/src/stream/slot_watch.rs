@@ -1,0 +1,58 @@
+//! The slot watch: reads the slot's state and the owner's WAL position at an
+//! interval, for `/v1/status`, the retained-WAL metric and the lag (the
+//! owner's position is what the copy's lag is measured against).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::{StreamSettings, StreamStatus, slot};
+use crate::metrics;
+use crate::model::ReadModel;
+use crate::owner::{self, OwnerSettings};
+
+/// Reads the slot's state and the owner's WAL position at an interval.
+pub async fn run_slot_watch(
+    owner: OwnerSettings,
+    stream: StreamSettings,
+    model: Arc<ReadModel>,
+    status: Arc<StreamStatus>,
+    shutdown: CancellationToken,
+) {
+    let mut ticker = tokio::time::interval(Duration::from_millis(stream.slot_watch_interval_ms));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut client = None;
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        if client.is_none() {
+            client = owner::connect_configured(&owner, owner.connect_timeout())
+                .await
+                .ok();
+        }
+        let Some(c) = &client else { continue };
+        let read = async {
+            let info = slot::slot_info(c, &stream.slot).await?;
+            let wal = slot::current_wal_lsn(c).await?;
+            Ok::<_, slot::SlotError>((info, wal))
+        };
+        match tokio::time::timeout(owner.query_timeout(), read).await {
+            Ok(Ok((info, wal))) => {
+                model.freshness.note_server_wal_end(wal);
+                metrics::SLOT_ACTIVE.set(i64::from(info.as_ref().is_some_and(|i| i.active)));
+                metrics::SLOT_RETAINED_WAL
+                    .set(info.as_ref().and_then(|i| i.retained_bytes).unwrap_or(0));
+                status.set_slot(info);
+            }
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "slot watch failed");
+                client = None;
+            }
+            Err(_) => client = None,
+        }
+    }
+}
