@@ -1,0 +1,113 @@
+//! The booking service's endpoints: `POST /v1/take-outcomes` (each take
+//! with its quote), `GET /v1/bypass` (when to read the owner instead) and
+//! `GET /v1/stale-reads` (the 409-after-shown share).
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{RawQuery, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+
+use super::guests::stay_rules;
+use super::problem::ProblemBody;
+use super::{ApiState, Problem};
+use crate::search::params;
+use crate::stale::BypassQuestion;
+use crate::stale::outcomes::{Recording, TakeOutcomeBody};
+
+/// `POST /v1/take-outcomes`: the booking service reports one take.
+///
+/// Authenticated first (nothing about the body is looked at without a
+/// valid token), then checked field by field, then recorded once per
+/// `attempt_id`: a retry gets the first answer back with
+/// `Idempotent-Replayed: true` and counts nothing.
+#[utoipa::path(post, path = "/v1/take-outcomes", tag = "booking service",
+    request_body = TakeOutcomeBody,
+    security(("booking_token" = [])),
+    responses(
+        (status = 200, description = "recorded (or a retry of a recorded attempt, with Idempotent-Replayed: true)", body = crate::stale::outcomes::Recorded),
+        (status = 400, description = "invalid field", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 401, description = "missing or wrong bearer token", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "attempt id reported before with a different report", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 413, description = "body too large", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 422, description = "forged, altered or mismatched quote", body = ProblemBody, content_type = "application/problem+json"),
+    ))]
+pub(super) async fn take_outcomes(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, Problem> {
+    let authorization = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
+    if !state.booking_tokens.allows(authorization) {
+        return Err(Problem::Unauthorized);
+    }
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            Problem::BodyTooLarge {
+                limit: state.stale.max_body_bytes,
+            }
+        } else {
+            Problem::InvalidParameter {
+                field: "body",
+                detail: "could not be read".into(),
+            }
+        }
+    })?;
+    let report = TakeOutcomeBody::from_json(&body)?.check(&state.stale.key)?;
+    let (answer, replayed) = match state.stale.ledger.record(&report)? {
+        Recording::New(a) => (a, false),
+        Recording::Replay(a) => (a, true),
+    };
+    let mut response = Json(answer).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    if replayed {
+        headers.insert("idempotent-replayed", HeaderValue::from_static("true"));
+    }
+    Ok(response)
+}
+
+/// `GET /v1/bypass`: whether the booking service should read the owner
+/// instead of trusting the copy for this take.
+#[utoipa::path(get, path = "/v1/bypass", tag = "booking service",
+    params(
+        ("hotel_id" = i64, Query, description = "hotel id"),
+        ("room_type_id" = i64, Query, description = "room type id"),
+        ("check_in" = String, Query, description = "YYYY-MM-DD, not in the past"),
+        ("check_out" = String, Query, description = "YYYY-MM-DD, after check_in"),
+        ("rooms" = Option<i32>, Query, description = "units the take asks for, default 1"),
+    ),
+    responses(
+        (status = 200, description = "the advice and why", body = crate::stale::bypass::Advice),
+        (status = 400, description = "invalid parameter", body = ProblemBody, content_type = "application/problem+json"),
+    ))]
+pub(super) async fn bypass(
+    State(state): State<ApiState>,
+    RawQuery(query): RawQuery,
+) -> Result<Response, Problem> {
+    let req = params::parse_bypass(query.as_deref().unwrap_or(""), stay_rules(&state.settings))?;
+    let advice = state.stale.advise(&BypassQuestion {
+        key: crate::model::CalendarKey {
+            hotel_id: req.hotel_id,
+            room_type_id: req.room_type_id,
+        },
+        stay: req.stay,
+        rooms: req.rooms,
+    });
+    let mut response = Json(advice).into_response();
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Ok(response)
+}
+
+/// `GET /v1/stale-reads`: the 409-after-shown-available share over the
+/// window, the hotels with the highest share, and the audit's findings.
+#[utoipa::path(get, path = "/v1/stale-reads", tag = "operations",
+    responses((status = 200, description = "the share, counts, top hotels and the audit", body = crate::stale::StaleReadsBody)))]
+pub(super) async fn stale_reads(
+    State(state): State<ApiState>,
+) -> Json<crate::stale::StaleReadsBody> {
+    Json(state.stale.stale_reads())
+}

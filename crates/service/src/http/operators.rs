@@ -1,0 +1,356 @@
+//! The operators' endpoints: health and readiness, `/v1/status`,
+//! `/metrics`, one hotel's raw calendar, and the admin resnapshot.
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use chrono::{NaiveDate, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::problem::ProblemBody;
+use super::{ApiState, Problem};
+use crate::lsn::Lsn;
+use crate::metrics;
+use crate::model::{NightCounts, ReadModel};
+use crate::stream::snapshot::SnapshotPhase;
+
+#[utoipa::path(get, path = "/healthz", tag = "operations",
+    responses((status = 200, description = "the process is alive", body = String)))]
+pub(super) async fn healthz() -> &'static str {
+    "ok"
+}
+
+/// Ready once a snapshot is loaded, no resnapshot is under way, and the copy
+/// lags less than `http.ready_max_lag_ms`.
+fn readiness(state: &ApiState) -> Result<(), Problem> {
+    let f = &state.model.freshness;
+    if !f.is_loaded() {
+        return Err(Problem::NotReady {
+            reason: "the initial snapshot is not loaded yet".into(),
+        });
+    }
+    if state
+        .status
+        .resnapshotting
+        .load(std::sync::atomic::Ordering::Acquire)
+    {
+        return Err(Problem::NotReady {
+            reason: "the copy is being rebuilt from a new snapshot".into(),
+        });
+    }
+    let lag = f.lag_ms(Utc::now());
+    if lag > state.settings.http.ready_max_lag_ms {
+        return Err(Problem::NotReady {
+            reason: format!("the copy lags {lag} ms behind the owner"),
+        });
+    }
+    Ok(())
+}
+
+#[utoipa::path(get, path = "/readyz", tag = "operations",
+    responses(
+        (status = 200, description = "ready: snapshot loaded and lag under the bound", body = String),
+        (status = 503, description = "not ready", body = ProblemBody, content_type = "application/problem+json"),
+    ))]
+pub(super) async fn readyz(State(state): State<ApiState>) -> Result<&'static str, Problem> {
+    readiness(&state).map(|()| "ready")
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub(super) struct StatusBody {
+    snapshot: SnapshotBody,
+    #[schema(value_type = String, example = "0/16B3748")]
+    applied_lsn: Lsn,
+    #[schema(value_type = String, example = "0/16B3748")]
+    server_wal_end: Lsn,
+    lag_bytes: u64,
+    lag_seconds: f64,
+    seconds_since_last_message: Option<f64>,
+    connected: bool,
+    resnapshotting: bool,
+    ready: bool,
+    slot: SlotBody,
+    last_error: Option<String>,
+    model: ModelBody,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+struct SnapshotBody {
+    #[schema(value_type = String, example = "loaded")]
+    phase: SnapshotPhase,
+    rows_loaded: u64,
+    rows_expected: u64,
+    progress: f64,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+struct SlotBody {
+    name: String,
+    publication: String,
+    active: Option<bool>,
+    wal_status: Option<String>,
+    #[schema(value_type = Option<String>)]
+    confirmed_flush_lsn: Option<Lsn>,
+    retained_wal_bytes: Option<i64>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+struct ModelBody {
+    hotels: usize,
+    room_types: usize,
+    calendars: usize,
+    inventory_rows: u64,
+    inventory_bytes: u64,
+}
+
+fn model_body(model: &ReadModel) -> ModelBody {
+    let t = model.read();
+    ModelBody {
+        hotels: t.hotels.len(),
+        room_types: t.room_types.len(),
+        calendars: t.calendars.len(),
+        inventory_rows: t.inventory_rows(),
+        inventory_bytes: t.inventory_bytes(),
+    }
+}
+
+#[utoipa::path(get, path = "/v1/status", tag = "operations",
+    responses((status = 200, description = "the stream, the slot and the copy", body = StatusBody)))]
+pub(super) async fn status(State(state): State<ApiState>) -> Json<StatusBody> {
+    use std::sync::atomic::Ordering::Relaxed;
+    let f = &state.model.freshness;
+    let now = Utc::now();
+    let snap = &state.status.snapshot;
+    let slot = state.status.slot();
+    Json(StatusBody {
+        snapshot: SnapshotBody {
+            phase: snap.phase(),
+            rows_loaded: snap.rows_loaded.load(Relaxed),
+            rows_expected: snap.rows_expected.load(Relaxed),
+            progress: snap.fraction(),
+        },
+        applied_lsn: f.applied(),
+        server_wal_end: f.server_wal_end(),
+        lag_bytes: f.lag_bytes(),
+        lag_seconds: f.lag_ms(now) as f64 / 1000.0,
+        seconds_since_last_message: f.seconds_since_last_message(now),
+        connected: state.status.connected.load(Relaxed),
+        resnapshotting: state.status.resnapshotting.load(Relaxed),
+        ready: readiness(&state).is_ok(),
+        slot: SlotBody {
+            name: state.settings.slot.clone(),
+            publication: state.settings.publication.clone(),
+            active: slot.as_ref().map(|s| s.active),
+            wal_status: slot.as_ref().and_then(|s| s.wal_status.clone()),
+            confirmed_flush_lsn: slot.as_ref().and_then(|s| s.confirmed_flush),
+            retained_wal_bytes: slot.as_ref().and_then(|s| s.retained_bytes),
+        },
+        last_error: state.status.last_error(),
+        model: model_body(&state.model),
+    })
+}
+
+#[utoipa::path(get, path = "/metrics", tag = "operations",
+    responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
+pub(super) async fn metrics_text(State(state): State<ApiState>) -> Response {
+    let f = &state.model.freshness;
+    let now = Utc::now();
+    metrics::LAG_BYTES.set(f.lag_bytes() as i64);
+    metrics::LAG_SECONDS.set(f.lag_ms(now) as f64 / 1000.0);
+    metrics::SECONDS_SINCE_LAST_MESSAGE.set(f.seconds_since_last_message(now).unwrap_or(0.0));
+    metrics::SNAPSHOT_PROGRESS.set(state.status.snapshot.fraction());
+    metrics::READY.set(i64::from(readiness(&state).is_ok()));
+    let m = model_body(&state.model);
+    metrics::MODEL_ENTRIES
+        .with_label_values(&["hotels"])
+        .set(m.hotels as i64);
+    metrics::MODEL_ENTRIES
+        .with_label_values(&["room_types"])
+        .set(m.room_types as i64);
+    metrics::MODEL_ENTRIES
+        .with_label_values(&["inventory"])
+        .set(m.inventory_rows as i64);
+    metrics::MODEL_BYTES.set(m.inventory_bytes as i64);
+    // The share slides with time, not only when a report arrives.
+    state.stale.ledger.overall();
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        metrics::render(),
+    )
+        .into_response()
+}
+
+#[derive(Deserialize)]
+pub(super) struct CalendarQuery {
+    from: Option<String>,
+    to: Option<String>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub(super) struct CalendarBody {
+    hotel_id: i64,
+    /// The hotel row as the copy holds it, so the whole copy can be compared
+    /// with the owner through the API (`vacancy bench faults`).
+    #[schema(value_type = Object)]
+    hotel: crate::model::Hotel,
+    #[schema(value_type = String, example = "0/16B3748")]
+    lsn: Lsn,
+    lag_ms: u64,
+    room_types: Vec<RoomTypeCalendar>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+struct RoomTypeCalendar {
+    room_type_id: i64,
+    name: String,
+    max_guests: i16,
+    nights: Vec<NightBody>,
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+struct NightBody {
+    night: NaiveDate,
+    #[serde(flatten)]
+    #[schema(inline)]
+    counts: NightCounts,
+    free: i32,
+}
+
+fn date_param(field: &'static str, value: Option<&str>) -> Result<NaiveDate, Problem> {
+    let value = value.ok_or(Problem::InvalidParameter {
+        field,
+        detail: "is required (YYYY-MM-DD)".into(),
+    })?;
+    NaiveDate::parse_from_str(value, "%Y-%m-%d").map_err(|_| Problem::InvalidParameter {
+        field,
+        detail: "must be a date like 2027-06-10".into(),
+    })
+}
+
+/// The longest calendar one request may ask for (a two-year horizon and some).
+const MAX_CALENDAR_DAYS: i64 = 800;
+
+/// The copy's raw values for one hotel, with the LSN they reflect.
+#[utoipa::path(get, path = "/v1/hotels/{hotel_id}/calendar", tag = "operations",
+    params(
+        ("hotel_id" = i64, Path, description = "hotel id"),
+        ("from" = String, Query, description = "first night, YYYY-MM-DD"),
+        ("to" = String, Query, description = "night after the last, YYYY-MM-DD"),
+    ),
+    responses(
+        (status = 200, description = "the copy's counts per room type and night", body = CalendarBody),
+        (status = 400, description = "invalid parameter", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 404, description = "no such hotel", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "not ready", body = ProblemBody, content_type = "application/problem+json"),
+    ))]
+pub(super) async fn calendar(
+    State(state): State<ApiState>,
+    Path(hotel_id): Path<String>,
+    Query(q): Query<CalendarQuery>,
+) -> Result<Response, Problem> {
+    let hotel_id: i64 = hotel_id.parse().map_err(|_| Problem::InvalidParameter {
+        field: "hotel_id",
+        detail: "must be an integer".into(),
+    })?;
+    let from = date_param("from", q.from.as_deref())?;
+    let to = date_param("to", q.to.as_deref())?;
+    if to <= from {
+        return Err(Problem::InvalidParameter {
+            field: "to",
+            detail: "must be after `from`".into(),
+        });
+    }
+    if (to - from).num_days() > MAX_CALENDAR_DAYS {
+        return Err(Problem::InvalidParameter {
+            field: "to",
+            detail: format!("the range may span at most {MAX_CALENDAR_DAYS} days"),
+        });
+    }
+    if !state.model.freshness.is_loaded() {
+        return Err(Problem::NotReady {
+            reason: "the initial snapshot is not loaded yet".into(),
+        });
+    }
+    let body = {
+        let t = state.model.read();
+        let Some(hotel) = t.hotels.get(&hotel_id).cloned() else {
+            return Err(Problem::HotelNotFound(hotel_id));
+        };
+        let room_types: Vec<RoomTypeCalendar> = t
+            .room_types_of(hotel_id)
+            .map(|rt| {
+                let key = crate::model::CalendarKey {
+                    hotel_id,
+                    room_type_id: rt.id,
+                };
+                let nights = t
+                    .calendars
+                    .get(&key)
+                    .map(|c| {
+                        c.range(from, to)
+                            .map(|(night, counts)| NightBody {
+                                night,
+                                counts,
+                                free: counts.free(),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                RoomTypeCalendar {
+                    room_type_id: rt.id,
+                    name: rt.name.clone(),
+                    max_guests: rt.max_guests,
+                    nights,
+                }
+            })
+            .collect();
+        CalendarBody {
+            hotel_id,
+            hotel,
+            lsn: t.applied,
+            lag_ms: state.model.freshness.lag_ms(Utc::now()),
+            room_types,
+        }
+    };
+    Ok(([(header::CACHE_CONTROL, "max-age=1")], Json(body)).into_response())
+}
+
+/// `POST /v1/admin/resnapshot`: the projector takes a new snapshot (and a
+/// new slot) while the current copy keeps serving, then swaps it in whole.
+/// Answered 202 at once; `/v1/status` shows `resnapshotting` until done.
+#[utoipa::path(post, path = "/v1/admin/resnapshot", tag = "operations",
+    security(("admin_token" = [])),
+    responses(
+        (status = 202, description = "a new snapshot will be taken; the current copy serves meanwhile", body = ResnapshotAccepted),
+        (status = 401, description = "missing or wrong admin token", body = ProblemBody, content_type = "application/problem+json"),
+    ))]
+pub(super) async fn resnapshot(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+) -> Result<Response, Problem> {
+    let authorization = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
+    if !state.admin_tokens.allows(authorization) {
+        return Err(Problem::AdminUnauthorized);
+    }
+    state.status.request_resnapshot();
+    tracing::warn!("resnapshot requested through the admin API");
+    let body = ResnapshotAccepted {
+        applied_lsn: state.model.freshness.applied(),
+    };
+    let mut response = (StatusCode::ACCEPTED, Json(body)).into_response();
+    response
+        .headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    Ok(response)
+}
+
+#[derive(Serialize, utoipa::ToSchema)]
+pub(super) struct ResnapshotAccepted {
+    /// What the copy serving now reflects; the new one replaces it whole.
+    #[schema(value_type = String, example = "0/16B3748")]
+    applied_lsn: Lsn,
+}
