@@ -250,7 +250,10 @@ fn the_service_modules_form_no_cycle() {
                 if let Some(to_child) = child_of(parent, target)
                     && to_child != from_child
                 {
-                    edges.entry(from_child.clone()).or_default().insert(to_child);
+                    edges
+                        .entry(from_child.clone())
+                        .or_default()
+                        .insert(to_child);
                 }
             }
         }
@@ -263,7 +266,11 @@ fn the_service_modules_form_no_cycle() {
 #[test]
 fn the_reader_sees_grouped_imports_and_skips_comments() {
     let code = "use crate::{config, model::{Stay, xids}};\n// crate::http is a comment\nlet url = \"postgresql://x\"; use super::guests::stay_rules;";
-    let cleaned: String = code.lines().map(without_comment).collect::<Vec<_>>().join("\n");
+    let cleaned: String = code
+        .lines()
+        .map(without_comment)
+        .collect::<Vec<_>>()
+        .join("\n");
     let found = references(&cleaned);
     assert_eq!(
         found,
@@ -274,9 +281,13 @@ fn the_reader_sees_grouped_imports_and_skips_comments() {
             "super::guests::stay_rules",
         ]
     );
-    let known: BTreeSet<ModulePath> = [vec![], vec!["model".into()], vec!["model".into(), "xids".into()]]
-        .into_iter()
-        .collect();
+    let known: BTreeSet<ModulePath> = [
+        vec![],
+        vec!["model".into()],
+        vec!["model".into(), "xids".into()],
+    ]
+    .into_iter()
+    .collect();
     let from: ModulePath = vec!["search".into()];
     assert_eq!(
         resolve(&from, "crate::model::xids::AppliedXids", &known),

@@ -42,20 +42,20 @@ pub const RETRY: Duration = Duration::from_secs(2);
 const MAX_WINDOW_DAYS: i64 = 800;
 
 #[derive(Deserialize)]
-pub struct WindowQuery {
+pub struct NightRangeQuery {
     from: Option<String>,
     to: Option<String>,
 }
 
 /// The nights a stream reports: `[from, to)`, or all when unbounded.
 #[derive(Debug, Clone, Copy)]
-struct Window {
+struct NightRange {
     from: Option<NaiveDate>,
     to: Option<NaiveDate>,
 }
 
-impl Window {
-    fn parse(q: &WindowQuery) -> Result<Window, Problem> {
+impl NightRange {
+    fn parse(q: &NightRangeQuery) -> Result<NightRange, Problem> {
         let date = |field: &'static str, v: &Option<String>| {
             v.as_deref()
                 .map(|s| {
@@ -68,7 +68,7 @@ impl Window {
                 })
                 .transpose()
         };
-        let w = Window {
+        let w = NightRange {
             from: date("from", &q.from)?,
             to: date("to", &q.to)?,
         };
@@ -195,14 +195,14 @@ impl Drop for StreamSlot {
 pub async fn hotel_events(
     State(state): State<ApiState>,
     Path(hotel_id): Path<String>,
-    Query(q): Query<WindowQuery>,
+    Query(q): Query<NightRangeQuery>,
     headers: HeaderMap,
 ) -> Result<Response, Problem> {
     let hotel_id: i64 = hotel_id.parse().map_err(|_| Problem::InvalidParameter {
         field: "hotel_id",
         detail: "must be an integer".into(),
     })?;
-    let window = Window::parse(&q)?;
+    let window = NightRange::parse(&q)?;
     let model = state.model.clone();
     if !model.freshness.is_loaded() {
         return Err(Problem::NotReady {
@@ -255,7 +255,7 @@ pub async fn hotel_events(
 struct HotelStream {
     model: Arc<ReadModel>,
     hotel_id: i64,
-    window: Window,
+    window: NightRange,
     rx: tokio::sync::broadcast::Receiver<Arc<FeedItem>>,
     /// The LSN of the last event sent: nothing at or below it is sent again.
     last: Lsn,
@@ -404,19 +404,19 @@ mod tests {
 
     #[test]
     fn windows_are_checked_and_half_open() {
-        let q = |from: Option<&str>, to: Option<&str>| WindowQuery {
+        let q = |from: Option<&str>, to: Option<&str>| NightRangeQuery {
             from: from.map(str::to_string),
             to: to.map(str::to_string),
         };
-        let w = Window::parse(&q(Some("2030-01-02"), Some("2030-01-04"))).unwrap();
+        let w = NightRange::parse(&q(Some("2030-01-02"), Some("2030-01-04"))).unwrap();
         let d = |n| NaiveDate::from_ymd_opt(2030, 1, n).unwrap();
         assert!(!w.contains(d(1)));
         assert!(w.contains(d(2)) && w.contains(d(3)));
         assert!(!w.contains(d(4)));
-        assert!(Window::parse(&q(None, None)).unwrap().contains(d(1)));
-        assert!(Window::parse(&q(Some("2030-01-04"), Some("2030-01-04"))).is_err());
-        assert!(Window::parse(&q(Some("yesterday"), None)).is_err());
-        assert!(Window::parse(&q(Some("2030-01-01"), Some("2033-01-01"))).is_err());
+        assert!(NightRange::parse(&q(None, None)).unwrap().contains(d(1)));
+        assert!(NightRange::parse(&q(Some("2030-01-04"), Some("2030-01-04"))).is_err());
+        assert!(NightRange::parse(&q(Some("yesterday"), None)).is_err());
+        assert!(NightRange::parse(&q(Some("2030-01-01"), Some("2033-01-01"))).is_err());
     }
 
     #[test]

@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::token::{Quote, QuoteError, QuoteKey};
-use super::window::{Counts, HotelShare, Window};
+use super::window::{Counts, HotelShare, SlidingWindow};
 use crate::lsn::Lsn;
 use crate::metrics;
 use crate::model::Source;
@@ -351,7 +351,7 @@ pub struct Ledger {
     attempts: moka::sync::Cache<String, Arc<Entry>>,
     /// A std Mutex: every critical section is a few hash operations, never
     /// held across an await.
-    window: Mutex<Window>,
+    window: Mutex<SlidingWindow>,
     totals: Mutex<Totals>,
 }
 
@@ -369,7 +369,7 @@ impl Ledger {
                 .max_capacity(s.attempt_capacity)
                 .time_to_live(s.attempt_ttl)
                 .build(),
-            window: Mutex::new(Window::new(
+            window: Mutex::new(SlidingWindow::new(
                 Instant::now(),
                 s.bucket_width,
                 s.buckets,
@@ -379,7 +379,7 @@ impl Ledger {
         }
     }
 
-    fn window(&self) -> std::sync::MutexGuard<'_, Window> {
+    fn window(&self) -> std::sync::MutexGuard<'_, SlidingWindow> {
         self.window.lock().unwrap_or_else(|p| p.into_inner())
     }
 

@@ -70,7 +70,7 @@ struct Bucket {
 }
 
 #[derive(Debug)]
-pub struct Window {
+pub struct SlidingWindow {
     origin: Instant,
     width: Duration,
     ring: Vec<Bucket>,
@@ -89,10 +89,10 @@ pub struct HotelShare {
     pub counts: Counts,
 }
 
-impl Window {
-    pub fn new(now: Instant, width: Duration, buckets: usize, max_hotels: usize) -> Window {
+impl SlidingWindow {
+    pub fn new(now: Instant, width: Duration, buckets: usize, max_hotels: usize) -> SlidingWindow {
         assert!(buckets > 0 && !width.is_zero(), "a window needs buckets");
-        Window {
+        SlidingWindow {
             origin: now,
             width,
             ring: (0..buckets).map(|_| Bucket::default()).collect(),
@@ -231,7 +231,7 @@ mod tests {
     #[test]
     fn outcomes_leave_the_window_after_its_span() {
         let t0 = Instant::now();
-        let mut w = Window::new(t0, W, 60, 100);
+        let mut w = SlidingWindow::new(t0, W, 60, 100);
         assert_eq!(w.span(), Duration::from_secs(300));
         w.record(t0, 1, take(true));
         w.record(t0 + Duration::from_secs(4), 1, take(false));
@@ -251,7 +251,7 @@ mod tests {
     #[test]
     fn a_long_silence_clears_everything() {
         let t0 = Instant::now();
-        let mut w = Window::new(t0, W, 4, 100);
+        let mut w = SlidingWindow::new(t0, W, 4, 100);
         for s in 0..20 {
             w.record(t0 + Duration::from_secs(s), s as i64 % 3, take(s % 2 == 0));
         }
@@ -278,7 +278,7 @@ mod tests {
     #[test]
     fn the_hotel_cap_bounds_memory_but_not_the_overall_count() {
         let t0 = Instant::now();
-        let mut w = Window::new(t0, W, 10, 2);
+        let mut w = SlidingWindow::new(t0, W, 10, 2);
         for h in 0..5 {
             w.record(t0, h, take(false));
         }
@@ -298,7 +298,7 @@ mod tests {
     #[test]
     fn top_orders_by_share_and_needs_min_takes() {
         let t0 = Instant::now();
-        let mut w = Window::new(t0, W, 10, 100);
+        let mut w = SlidingWindow::new(t0, W, 10, 100);
         for _ in 0..4 {
             w.record(t0, 1, take(false));
         }
@@ -323,7 +323,7 @@ mod tests {
             let buckets = 8usize;
             let mut events = events;
             events.sort_by_key(|e| e.0);
-            let mut w = Window::new(t0, Duration::from_millis(100), buckets, 100);
+            let mut w = SlidingWindow::new(t0, Duration::from_millis(100), buckets, 100);
             for (i, (ms, hotel, stale)) in events.iter().enumerate() {
                 let now = t0 + Duration::from_millis(*ms);
                 w.record(now, *hotel, take(*stale));

@@ -14,7 +14,7 @@
 //! transactional, so it lands in commit order), reads the calendars, then
 //! writes a high watermark. From the window's registration (not just from
 //! the low watermark: WAL commit order is not visibility order, see
-//! `Window::changed`) to the high watermark the projector notes every night
+//! `RereadWindow::changed`) to the high watermark the projector notes every night
 //! the stream changed in those calendars; at the high watermark it merges the
 //! rows read, except those nights, whose stream values are at least as new.
 //! A window whose watermarks do not both arrive (a reconnect, a resnapshot)
@@ -79,7 +79,7 @@ impl moka::Expiry<CalendarKey, Duration> for OwnTtl {
 
 /// A re-read in flight between its watermarks.
 #[derive(Debug)]
-struct Window {
+struct RereadWindow {
     keys: HashSet<CalendarKey>,
     rows: Option<Vec<(CalendarKey, NaiveDate, NightCounts)>>,
     opened: bool,
@@ -105,7 +105,7 @@ pub struct Refresh {
     /// Calendars whose TTL ran out. Bounded by the number of calendars: a key
     /// leaves the cache when it enters here and returns only once re-read.
     due: Arc<Mutex<VecDeque<CalendarKey>>>,
-    windows: Mutex<HashMap<u64, Window>>,
+    windows: Mutex<HashMap<u64, RereadWindow>>,
     next_window: AtomicU64,
     /// Nights whose re-read value differed from the copy (and was repaired).
     pub repaired: AtomicU64,
@@ -209,7 +209,7 @@ impl Refresh {
             };
             touched.insert(key);
             if let Some(night) = night {
-                // From registration, not from the low watermark: see `Window::changed`.
+                // From registration, not from the low watermark: see `RereadWindow::changed`.
                 for w in windows.values_mut().filter(|w| w.keys.contains(&key)) {
                     w.changed.insert((key, night));
                 }
@@ -280,7 +280,7 @@ impl Refresh {
             .unwrap_or_else(|p| p.into_inner())
             .insert(
                 id,
-                Window {
+                RereadWindow {
                     keys: keys.iter().copied().collect(),
                     rows: None,
                     opened: false,
