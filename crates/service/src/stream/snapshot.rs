@@ -12,7 +12,7 @@ use std::time::Instant;
 use futures_util::{StreamExt, pin_mut};
 use tokio_postgres::Client;
 use tokio_postgres::binary_copy::BinaryCopyOutStream;
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{PgLsn, Type};
 
 use crate::lsn::Lsn;
 use crate::model::calendar::Calendar;
@@ -26,8 +26,6 @@ pub enum SnapshotError {
     BadName(String),
     #[error("slot {0:?} vanished while its snapshot was read")]
     SlotVanished(String),
-    #[error("the owner returned an LSN that does not parse: {0}")]
-    BadLsn(#[from] crate::lsn::ParseLsnError),
     #[error(transparent)]
     Apply(#[from] crate::model::ApplyError),
     #[error("the inventory COPY stream is malformed: {0}")]
@@ -122,16 +120,16 @@ pub async fn load(
         .await?;
     // A fresh slot's confirmed_flush_lsn is its consistent point: the first
     // commit the stream delivers lies at or past it.
-    let consistent: Option<String> = tx
+    let consistent: Option<PgLsn> = tx
         .query_opt(
-            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+            "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1",
             &[&slot],
         )
         .await?
         .and_then(|r| r.get(0));
     let consistent: Lsn = consistent
         .ok_or_else(|| SnapshotError::SlotVanished(slot.to_string()))?
-        .parse()?;
+        .into();
     let expected: f64 = tx
         .query_one(
             "SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::float8 FROM pg_class c
