@@ -66,13 +66,11 @@ struct Fields {
     name: Field,
     city_text: Field,
     city: Field,
-    country: Field,
     stars: Field,
     lat: Field,
     lon: Field,
     amenity: Field,
     room_names: Field,
-    max_guests: Field,
 }
 
 pub struct HotelIndex {
@@ -106,13 +104,11 @@ impl HotelIndex {
             name: b.add_text_field("name", TEXT),
             city_text: b.add_text_field("city_text", TEXT),
             city: b.add_text_field("city", STRING),
-            country: b.add_text_field("country", STRING),
             stars: b.add_u64_field("stars", INDEXED | FAST),
             lat: b.add_f64_field("lat", INDEXED | FAST),
             lon: b.add_f64_field("lon", INDEXED | FAST),
             amenity: b.add_text_field("amenity", STRING),
             room_names: b.add_text_field("room_names", TEXT),
-            max_guests: b.add_u64_field("max_guests", INDEXED | FAST),
         };
         let index = Index::create_in_ram(b.build());
         // One indexing thread: the copy's hotels are few, and the stream
@@ -202,9 +198,6 @@ impl HotelIndex {
                         doc.add_text(f.name, &h.name);
                         doc.add_text(f.city_text, &h.city);
                         doc.add_text(f.city, h.city.to_lowercase());
-                        if let Some(c) = &h.country {
-                            doc.add_text(f.country, c.to_lowercase());
-                        }
                         doc.add_u64(f.stars, h.stars.unwrap_or(0).max(0) as u64);
                         if let (Some(lat), Some(lon)) = (h.latitude, h.longitude) {
                             doc.add_f64(f.lat, lat);
@@ -213,16 +206,9 @@ impl HotelIndex {
                         for a in &h.amenities {
                             doc.add_text(f.amenity, a.to_lowercase());
                         }
-                        let rts = t.room_types.of_hotel(id);
-                        for rt in rts {
+                        for rt in t.room_types.of_hotel(id) {
                             doc.add_text(f.room_names, &rt.name);
                         }
-                        let max = rts
-                            .iter()
-                            .map(|rt| rt.max_guests.max(0) as u64)
-                            .max()
-                            .unwrap_or(0);
-                        doc.add_u64(f.max_guests, max);
                         doc
                     });
                     (id, doc)
