@@ -476,12 +476,12 @@ async fn owner_has(
     }
 }
 
-async fn current_lsn(client: &tokio_postgres::Client) -> Option<String> {
+async fn current_lsn(client: &tokio_postgres::Client) -> Option<vacancy_service::lsn::Lsn> {
     client
-        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+        .query_one("SELECT pg_current_wal_insert_lsn()", &[])
         .await
         .ok()
-        .map(|r| r.get(0))
+        .map(|r| r.get::<_, tokio_postgres::types::PgLsn>(0).into())
 }
 
 async fn pause(rng: &mut ChaCha8Rng, range: (u64, u64), stop: &CancellationToken) {

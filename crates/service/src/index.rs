@@ -60,19 +60,60 @@ pub struct CandidateQuery {
     pub amenities: Vec<String>,
 }
 
+/// The candidate cache's key: the reader generation an answer came from
+/// and the parts of the query it answers, compared exactly.
+#[derive(Debug, PartialEq, Eq, Hash)]
+struct CandidateKey {
+    generation: u64,
+    place: PlaceKey,
+    stars_min: Option<i16>,
+    amenities: Vec<String>,
+}
+
+/// A `Place` as a cache key: coordinates by their bits, since `f64` is
+/// neither `Eq` nor `Hash` (a bounding box's are finite: `params` checks them).
+#[derive(Debug, PartialEq, Eq, Hash)]
+enum PlaceKey {
+    City(String),
+    Text(String),
+    /// `min_lat`, `min_lon`, `max_lat`, `max_lon`, each `f64::to_bits`.
+    BBox([u64; 4]),
+    Ids(Vec<i64>),
+}
+
+impl CandidateKey {
+    fn new(generation: u64, q: &CandidateQuery) -> CandidateKey {
+        let place = match &q.place {
+            Place::City(city) => PlaceKey::City(city.clone()),
+            Place::Text(text) => PlaceKey::Text(text.clone()),
+            Place::BBox {
+                min_lat,
+                min_lon,
+                max_lat,
+                max_lon,
+            } => PlaceKey::BBox([min_lat, min_lon, max_lat, max_lon].map(|c| c.to_bits())),
+            Place::Ids(ids) => PlaceKey::Ids(ids.clone()),
+        };
+        CandidateKey {
+            generation,
+            place,
+            stars_min: q.stars_min,
+            amenities: q.amenities.clone(),
+        }
+    }
+}
+
 #[derive(Clone, Copy)]
 struct Fields {
     hotel_id: Field,
     name: Field,
     city_text: Field,
     city: Field,
-    country: Field,
     stars: Field,
     lat: Field,
     lon: Field,
     amenity: Field,
     room_names: Field,
-    max_guests: Field,
 }
 
 pub struct HotelIndex {
@@ -89,7 +130,7 @@ pub struct HotelIndex {
     /// Recent candidate lists. Guests ask the same few places over and over
     /// (a city, with a handful of filters), and the index changes only when
     /// a hotel does; a hit saves a query that was a twentieth of a search.
-    answers: moka::sync::Cache<(u64, String), Candidates>,
+    answers: moka::sync::Cache<CandidateKey, Candidates>,
 }
 
 /// Hotel ids with a relevance score, shared between cache and searches.
@@ -106,13 +147,11 @@ impl HotelIndex {
             name: b.add_text_field("name", TEXT),
             city_text: b.add_text_field("city_text", TEXT),
             city: b.add_text_field("city", STRING),
-            country: b.add_text_field("country", STRING),
             stars: b.add_u64_field("stars", INDEXED | FAST),
             lat: b.add_f64_field("lat", INDEXED | FAST),
             lon: b.add_f64_field("lon", INDEXED | FAST),
             amenity: b.add_text_field("amenity", STRING),
             room_names: b.add_text_field("room_names", TEXT),
-            max_guests: b.add_u64_field("max_guests", INDEXED | FAST),
         };
         let index = Index::create_in_ram(b.build());
         // One indexing thread: the copy's hotels are few, and the stream
@@ -202,9 +241,6 @@ impl HotelIndex {
                         doc.add_text(f.name, &h.name);
                         doc.add_text(f.city_text, &h.city);
                         doc.add_text(f.city, h.city.to_lowercase());
-                        if let Some(c) = &h.country {
-                            doc.add_text(f.country, c.to_lowercase());
-                        }
                         doc.add_u64(f.stars, h.stars.unwrap_or(0).max(0) as u64);
                         if let (Some(lat), Some(lon)) = (h.latitude, h.longitude) {
                             doc.add_f64(f.lat, lat);
@@ -213,16 +249,9 @@ impl HotelIndex {
                         for a in &h.amenities {
                             doc.add_text(f.amenity, a.to_lowercase());
                         }
-                        let rts = t.room_types.of_hotel(id);
-                        for rt in rts {
+                        for rt in t.room_types.of_hotel(id) {
                             doc.add_text(f.room_names, &rt.name);
                         }
-                        let max = rts
-                            .iter()
-                            .map(|rt| rt.max_guests.max(0) as u64)
-                            .max()
-                            .unwrap_or(0);
-                        doc.add_u64(f.max_guests, max);
                         doc
                     });
                     (id, doc)
@@ -258,7 +287,7 @@ impl HotelIndex {
     pub fn candidates(&self, q: &CandidateQuery) -> Result<Candidates, IndexError> {
         // Read before the query runs: a reload in between stores a newer
         // answer under the older generation, never the reverse.
-        let key = (self.generation.load(Ordering::Acquire), format!("{q:?}"));
+        let key = CandidateKey::new(self.generation.load(Ordering::Acquire), q);
         if let Some(hit) = self.answers.get(&key) {
             return Ok(hit);
         }
@@ -424,6 +453,53 @@ mod tests {
         let mut ids: Vec<i64> = c.iter().map(|(id, _)| *id).collect();
         ids.sort_unstable();
         ids
+    }
+
+    #[test]
+    fn cache_keys_tell_every_part_of_a_question_apart() {
+        let bbox = |min_lat| CandidateQuery {
+            place: Place::BBox {
+                min_lat,
+                min_lon: 1.0,
+                max_lat: 2.0,
+                max_lon: 3.0,
+            },
+            stars_min: None,
+            amenities: Vec::new(),
+        };
+        let porto = in_city("porto");
+        let key = |g, q: &CandidateQuery| CandidateKey::new(g, q);
+        assert_eq!(key(1, &porto), key(1, &in_city("porto")));
+        assert_eq!(key(1, &bbox(0.5)), key(1, &bbox(0.5)));
+        let differing = [
+            key(2, &porto),
+            key(1, &in_city("lisbon")),
+            key(
+                1,
+                &CandidateQuery {
+                    place: Place::Text("porto".into()),
+                    ..porto.clone()
+                },
+            ),
+            key(
+                1,
+                &CandidateQuery {
+                    stars_min: Some(3),
+                    ..porto.clone()
+                },
+            ),
+            key(
+                1,
+                &CandidateQuery {
+                    amenities: vec!["pool".into()],
+                    ..porto.clone()
+                },
+            ),
+        ];
+        for other in &differing {
+            assert_ne!(&key(1, &porto), other);
+        }
+        assert_ne!(key(1, &bbox(0.5)), key(1, &bbox(0.25)));
     }
 
     #[test]

@@ -2,10 +2,13 @@
 //!
 //! Every answer `vacancy` gives says which LSN it reflects, and operators
 //! compare it with what PostgreSQL prints, so it is shown the way PostgreSQL
-//! writes it (`0/16B3748`) and parsed from that form.
+//! writes it (`0/16B3748`) and parsed from that form. The owner hands LSNs
+//! over as `pg_lsn` values (`PgLsn`), never as text.
 
 use std::fmt;
 use std::str::FromStr;
+
+use tokio_postgres::types::PgLsn;
 
 /// A WAL position. `Lsn(0)` means "none yet".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -45,6 +48,18 @@ impl FromStr for Lsn {
     }
 }
 
+impl From<PgLsn> for Lsn {
+    fn from(lsn: PgLsn) -> Lsn {
+        Lsn(u64::from(lsn))
+    }
+}
+
+impl From<Lsn> for PgLsn {
+    fn from(lsn: Lsn) -> PgLsn {
+        PgLsn::from(lsn.0)
+    }
+}
+
 impl serde::Serialize for Lsn {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self)
@@ -76,10 +91,28 @@ mod tests {
         }
     }
 
+    #[test]
+    fn pg_lsn_is_the_same_position() {
+        let pg: PgLsn = "16/B374D848".parse().unwrap();
+        assert_eq!(Lsn::from(pg), Lsn(0x16_B374_D848));
+        assert_eq!(PgLsn::from(Lsn(0x16_B374_D848)), pg);
+    }
+
     proptest! {
         #[test]
         fn round_trips(v in any::<u64>()) {
             prop_assert_eq!(Lsn(v).to_string().parse::<Lsn>(), Ok(Lsn(v)));
+        }
+
+        /// A `pg_lsn` read from the owner is the same position, shown the
+        /// same way, as the text PostgreSQL would have printed for it.
+        #[test]
+        fn pg_lsn_converts_both_ways(v in any::<u64>()) {
+            let pg = PgLsn::from(v);
+            let lsn = Lsn::from(pg);
+            prop_assert_eq!(lsn, Lsn(v));
+            prop_assert_eq!(PgLsn::from(lsn), pg);
+            prop_assert_eq!(lsn.to_string(), pg.to_string());
         }
 
         #[test]

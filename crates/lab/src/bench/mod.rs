@@ -37,7 +37,7 @@ use crate::cluster::{Cluster, ClusterError, ClusterOptions, DEFAULT_BIN_DIR};
 use crate::seed::{self, SeedError};
 use vacancy_service::app::{self, AppError};
 use vacancy_service::config::Settings;
-use vacancy_service::lsn::{Lsn, ParseLsnError};
+use vacancy_service::lsn::Lsn;
 use vacancy_service::metrics;
 use vacancy_service::model::{CalendarKey, ReadModel};
 use vacancy_service::owner::{self, OwnerError};
@@ -154,8 +154,6 @@ pub enum BenchError {
     Slot(#[from] SlotError),
     #[error(transparent)]
     App(#[from] AppError),
-    #[error("the owner returned an LSN that does not parse: {0}")]
-    BadLsn(#[from] ParseLsnError),
     #[error(transparent)]
     Tool(#[from] ToolError),
     #[error("{what} did not happen within {limit:?} (stream's last error: {last_error})")]
@@ -501,22 +499,22 @@ pub(crate) async fn run_tool(mut command: Command, tool: &str) -> Result<String,
 }
 
 async fn flush_lsn(client: &Client) -> Result<Lsn, BenchError> {
-    let text: String = client
-        .query_one("SELECT pg_current_wal_flush_lsn()::text", &[])
+    let lsn: tokio_postgres::types::PgLsn = client
+        .query_one("SELECT pg_current_wal_flush_lsn()", &[])
         .await?
         .get(0);
-    Ok(text.parse()?)
+    Ok(lsn.into())
 }
 
 async fn restart_lsn(client: &Client, slot: &str) -> Result<Option<Lsn>, BenchError> {
-    let text: Option<String> = client
+    let lsn: Option<tokio_postgres::types::PgLsn> = client
         .query_opt(
-            "SELECT restart_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+            "SELECT restart_lsn FROM pg_replication_slots WHERE slot_name = $1",
             &[&slot],
         )
         .await?
         .and_then(|r| r.get(0));
-    Ok(text.map(|t| t.parse()).transpose()?)
+    Ok(lsn.map(Lsn::from))
 }
 
 fn rate(rows: u64, time: Duration) -> f64 {

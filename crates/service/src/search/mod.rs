@@ -22,7 +22,7 @@ pub mod owner_read;
 pub mod params;
 mod settings;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -274,10 +274,10 @@ impl Search {
         self
     }
 
-    /// The hotels among `hotels` the stale-read policy says to read from the owner.
-    fn bypassed(&self, hotels: &[HotelNights]) -> std::collections::HashSet<i64> {
+    /// The hotels among `hotel_ids` the stale-read policy says to read from the owner.
+    fn bypassed(&self, hotel_ids: impl Iterator<Item = i64>) -> HashSet<i64> {
         match &self.stale {
-            Some(s) => s.bypassed_hotels(hotels.iter().map(|h| h.hotel_id)),
+            Some(s) => s.bypassed_hotels(hotel_ids),
             None => Default::default(),
         }
     }
@@ -311,114 +311,100 @@ impl Search {
             stars_min: req.stars_min,
             amenities: req.amenities.clone(),
         })?;
-        let smallest = req.rooms.iter().copied().min().unwrap_or(1);
-        let reason = if lagging {
-            Reason::Bypass
-        } else if caught_up {
-            Reason::FewUnits
-        } else {
-            Reason::MinLsn
-        };
-        let bypassed = match &self.stale {
-            Some(s) => s.bypassed_hotels(candidates.iter().map(|(id, _)| *id)),
-            None => Default::default(),
-        };
-        // The copy is trusted for every candidate (the common case): under
-        // the lock, every candidate is ranked straight from the calendars,
-        // and only the hotels a page may show are copied out. Otherwise the
-        // candidates are copied out whole, read from the owner, then ranked.
-        let trusted = reason == Reason::FewUnits && bypassed.is_empty();
-        let (copied, lsn) = {
-            let t = self.model.read();
-            let mut folded = Vec::new();
-            // Sized up front: grown one push at a time, these vectors cost a
-            // twentieth of a search in reallocation and copying.
-            let mut located: Vec<(&Hotel, f32)> = Vec::with_capacity(candidates.len());
-            located.extend(candidates.iter().filter_map(|(id, score)| {
-                let hotel = t.hotels.get(id).filter(|h| still_matches(h, req))?;
-                Some((hotel, *score))
-            }));
-            let copied = if trusted {
-                let mut shown_types = Vec::with_capacity(located.len() * SHOWN_TYPES_PER_HOTEL);
-                let mut ranked: Vec<(Rank, std::ops::Range<usize>)> =
-                    Vec::with_capacity(located.len());
-                ranked.extend(located.iter().filter_map(|&(hotel, score)| {
-                    let start = shown_types.len();
-                    let rank = rank_in_copy(&t, hotel, score, req, &mut folded, &mut shown_types)?;
-                    Some((rank, start..shown_types.len()))
-                }));
-                ranked.sort_by(|a, b| order(&a.0, &b.0, req.sort));
-                // Each round of the page takes at most `limit` hotels.
-                let window = ranked.iter().skip(req.offset);
-                let hotels = window
-                    .take(req.limit * MAX_PAGE_ROUNDS)
-                    .map(|(rank, types)| {
-                        let h = HotelNights {
-                            hotel_id: rank.hotel_id,
-                            stars: rank.stars,
-                            score: rank.score,
-                            types: shown_types[types.clone()]
-                                .iter()
-                                .map(|st| st.nights(rank.hotel_id))
-                                .collect(),
-                        };
-                        (*rank, h)
-                    })
-                    .collect();
-                Copied::Ranked {
-                    total: ranked.len(),
-                    hotels,
-                }
-            } else {
-                // Room types too small for every room are never shown.
-                Copied::Unranked(
-                    located
-                        .into_iter()
-                        .map(|(hotel, score)| {
-                            let offered_only =
-                                reason == Reason::FewUnits && !bypassed.contains(&hotel.id);
-                            read_hotel(
-                                &t,
-                                hotel,
-                                score,
-                                req.stay,
-                                smallest,
-                                offered_only,
-                                &mut folded,
-                            )
-                        })
-                        .collect(),
-                )
-            };
-            (copied, t.applied)
-        };
-        let (total, from_offset) = match copied {
-            Copied::Ranked { total, hotels } => (total, hotels),
-            Copied::Unranked(mut hotels) => {
-                // The copy cannot be trusted for this answer (or for these
-                // hotels): read them before matching, since the copy may be
-                // wrong either way.
-                self.read_owner_where_needed(&mut hotels, req.stay, reason, &bypassed, asked_at)
-                    .await;
-                let mut matched: Vec<(Rank, HotelNights)> = hotels
-                    .into_iter()
-                    .filter_map(|h| Some((self.rank(&h, &req.rooms, req.max_price_cents)?, h)))
-                    .collect();
-                matched.sort_by(|a, b| order(&a.0, &b.0, req.sort));
-                let total = matched.len();
-                (total, matched.into_iter().skip(req.offset).collect())
+        let reason = owner_read_reason(lagging, caught_up);
+        let bypassed = self.bypassed(candidates.iter().map(|(id, _)| *id));
+        let (copied, lsn) = self.copy_out(&candidates, req, reason, &bypassed);
+        let ranked = match copied {
+            Copied::Ranked(ranked) => ranked,
+            Copied::Unranked(hotels) => {
+                self.read_owner_then_rank(hotels, req, reason, &bypassed, asked_at)
+                    .await
             }
         };
-        // Few units left: only the hotels about to be shown are read from
-        // the owner, one query for the page. A hotel the owner's numbers
-        // rule out gives its place to the next one, so a page is full when
-        // it can be; the cursor points past the last hotel looked at.
-        let mut page: Vec<HotelResult> = Vec::with_capacity(req.limit);
+        let mut page = self.fill_page(ranked.from_offset, req, asked_at).await;
+        self.fill_names(&mut page.results);
+        let quotes = QuoteContext {
+            stay: req.stay,
+            lsn,
+            shown_at: Utc::now(),
+            lag_ms: self.model.freshness.lag_ms(Utc::now()),
+        };
+        self.sign_quotes(&mut page.results, &quotes);
+        Ok(SearchAnswer {
+            lsn,
+            lag_ms: quotes.lag_ms,
+            // The copy's count, less the hotels the owner's numbers ruled out here.
+            total_hotels: ranked.total - page.ruled_out,
+            next_cursor: (page.next < ranked.total).then(|| Cursor::encode(req, page.next)),
+            results: page.results,
+        })
+    }
+
+    /// What the answer needs of the candidates, copied out of the read model
+    /// under one read lock, and the LSN the copy stood at. When the copy is
+    /// trusted for every candidate (the common case), every candidate is
+    /// ranked straight from the calendars, and only the hotels a page may
+    /// show are copied out. Otherwise the candidates are copied out whole,
+    /// to be read from the owner, then ranked.
+    fn copy_out(
+        &self,
+        candidates: &[(i64, f32)],
+        req: &SearchRequest,
+        reason: Reason,
+        bypassed: &HashSet<i64>,
+    ) -> (Copied, Lsn) {
+        let t = self.model.read();
+        let located = locate(&t, candidates, req);
+        let trusted = reason == Reason::FewUnits && bypassed.is_empty();
+        let copied = if trusted {
+            Copied::Ranked(rank_in_copy_for_page(&t, &located, req))
+        } else {
+            Copied::Unranked(copy_whole(&t, located, req, reason, bypassed))
+        };
+        (copied, t.applied)
+    }
+
+    /// The copy cannot be trusted for this answer (or for these hotels):
+    /// reads them from the owner before matching, since the copy may be
+    /// wrong either way, then ranks those that match.
+    async fn read_owner_then_rank(
+        &self,
+        mut hotels: Vec<HotelNights>,
+        req: &SearchRequest,
+        reason: Reason,
+        bypassed: &HashSet<i64>,
+        asked_at: Instant,
+    ) -> Ranked {
+        self.read_owner_where_needed(&mut hotels, req.stay, reason, bypassed, asked_at)
+            .await;
+        let mut matched: Vec<(Rank, HotelNights)> = hotels
+            .into_iter()
+            .filter_map(|h| Some((self.rank(&h, &req.rooms, req.max_price_cents)?, h)))
+            .collect();
+        matched.sort_by(|a, b| order(&a.0, &b.0, req.sort));
+        Ranked {
+            total: matched.len(),
+            from_offset: matched.into_iter().skip(req.offset).collect(),
+        }
+    }
+
+    /// The page, filled in rounds from the matched hotels past the offset.
+    /// Few units left: only the hotels about to be shown are read from the
+    /// owner, one query for the page. A hotel the owner's numbers rule out
+    /// gives its place to the next one, so a page is full when it can be;
+    /// the cursor points past the last hotel looked at.
+    async fn fill_page(
+        &self,
+        from_offset: Vec<(Rank, HotelNights)>,
+        req: &SearchRequest,
+        asked_at: Instant,
+    ) -> Page {
+        let mut results: Vec<HotelResult> = Vec::with_capacity(req.limit);
         let mut rest = from_offset.into_iter();
         let mut next = req.offset;
         let mut ruled_out = 0;
         for _round in 0..MAX_PAGE_ROUNDS {
-            let want = req.limit.saturating_sub(page.len());
+            let want = req.limit.saturating_sub(results.len());
             if want == 0 {
                 break;
             }
@@ -427,44 +413,56 @@ impl Search {
                 break;
             }
             next += taken.len();
-            // Every hotel taken matched in the copy; its shown room types
-            // with few units left are read before it is built.
-            let few: Vec<CalendarKey> = taken
-                .iter()
-                .flat_map(|h| h.types.iter())
-                .filter(|t| {
-                    t.source == Source::Copy
-                        && shown(t.max_guests, t.offer, smallest, req.max_price_cents)
-                            .is_some_and(|(free, _)| free <= self.few_units)
-                })
-                .map(|t| t.key)
-                .collect();
-            let read = self
-                .owner_nights(few, req.stay, Reason::FewUnits, asked_at)
-                .await;
-            if let Some(read) = read {
-                apply_owner_nights(&mut taken, &read);
-            }
-            let before = page.len();
-            page.extend(
+            self.read_few_units(&mut taken, req, asked_at).await;
+            let before = results.len();
+            results.extend(
                 taken
                     .iter()
                     .filter_map(|h| self.evaluate(h, &req.rooms, req.max_price_cents)),
             );
-            ruled_out += taken.len() - (page.len() - before);
+            ruled_out += taken.len() - (results.len() - before);
         }
         // Owner numbers may move a hotel within the page.
-        page.sort_by(|a, b| order(&a.rank, &b.rank, req.sort));
-        self.fill_names(&mut page);
-        let quotes = QuoteContext {
-            stay: req.stay,
-            lsn,
-            shown_at: Utc::now(),
-            lag_ms: self.model.freshness.lag_ms(Utc::now()),
-        };
-        // Only the page shown is quoted: signing costs about a microsecond
-        // per room type, and a broad search can match thousands.
-        for h in &mut page {
+        results.sort_by(|a, b| order(&a.rank, &b.rank, req.sort));
+        Page {
+            results,
+            next,
+            ruled_out,
+        }
+    }
+
+    /// Every hotel taken matched in the copy; its shown room types with few
+    /// units left are read from the owner before it is built.
+    async fn read_few_units(
+        &self,
+        taken: &mut [HotelNights],
+        req: &SearchRequest,
+        asked_at: Instant,
+    ) {
+        let smallest = smallest_room(&req.rooms);
+        let few: Vec<CalendarKey> = taken
+            .iter()
+            .flat_map(|h| h.types.iter())
+            .filter(|t| {
+                t.source == Source::Copy
+                    && shown(t.max_guests, t.offer, smallest, req.max_price_cents)
+                        .is_some_and(|(free, _)| free <= self.few_units)
+            })
+            .map(|t| t.key)
+            .collect();
+        if let Some(read) = self
+            .owner_nights(few, req.stay, Reason::FewUnits, asked_at)
+            .await
+        {
+            apply_owner_nights(taken, &read);
+        }
+    }
+
+    /// Signs the quote of every room type shown. Only the page shown is
+    /// quoted: signing costs about a microsecond per room type, and a broad
+    /// search can match thousands.
+    fn sign_quotes(&self, results: &mut [HotelResult], quotes: &QuoteContext) {
+        for h in results {
             for o in &mut h.room_types {
                 let key = CalendarKey {
                     hotel_id: h.hotel_id,
@@ -473,14 +471,6 @@ impl Search {
                 o.quote = quotes.sign(&self.quotes, key, o.free_units, o.source);
             }
         }
-        Ok(SearchAnswer {
-            lsn,
-            lag_ms: quotes.lag_ms,
-            // The copy's count, less the hotels the owner's numbers ruled out here.
-            total_hotels: total - ruled_out,
-            next_cursor: (next < total).then(|| Cursor::encode(req, next)),
-            results: page,
-        })
     }
 
     /// Names of the hotels and room types shown, read once the page is
@@ -522,7 +512,7 @@ impl Search {
         hotels: &mut [HotelNights],
         stay: Stay,
         reason: Reason,
-        bypassed: &std::collections::HashSet<i64>,
+        bypassed: &HashSet<i64>,
         asked_at: Instant,
     ) {
         let everything = reason != Reason::FewUnits;
@@ -602,7 +592,7 @@ impl Search {
         max_price: Option<i64>,
     ) -> Option<HotelResult> {
         let rank = self.rank(h, rooms, max_price)?;
-        let smallest = rooms.iter().copied().min().unwrap_or(1);
+        let smallest = smallest_room(rooms);
         let mut offers: Vec<RoomOffer> = Vec::with_capacity(h.types.len());
         offers.extend(h.types.iter().filter_map(|t| {
             let (free, price) = shown(t.max_guests, t.offer, smallest, max_price)?;
@@ -646,14 +636,8 @@ impl Search {
             let h = read_hotel(&t, hotel, 1.0, req.stay, i16::MIN, false, &mut Vec::new());
             (h, t.applied)
         };
-        let reason = if lagging {
-            Reason::Bypass
-        } else if caught_up {
-            Reason::FewUnits
-        } else {
-            Reason::MinLsn
-        };
-        let bypassed = self.bypassed(std::slice::from_ref(&hotel));
+        let reason = owner_read_reason(lagging, caught_up);
+        let bypassed = self.bypassed(std::iter::once(hotel_id));
         if reason == Reason::FewUnits && !bypassed.contains(&hotel_id) {
             let few: Vec<CalendarKey> = hotel
                 .types
@@ -686,7 +670,7 @@ impl Search {
             shown_at: Utc::now(),
             lag_ms: self.model.freshness.lag_ms(Utc::now()),
         };
-        let smallest = req.rooms.iter().copied().min().unwrap_or(1);
+        let smallest = smallest_room(&req.rooms);
         let hotel_fits = self.evaluate(&hotel, &req.rooms, None).is_some();
         let room_types = hotel
             .types
@@ -785,14 +769,130 @@ fn apply_owner_nights(hotels: &mut [HotelNights], read: &OwnerNights) {
 
 /// What was copied out of the read model under its lock.
 enum Copied {
-    /// Every candidate was ranked in the copy; `hotels` are those from the
-    /// request's offset on that the page may show.
-    Ranked {
-        total: usize,
-        hotels: Vec<(Rank, HotelNights)>,
-    },
+    /// Every candidate was ranked in the copy.
+    Ranked(Ranked),
     /// The candidates, to be read from the owner before they are ranked.
     Unranked(Vec<HotelNights>),
+}
+
+/// The hotels that match, in the answer's order.
+struct Ranked {
+    /// How many match.
+    total: usize,
+    /// Those from the request's offset on (when ranked in the copy, only
+    /// as many as the page may show).
+    from_offset: Vec<(Rank, HotelNights)>,
+}
+
+/// One page of an answer.
+struct Page {
+    /// The hotels shown, in the answer's order.
+    results: Vec<HotelResult>,
+    /// The offset past the last hotel looked at: where the next page starts.
+    next: usize,
+    /// Hotels the owner's numbers ruled out while the page was filled.
+    ruled_out: usize,
+}
+
+/// Why an answer reads the owner: the copy lags past the bound, missed
+/// `min_lsn`, or (otherwise) only for room types with few units left.
+fn owner_read_reason(lagging: bool, caught_up: bool) -> Reason {
+    if lagging {
+        Reason::Bypass
+    } else if caught_up {
+        Reason::FewUnits
+    } else {
+        Reason::MinLsn
+    }
+}
+
+/// Guests in the smallest room asked for (1 when none is; a checked
+/// request always asks for one).
+fn smallest_room(rooms: &[i16]) -> i16 {
+    rooms.iter().copied().min().unwrap_or(1)
+}
+
+/// The candidates the copy has that still match `req`, with their scores.
+fn locate<'t>(
+    t: &'t Tables,
+    candidates: &[(i64, f32)],
+    req: &SearchRequest,
+) -> Vec<(&'t Hotel, f32)> {
+    // Sized up front: grown one push at a time, this vector and those of
+    // `rank_in_copy_for_page` cost a twentieth of a search in reallocation
+    // and copying.
+    let mut located = Vec::with_capacity(candidates.len());
+    located.extend(candidates.iter().filter_map(|(id, score)| {
+        let hotel = t.hotels.get(id).filter(|h| still_matches(h, req))?;
+        Some((hotel, *score))
+    }));
+    located
+}
+
+/// Every located hotel ranked straight from the copy's calendars; only the
+/// hotels from the request's offset on that the page may show are copied out.
+fn rank_in_copy_for_page(t: &Tables, located: &[(&Hotel, f32)], req: &SearchRequest) -> Ranked {
+    let mut folded = Vec::new();
+    let mut shown_types = Vec::with_capacity(located.len() * SHOWN_TYPES_PER_HOTEL);
+    let mut ranked: Vec<(Rank, std::ops::Range<usize>)> = Vec::with_capacity(located.len());
+    ranked.extend(located.iter().filter_map(|&(hotel, score)| {
+        let start = shown_types.len();
+        let rank = rank_in_copy(t, hotel, score, req, &mut folded, &mut shown_types)?;
+        Some((rank, start..shown_types.len()))
+    }));
+    ranked.sort_by(|a, b| order(&a.0, &b.0, req.sort));
+    // Each round of the page takes at most `limit` hotels.
+    let from_offset = ranked
+        .iter()
+        .skip(req.offset)
+        .take(req.limit * MAX_PAGE_ROUNDS)
+        .map(|(rank, types)| {
+            let h = HotelNights {
+                hotel_id: rank.hotel_id,
+                stars: rank.stars,
+                score: rank.score,
+                types: shown_types[types.clone()]
+                    .iter()
+                    .map(|st| st.nights(rank.hotel_id))
+                    .collect(),
+            };
+            (*rank, h)
+        })
+        .collect();
+    Ranked {
+        total: ranked.len(),
+        from_offset,
+    }
+}
+
+/// Every located hotel's room types copied out whole, night by night, to be
+/// read from the owner before they are ranked. Room types too small for
+/// every room are never shown; with few units the only reason to read the
+/// owner, a hotel not bypassed keeps only the room types the copy offers.
+fn copy_whole(
+    t: &Tables,
+    located: Vec<(&Hotel, f32)>,
+    req: &SearchRequest,
+    reason: Reason,
+    bypassed: &HashSet<i64>,
+) -> Vec<HotelNights> {
+    let smallest = smallest_room(&req.rooms);
+    let mut folded = Vec::new();
+    located
+        .into_iter()
+        .map(|(hotel, score)| {
+            let offered_only = reason == Reason::FewUnits && !bypassed.contains(&hotel.id);
+            read_hotel(
+                t,
+                hotel,
+                score,
+                req.stay,
+                smallest,
+                offered_only,
+                &mut folded,
+            )
+        })
+        .collect()
 }
 
 /// A room type that may be shown (see `shown`), as ranking found it.
@@ -833,7 +933,7 @@ fn rank_of(
     max_price: Option<i64>,
     shown_types: &mut Vec<ShownType>,
 ) -> Option<Rank> {
-    let smallest = rooms.iter().copied().min().unwrap_or(1);
+    let smallest = smallest_room(rooms);
     let mut rank = Rank {
         hotel_id,
         stars,
@@ -951,7 +1051,7 @@ fn rank_in_copy(
     folded: &mut Vec<OfferSoFar>,
     shown_types: &mut Vec<ShownType>,
 ) -> Option<Rank> {
-    let smallest = req.rooms.iter().copied().min().unwrap_or(1);
+    let smallest = smallest_room(&req.rooms);
     let (_, columns) = fold_hotel(t, hotel.id, req.stay, folded);
     let room_types = t.room_types.of_hotel(hotel.id);
     let types =

@@ -223,108 +223,15 @@ const KNOWN: &[&str] = &[
 
 pub fn parse_search(query: &str, rules: StayRules) -> Result<SearchRequest, ParamError> {
     let pairs = pairs(query)?;
-    if let Some((k, _)) = pairs.iter().find(|(k, _)| !KNOWN.contains(&k.as_str())) {
-        return Err(ParamError {
-            field: "query",
-            detail: format!(
-                "unknown parameter {:?}",
-                k.chars().take(40).collect::<String>()
-            ),
-        });
-    }
-    let mut places = Vec::new();
-    if let Some(city) = single(&pairs, "city")? {
-        let city = city.trim();
-        if city.is_empty() || city.len() > 200 {
-            return Err(err("city", "must be 1 to 200 characters"));
-        }
-        places.push(Place::City(city.to_string()));
-    }
-    if let Some(q) = single(&pairs, "q")? {
-        if q.trim().is_empty() || q.len() > 200 {
-            return Err(err("q", "must be 1 to 200 characters"));
-        }
-        places.push(Place::Text(q.to_string()));
-    }
-    if let Some(b) = single(&pairs, "bbox")? {
-        let v: Vec<f64> = b
-            .split(',')
-            .map(|x| x.trim().parse::<f64>())
-            .collect::<Result<_, _>>()
-            .map_err(|_| err("bbox", "must be min_lat,min_lon,max_lat,max_lon"))?;
-        let [min_lat, min_lon, max_lat, max_lon] = v[..] else {
-            return Err(err("bbox", "must be min_lat,min_lon,max_lat,max_lon"));
-        };
-        let lat_ok = |x: f64| (-90.0..=90.0).contains(&x);
-        let lon_ok = |x: f64| (-180.0..=180.0).contains(&x);
-        if !(lat_ok(min_lat) && lat_ok(max_lat) && lon_ok(min_lon) && lon_ok(max_lon))
-            || min_lat > max_lat
-            || min_lon > max_lon
-        {
-            return Err(err(
-                "bbox",
-                "latitudes in -90..90, longitudes in -180..180, each min at most its max",
-            ));
-        }
-        places.push(Place::BBox {
-            min_lat,
-            min_lon,
-            max_lat,
-            max_lon,
-        });
-    }
-    if let Some(ids) = single(&pairs, "hotel_ids")? {
-        let ids: Vec<i64> = ids
-            .split(',')
-            .map(|x| x.trim().parse::<i64>())
-            .collect::<Result<_, _>>()
-            .map_err(|_| err("hotel_ids", "must be comma-separated integers"))?;
-        if ids.is_empty() || ids.len() > MAX_HOTEL_IDS {
-            return Err(err("hotel_ids", format!("1 to {MAX_HOTEL_IDS} ids")));
-        }
-        places.push(Place::Ids(ids));
-    }
-    if places.len() != 1 {
-        return Err(err(
-            "city",
-            "give exactly one of city, q, bbox or hotel_ids",
-        ));
-    }
-    let place = places.remove(0);
+    reject_unknown(&pairs, KNOWN)?;
+    let place = place(&pairs)?;
     let stay = stay(&pairs, rules)?;
     let rooms = rooms(&pairs)?;
-    let stars_min = number::<i16>(&pairs, "stars_min", "a number of stars from 0 to 5")?;
-    if stars_min.is_some_and(|s| !(0..=5).contains(&s)) {
-        return Err(err("stars_min", "must be from 0 to 5"));
-    }
-    let amenities: Vec<String> = single(&pairs, "amenities")?
-        .map(|a| {
-            a.split(',')
-                .map(|x| x.trim().to_lowercase())
-                .filter(|x| !x.is_empty())
-                .collect()
-        })
-        .unwrap_or_default();
-    if amenities.len() > 20 {
-        return Err(err("amenities", "at most 20"));
-    }
-    let max_price_cents = number::<i64>(&pairs, "max_price_cents", "a whole number of cents")?;
-    if max_price_cents.is_some_and(|p| p <= 0) {
-        return Err(err("max_price_cents", "must be above 0"));
-    }
-    let default_sort = if matches!(place, Place::Text(_)) {
-        Sort::Relevance
-    } else {
-        Sort::Price
-    };
-    let sort = single(&pairs, "sort")?
-        .map(Sort::parse)
-        .transpose()?
-        .unwrap_or(default_sort);
-    let limit = number::<usize>(&pairs, "limit", "a whole number")?.unwrap_or(DEFAULT_LIMIT);
-    if !(1..=MAX_LIMIT).contains(&limit) {
-        return Err(err("limit", format!("must be from 1 to {MAX_LIMIT}")));
-    }
+    let stars_min = stars_min(&pairs)?;
+    let amenities = amenities(&pairs)?;
+    let max_price_cents = max_price_cents(&pairs)?;
+    let sort = sort(&pairs, &place)?;
+    let limit = limit(&pairs)?;
     let min_lsn = min_lsn(&pairs)?;
     let mut request = SearchRequest {
         place,
@@ -344,23 +251,160 @@ pub fn parse_search(query: &str, rules: StayRules) -> Result<SearchRequest, Para
     Ok(request)
 }
 
+/// Refuses the first parameter not in `known`.
+fn reject_unknown(pairs: &[(String, String)], known: &[&str]) -> Result<(), ParamError> {
+    match pairs.iter().find(|(k, _)| !known.contains(&k.as_str())) {
+        Some((k, _)) => Err(err(
+            "query",
+            format!(
+                "unknown parameter {:?}",
+                k.chars().take(40).collect::<String>()
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Where to look: exactly one of `city`, `q`, `bbox` or `hotel_ids`.
+fn place(pairs: &[(String, String)]) -> Result<Place, ParamError> {
+    let given = [city(pairs)?, text(pairs)?, bbox(pairs)?, hotel_ids(pairs)?];
+    let mut places = given.into_iter().flatten();
+    match (places.next(), places.next()) {
+        (Some(place), None) => Ok(place),
+        _ => Err(err(
+            "city",
+            "give exactly one of city, q, bbox or hotel_ids",
+        )),
+    }
+}
+
+fn city(pairs: &[(String, String)]) -> Result<Option<Place>, ParamError> {
+    let Some(given) = single(pairs, "city")? else {
+        return Ok(None);
+    };
+    let city = given.trim();
+    if city.is_empty() || city.len() > 200 {
+        return Err(err("city", "must be 1 to 200 characters"));
+    }
+    Ok(Some(Place::City(city.to_string())))
+}
+
+/// `q`: free text.
+fn text(pairs: &[(String, String)]) -> Result<Option<Place>, ParamError> {
+    let Some(q) = single(pairs, "q")? else {
+        return Ok(None);
+    };
+    if q.trim().is_empty() || q.len() > 200 {
+        return Err(err("q", "must be 1 to 200 characters"));
+    }
+    Ok(Some(Place::Text(q.to_string())))
+}
+
+fn bbox(pairs: &[(String, String)]) -> Result<Option<Place>, ParamError> {
+    let Some(b) = single(pairs, "bbox")? else {
+        return Ok(None);
+    };
+    let corners: Vec<f64> = b
+        .split(',')
+        .map(|x| x.trim().parse::<f64>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| err("bbox", "must be min_lat,min_lon,max_lat,max_lon"))?;
+    let [min_lat, min_lon, max_lat, max_lon] = corners[..] else {
+        return Err(err("bbox", "must be min_lat,min_lon,max_lat,max_lon"));
+    };
+    let lat_ok = |x: f64| (-90.0..=90.0).contains(&x);
+    let lon_ok = |x: f64| (-180.0..=180.0).contains(&x);
+    if !(lat_ok(min_lat) && lat_ok(max_lat) && lon_ok(min_lon) && lon_ok(max_lon))
+        || min_lat > max_lat
+        || min_lon > max_lon
+    {
+        return Err(err(
+            "bbox",
+            "latitudes in -90..90, longitudes in -180..180, each min at most its max",
+        ));
+    }
+    Ok(Some(Place::BBox {
+        min_lat,
+        min_lon,
+        max_lat,
+        max_lon,
+    }))
+}
+
+fn hotel_ids(pairs: &[(String, String)]) -> Result<Option<Place>, ParamError> {
+    let Some(list) = single(pairs, "hotel_ids")? else {
+        return Ok(None);
+    };
+    let ids: Vec<i64> = list
+        .split(',')
+        .map(|x| x.trim().parse::<i64>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| err("hotel_ids", "must be comma-separated integers"))?;
+    if ids.is_empty() || ids.len() > MAX_HOTEL_IDS {
+        return Err(err("hotel_ids", format!("1 to {MAX_HOTEL_IDS} ids")));
+    }
+    Ok(Some(Place::Ids(ids)))
+}
+
+fn stars_min(pairs: &[(String, String)]) -> Result<Option<i16>, ParamError> {
+    let stars = number::<i16>(pairs, "stars_min", "a number of stars from 0 to 5")?;
+    if stars.is_some_and(|s| !(0..=5).contains(&s)) {
+        return Err(err("stars_min", "must be from 0 to 5"));
+    }
+    Ok(stars)
+}
+
+/// Comma-separated, lowercased; blanks dropped.
+fn amenities(pairs: &[(String, String)]) -> Result<Vec<String>, ParamError> {
+    let amenities: Vec<String> = single(pairs, "amenities")?
+        .map(|a| {
+            a.split(',')
+                .map(|x| x.trim().to_lowercase())
+                .filter(|x| !x.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    if amenities.len() > 20 {
+        return Err(err("amenities", "at most 20"));
+    }
+    Ok(amenities)
+}
+
+fn max_price_cents(pairs: &[(String, String)]) -> Result<Option<i64>, ParamError> {
+    let cents = number::<i64>(pairs, "max_price_cents", "a whole number of cents")?;
+    if cents.is_some_and(|p| p <= 0) {
+        return Err(err("max_price_cents", "must be above 0"));
+    }
+    Ok(cents)
+}
+
+/// The order asked for; by default relevance for free text, price otherwise.
+fn sort(pairs: &[(String, String)], place: &Place) -> Result<Sort, ParamError> {
+    let default_sort = if matches!(place, Place::Text(_)) {
+        Sort::Relevance
+    } else {
+        Sort::Price
+    };
+    Ok(single(pairs, "sort")?
+        .map(Sort::parse)
+        .transpose()?
+        .unwrap_or(default_sort))
+}
+
+fn limit(pairs: &[(String, String)]) -> Result<usize, ParamError> {
+    let limit = number::<usize>(pairs, "limit", "a whole number")?.unwrap_or(DEFAULT_LIMIT);
+    if !(1..=MAX_LIMIT).contains(&limit) {
+        return Err(err("limit", format!("must be from 1 to {MAX_LIMIT}")));
+    }
+    Ok(limit)
+}
+
 pub fn parse_availability(
     query: &str,
     rules: StayRules,
 ) -> Result<AvailabilityRequest, ParamError> {
     let pairs = pairs(query)?;
-    if let Some((k, _)) = pairs
-        .iter()
-        .find(|(k, _)| !["check_in", "check_out", "room", "min_lsn"].contains(&k.as_str()))
-    {
-        return Err(ParamError {
-            field: "query",
-            detail: format!(
-                "unknown parameter {:?}",
-                k.chars().take(40).collect::<String>()
-            ),
-        });
-    }
+    reject_unknown(&pairs, &["check_in", "check_out", "room", "min_lsn"])?;
     Ok(AvailabilityRequest {
         stay: stay(&pairs, rules)?,
         rooms: rooms(&pairs)?,
@@ -384,18 +428,7 @@ pub const MAX_TAKE_ROOMS: i32 = 1000;
 pub fn parse_bypass(query: &str, rules: StayRules) -> Result<BypassRequest, ParamError> {
     let pairs = pairs(query)?;
     const KNOWN_BYPASS: &[&str] = &["hotel_id", "room_type_id", "check_in", "check_out", "rooms"];
-    if let Some((k, _)) = pairs
-        .iter()
-        .find(|(k, _)| !KNOWN_BYPASS.contains(&k.as_str()))
-    {
-        return Err(err(
-            "query",
-            format!(
-                "unknown parameter {:?}",
-                k.chars().take(40).collect::<String>()
-            ),
-        ));
-    }
+    reject_unknown(&pairs, KNOWN_BYPASS)?;
     let hotel_id = number::<i64>(&pairs, "hotel_id", "an integer")?
         .ok_or_else(|| err("hotel_id", "is required"))?;
     let room_type_id = number::<i64>(&pairs, "room_type_id", "an integer")?

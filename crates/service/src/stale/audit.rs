@@ -65,8 +65,6 @@ pub enum AuditError {
     Query(#[from] tokio_postgres::Error),
     #[error("the owner did not answer within {0:?}")]
     Timeout(Duration),
-    #[error("the owner returned an unreadable LSN: {0}")]
-    Lsn(#[from] crate::lsn::ParseLsnError),
     #[error(transparent)]
     Visibility(#[from] VisibilityError),
     #[error("the copy did not reach {target} within {waited:?}")]
@@ -385,9 +383,9 @@ impl Audit {
     }
 
     async fn owner_lsn(&self, client: &Client) -> Result<Lsn, AuditError> {
-        let query = client.query_one("SELECT pg_current_wal_insert_lsn()::text", &[]);
+        let query = client.query_one("SELECT pg_current_wal_insert_lsn()", &[]);
         match tokio::time::timeout(self.settings.query_timeout, query).await {
-            Ok(Ok(row)) => Ok(row.try_get::<_, String>(0)?.parse()?),
+            Ok(Ok(row)) => Ok(row.try_get::<_, tokio_postgres::types::PgLsn>(0)?.into()),
             Ok(Err(e)) => {
                 self.forget_client();
                 Err(e.into())

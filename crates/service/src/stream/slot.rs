@@ -8,6 +8,7 @@
 //! updates carry the old key when it changes.
 
 use tokio_postgres::Client;
+use tokio_postgres::types::PgLsn;
 
 use crate::lsn::Lsn;
 use crate::model::Table;
@@ -21,8 +22,6 @@ pub enum SlotError {
     PublicationNeedsDba { publication: String, sql: String },
     #[error("owner query failed: {0}")]
     Query(#[from] tokio_postgres::Error),
-    #[error("the owner returned an LSN that does not parse: {0}")]
-    BadLsn(#[from] crate::lsn::ParseLsnError),
 }
 
 /// The slot as `pg_replication_slots` shows it.
@@ -107,15 +106,11 @@ pub async fn ensure_publication(
     }
 }
 
-fn parse_lsn(text: Option<String>) -> Result<Option<Lsn>, SlotError> {
-    Ok(text.map(|t| t.parse()).transpose()?)
-}
-
 /// The slot's state, or `None` when it does not exist.
 pub async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>, SlotError> {
     let row = client
         .query_opt(
-            "SELECT active, active_pid, wal_status, confirmed_flush_lsn::text,
+            "SELECT active, active_pid, wal_status, confirmed_flush_lsn,
                     (pg_current_wal_lsn() - restart_lsn)::bigint
              FROM pg_replication_slots WHERE slot_name = $1",
             &[&slot],
@@ -126,7 +121,7 @@ pub async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>, 
         active: row.get(0),
         active_pid: row.get(1),
         wal_status: row.get(2),
-        confirmed_flush: parse_lsn(row.get(3))?,
+        confirmed_flush: row.get::<_, Option<PgLsn>>(3).map(Lsn::from),
         retained_bytes: row.get(4),
     }))
 }
@@ -166,11 +161,11 @@ pub async fn drop_slot(client: &Client, slot: &str) -> Result<(), SlotError> {
 /// The owner's current WAL insert position: once the copy has applied it,
 /// every change committed before this call is in the copy.
 pub async fn current_wal_lsn(client: &Client) -> Result<Lsn, SlotError> {
-    let text: String = client
-        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+    let lsn: PgLsn = client
+        .query_one("SELECT pg_current_wal_insert_lsn()", &[])
         .await?
         .get(0);
-    Ok(text.parse()?)
+    Ok(lsn.into())
 }
 
 #[cfg(test)]

@@ -6,17 +6,18 @@
 //! its next command, so it is imported first and everything else follows.
 //! Rows come through binary COPY, the owner's cheapest way to hand them out.
 
+use std::pin::pin;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Instant;
 
-use futures_util::{StreamExt, pin_mut};
-use tokio_postgres::Client;
+use futures_util::StreamExt;
 use tokio_postgres::binary_copy::BinaryCopyOutStream;
-use tokio_postgres::types::Type;
+use tokio_postgres::types::{PgLsn, Type};
+use tokio_postgres::{Client, Transaction};
 
 use crate::lsn::Lsn;
 use crate::model::calendar::Calendar;
-use crate::model::{CalendarKey, Hotel, NightCounts, RoomType, Tables};
+use crate::model::{ApplyError, CalendarKey, Calendars, Hotel, NightCounts, RoomType, Tables};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
@@ -26,10 +27,8 @@ pub enum SnapshotError {
     BadName(String),
     #[error("slot {0:?} vanished while its snapshot was read")]
     SlotVanished(String),
-    #[error("the owner returned an LSN that does not parse: {0}")]
-    BadLsn(#[from] crate::lsn::ParseLsnError),
     #[error(transparent)]
-    Apply(#[from] crate::model::ApplyError),
+    Apply(#[from] ApplyError),
     #[error("the inventory COPY stream is malformed: {0}")]
     BadCopy(&'static str),
 }
@@ -85,7 +84,7 @@ fn valid_snapshot_name(name: &str) -> bool {
 /// Lays out one hotel's gathered calendars in the copy and returns the
 /// emptied scratch calendars for the next hotel.
 fn lay_out(
-    calendars: &mut crate::model::Calendars,
+    calendars: &mut Calendars,
     hotel_id: i64,
     gathered: &mut Vec<(i64, Calendar)>,
     spare: &mut Vec<Calendar>,
@@ -112,6 +111,34 @@ pub async fn load(
     progress.set_phase(SnapshotPhase::Loading);
     progress.rows_loaded.store(0, Ordering::Relaxed);
     let started = Instant::now();
+    let tx = import_snapshot(client, snapshot_name).await?;
+    let consistent = consistent_point(&tx, slot).await?;
+    let expected = expected_rows(&tx, schema).await?;
+    progress
+        .rows_expected
+        .store(expected as u64, Ordering::Relaxed);
+
+    let mut tables = Tables::default();
+    let mut ticker = Ticker::new(started);
+    copy_hotels(&tx, schema, &mut tables, &mut ticker, progress).await?;
+    copy_room_types(&tx, schema, &mut tables, &mut ticker, progress).await?;
+    copy_inventory(&tx, schema, &mut tables.calendars, &mut ticker, progress).await?;
+    tx.commit().await?;
+    ticker.finish(progress);
+    tables.calendars.shrink();
+    tables.applied = consistent;
+    progress.set_phase(SnapshotPhase::Loaded);
+    progress.loads.fetch_add(1, Ordering::Relaxed);
+    log_loaded(progress, started, consistent);
+    Ok(tables)
+}
+
+/// A read-only repeatable-read transaction that sees exactly the exported
+/// snapshot `snapshot_name` (checked by the caller to be a snapshot name).
+async fn import_snapshot<'c>(
+    client: &'c mut Client,
+    snapshot_name: &str,
+) -> Result<Transaction<'c>, SnapshotError> {
     let tx = client
         .build_transaction()
         .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
@@ -120,19 +147,27 @@ pub async fn load(
         .await?;
     tx.batch_execute(&format!("SET TRANSACTION SNAPSHOT '{snapshot_name}'"))
         .await?;
-    // A fresh slot's confirmed_flush_lsn is its consistent point: the first
-    // commit the stream delivers lies at or past it.
-    let consistent: Option<String> = tx
+    Ok(tx)
+}
+
+/// The slot's consistent point. A fresh slot's confirmed_flush_lsn is its
+/// consistent point: the first commit the stream delivers lies at or past it.
+async fn consistent_point(tx: &Transaction<'_>, slot: &str) -> Result<Lsn, SnapshotError> {
+    let confirmed_flush: Option<PgLsn> = tx
         .query_opt(
-            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
+            "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = $1",
             &[&slot],
         )
         .await?
         .and_then(|r| r.get(0));
-    let consistent: Lsn = consistent
-        .ok_or_else(|| SnapshotError::SlotVanished(slot.to_string()))?
-        .parse()?;
-    let expected: f64 = tx
+    confirmed_flush
+        .map(Lsn::from)
+        .ok_or_else(|| SnapshotError::SlotVanished(slot.to_string()))
+}
+
+/// Rows the three tables hold by the planner's estimate, for the progress.
+async fn expected_rows(tx: &Transaction<'_>, schema: &str) -> Result<f64, SnapshotError> {
+    Ok(tx
         .query_one(
             "SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::float8 FROM pg_class c
              JOIN pg_namespace n ON n.oid = c.relnamespace
@@ -140,20 +175,22 @@ pub async fn load(
             &[&schema],
         )
         .await?
-        .get(0);
-    progress
-        .rows_expected
-        .store(expected as u64, Ordering::Relaxed);
+        .get(0))
+}
 
-    let mut tables = Tables::default();
-    let mut ticker = Ticker::new(started);
-
+async fn copy_hotels(
+    tx: &Transaction<'_>,
+    schema: &str,
+    tables: &mut Tables,
+    ticker: &mut Ticker,
+    progress: &SnapshotProgress,
+) -> Result<(), SnapshotError> {
     let copy = tx
         .copy_out(&format!(
             "COPY {schema}.hotels (id, name, city, country, stars, latitude, longitude, amenities) TO STDOUT (FORMAT binary)"
         ))
         .await?;
-    let rows = BinaryCopyOutStream::new(
+    let mut rows = pin!(BinaryCopyOutStream::new(
         copy,
         &[
             Type::INT8,
@@ -165,10 +202,8 @@ pub async fn load(
             Type::FLOAT8,
             Type::TEXT_ARRAY,
         ],
-    );
-    pin_mut!(rows);
-    while let Some(row) = rows.next().await {
-        let row = row?;
+    ));
+    while let Some(row) = rows.next().await.transpose()? {
         let hotel = Hotel {
             id: row.try_get(0)?,
             name: row.try_get(1)?,
@@ -186,16 +221,26 @@ pub async fn load(
         tables.hotels.insert(hotel.id, hotel);
         ticker.row(progress);
     }
+    Ok(())
+}
 
+async fn copy_room_types(
+    tx: &Transaction<'_>,
+    schema: &str,
+    tables: &mut Tables,
+    ticker: &mut Ticker,
+    progress: &SnapshotProgress,
+) -> Result<(), SnapshotError> {
     let copy = tx
         .copy_out(&format!(
             "COPY {schema}.room_types (hotel_id, id, name, max_guests) TO STDOUT (FORMAT binary)"
         ))
         .await?;
-    let rows = BinaryCopyOutStream::new(copy, &[Type::INT8, Type::INT8, Type::TEXT, Type::INT2]);
-    pin_mut!(rows);
-    while let Some(row) = rows.next().await {
-        let row = row?;
+    let mut rows = pin!(BinaryCopyOutStream::new(
+        copy,
+        &[Type::INT8, Type::INT8, Type::TEXT, Type::INT2]
+    ));
+    while let Some(row) = rows.next().await.transpose()? {
         let room_type = RoomType {
             hotel_id: row.try_get(0)?,
             id: row.try_get(1)?,
@@ -211,62 +256,75 @@ pub async fn load(
         );
         ticker.row(progress);
     }
+    Ok(())
+}
 
-    let copy = tx
-        .copy_out(&format!(
+/// The biggest table by far: parsed straight from the COPY bytes, and
+/// gathered one hotel at a time (its rows mostly arrive together) in
+/// reused per-room-type scratch calendars, then laid out once per hotel
+/// at its exact size, which keeps the load at the owner's pace.
+async fn copy_inventory(
+    tx: &Transaction<'_>,
+    schema: &str,
+    calendars: &mut Calendars,
+    ticker: &mut Ticker,
+    progress: &SnapshotProgress,
+) -> Result<(), SnapshotError> {
+    let mut chunks = pin!(
+        tx.copy_out(&format!(
             "COPY {schema}.inventory (hotel_id, room_type_id, night, total, taken, sell_limit, price_cents) TO STDOUT (FORMAT binary)"
         ))
-        .await?;
-    // The biggest table by far: parsed straight from the COPY bytes, and
-    // gathered one hotel at a time (its rows mostly arrive together) in
-    // reused per-room-type scratch calendars, then laid out once per hotel
-    // at its exact size, which keeps the load at the owner's pace.
-    pin_mut!(copy);
+        .await?
+    );
     let mut rows = InventoryRows::default();
-    let mut hotel: Option<i64> = None;
+    let mut gathering: Option<i64> = None;
     let mut gathered: Vec<(i64, Calendar)> = Vec::new();
     let mut spare: Vec<Calendar> = Vec::new();
-    let unstorable = |key: CalendarKey, night, source| crate::model::ApplyError::Unstorable {
-        hotel_id: key.hotel_id,
-        room_type_id: key.room_type_id,
-        night,
-        source,
-    };
-    while let Some(chunk) = copy.next().await {
+    while let Some(chunk) = chunks.next().await {
         rows.push(&chunk?);
-        while let Some(row) = rows.next_row()? {
-            let (key, night, counts) = row;
-            if hotel != Some(key.hotel_id) {
-                if let Some(h) = hotel {
-                    lay_out(&mut tables.calendars, h, &mut gathered, &mut spare);
+        while let Some((key, night, counts)) = rows.next_row()? {
+            if gathering != Some(key.hotel_id) {
+                if let Some(hotel_id) = gathering {
+                    lay_out(calendars, hotel_id, &mut gathered, &mut spare);
                 }
-                hotel = Some(key.hotel_id);
+                gathering = Some(key.hotel_id);
             }
-            // Rows of one room type usually come together: try the last first.
-            let at = match gathered.iter().rposition(|(id, _)| *id == key.room_type_id) {
-                Some(at) => at,
-                None => {
-                    gathered.push((key.room_type_id, spare.pop().unwrap_or_default()));
-                    gathered.len() - 1
-                }
-            };
-            gathered[at]
-                .1
+            scratch_calendar(&mut gathered, &mut spare, key.room_type_id)
                 .set(night, counts)
-                .map_err(|source| unstorable(key, night, source))?;
+                .map_err(|source| ApplyError::Unstorable {
+                    hotel_id: key.hotel_id,
+                    room_type_id: key.room_type_id,
+                    night,
+                    source,
+                })?;
             ticker.row(progress);
         }
     }
-    if let Some(h) = hotel {
-        lay_out(&mut tables.calendars, h, &mut gathered, &mut spare);
+    if let Some(hotel_id) = gathering {
+        lay_out(calendars, hotel_id, &mut gathered, &mut spare);
     }
-    rows.finish()?;
-    tx.commit().await?;
-    ticker.finish(progress);
-    tables.calendars.shrink();
-    tables.applied = consistent;
-    progress.set_phase(SnapshotPhase::Loaded);
-    progress.loads.fetch_add(1, Ordering::Relaxed);
+    rows.finish()
+}
+
+/// The scratch calendar gathering `room_type_id`'s nights for the hotel
+/// being gathered, taken from `spare` on its first row. Rows of one room
+/// type usually come together: the last one is tried first.
+fn scratch_calendar<'g>(
+    gathered: &'g mut Vec<(i64, Calendar)>,
+    spare: &mut Vec<Calendar>,
+    room_type_id: i64,
+) -> &'g mut Calendar {
+    let at = match gathered.iter().rposition(|(id, _)| *id == room_type_id) {
+        Some(at) => at,
+        None => {
+            gathered.push((room_type_id, spare.pop().unwrap_or_default()));
+            gathered.len() - 1
+        }
+    };
+    &mut gathered[at].1
+}
+
+fn log_loaded(progress: &SnapshotProgress, started: Instant, consistent: Lsn) {
     let rows = progress.rows_loaded.load(Ordering::Relaxed);
     let secs = started.elapsed().as_secs_f64();
     tracing::info!(
@@ -276,7 +334,6 @@ pub async fn load(
         consistent_point = %consistent,
         "snapshot loaded"
     );
-    Ok(tables)
 }
 
 /// Counts rows and logs progress about once a second.
