@@ -107,9 +107,7 @@ async fn main() -> anyhow::Result<()> {
             duration,
             report_every,
         } => {
-            vacancy_service::logging::init_logging(
-                &vacancy_service::config::Settings::defaults().log,
-            );
+            vacancy_service::init_logging(&vacancy_service::Settings::defaults().log);
             let stop = tokio_util::sync::CancellationToken::new();
             let on_signal = stop.clone();
             tokio::spawn(async move {
@@ -133,10 +131,10 @@ async fn main() -> anyhow::Result<()> {
                 .context("demo failed")?;
         }
         Command::Serve { config } => {
-            let settings = vacancy_service::config::Settings::load(config.as_deref())?;
-            vacancy_service::logging::init_logging(&settings.log);
+            let settings = vacancy_service::Settings::load(config.as_deref())?;
+            vacancy_service::init_logging(&settings.log);
             let grace = std::time::Duration::from_millis(settings.http.shutdown_grace_ms);
-            let app = vacancy_service::app::App::bind_and_start(settings)
+            let app = vacancy_service::App::bind_and_start(settings)
                 .await
                 .context("cannot start")?;
             let token = app.shutdown_token();

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use vacancy_lab::simulator::{HttpResponse, parse_response};
-use vacancy_service::app::App;
-use vacancy_service::config::Settings;
+use vacancy_service::App;
+use vacancy_service::Settings;
 
 use crate::projector::{assert_converged, load_inventory, run_workload, test_seed};
 use crate::support::{TestOwner, wait_for};
@@ -31,7 +31,7 @@ fn settings(owner_url: &str) -> Settings {
 
 async fn start(settings: Settings) -> App {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    vacancy_service::app::start(settings, listener).expect("start vacancy")
+    vacancy_service::start(settings, listener).expect("start vacancy")
 }
 
 /// One HTTP/1.1 request with any method and headers, one per connection.

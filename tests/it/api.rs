@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use vacancy_service::config::Settings;
+use vacancy_service::Settings;
 
 use crate::support::{TestOwner, wait_for};
 
@@ -72,7 +72,7 @@ async fn status_calendar_health_and_problems() {
     let mut settings = Settings::defaults();
     settings.owner.url = owner.url.clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let app = vacancy_service::app::start(settings, listener).unwrap();
+    let app = vacancy_service::start(settings, listener).unwrap();
     let addr = app.addr;
 
     assert_eq!(get(addr, "/healthz").await.0, 200);
@@ -97,10 +97,7 @@ async fn status_calendar_health_and_problems() {
     assert_eq!(status["snapshot"]["phase"], "loaded");
     assert_eq!(status["model"]["inventory_rows"], 3);
     let applied = status["applied_lsn"].as_str().unwrap();
-    assert!(
-        applied.parse::<vacancy_service::lsn::Lsn>().is_ok(),
-        "{applied}"
-    );
+    assert!(applied.parse::<vacancy_service::Lsn>().is_ok(), "{applied}");
 
     let (code, headers, body) =
         get(addr, "/v1/hotels/7/calendar?from=2030-01-01&to=2030-01-03").await;

@@ -12,10 +12,10 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio_postgres::Client;
 use vacancy_lab::ops::{self, HoldOutcome, HoldRequest};
-use vacancy_service::app::App;
-use vacancy_service::config::Settings;
-use vacancy_service::lsn::Lsn;
-use vacancy_service::stream::slot;
+use vacancy_service::App;
+use vacancy_service::Lsn;
+use vacancy_service::Settings;
+use vacancy_service::slot;
 
 use crate::support::{TestOwner, wait_for};
 
@@ -206,7 +206,7 @@ async fn events_send_each_change_once_in_order_and_resume_from_last_event_id() {
     let mut settings = Settings::defaults();
     settings.owner.url = owner.url.clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let app = vacancy_service::app::start(settings, listener).expect("start vacancy");
+    let app = vacancy_service::start(settings, listener).expect("start vacancy");
     wait_for("the snapshot", Duration::from_secs(60), || async {
         app.model.freshness.is_loaded().then_some(())
     })

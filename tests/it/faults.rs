@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use vacancy_lab::bench::faults::{self, Fault, ScenarioOptions, Serve};
 use vacancy_lab::seed::{self, SeedOptions};
-use vacancy_service::stream::slot;
+use vacancy_service::slot;
 
 use crate::support::TestOwner;
 

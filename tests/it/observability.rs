@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use vacancy_service::config::Settings;
-use vacancy_service::stream::slot;
+use vacancy_service::Settings;
+use vacancy_service::slot;
 
 use crate::api::get;
 use crate::support::{TestOwner, wait_for};
@@ -844,7 +844,7 @@ async fn observability_every_metric_in_dashboards_and_rules_is_exported() {
     settings.stale.booking_tokens = vec![BOOKING_TOKEN.to_string()];
     settings.stale.audit_interval_ms = 200; // so the divergence audit runs during the test
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let app = vacancy_service::app::start(settings, listener).expect("start vacancy");
+    let app = vacancy_service::start(settings, listener).expect("start vacancy");
     let addr = app.addr;
     wait_for("readyz to answer 200", Duration::from_secs(60), || async {
         (get(addr, "/readyz").await.0 == 200).then_some(())

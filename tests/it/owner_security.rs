@@ -12,8 +12,8 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio_postgres::Client;
 use vacancy_lab::cluster::{ClusterOptions, ServerTls};
-use vacancy_service::owner::{OwnerError, SslMode};
-use vacancy_service::stream::slot;
+use vacancy_service::slot;
+use vacancy_service::{OwnerError, SslMode};
 
 use crate::api::get;
 use crate::process::Serve;
@@ -179,7 +179,7 @@ async fn serve_replicates_over_tls_with_require_and_verify_full() {
     std::fs::write(&ca, &certs.ca_pem).expect("ca file");
 
     // The owner really refuses a connection without TLS.
-    let plain = vacancy_service::owner::connect(
+    let plain = vacancy_service::connect(
         &with_params(&owner.url, "sslmode=disable"),
         Duration::from_secs(10),
     )
@@ -259,9 +259,8 @@ async fn a_wrong_root_or_name_is_a_typed_tls_error() {
     let (ca, other) = (dir.path().join("ca.pem"), dir.path().join("other.pem"));
     std::fs::write(&ca, &certs.ca_pem).expect("ca file");
     std::fs::write(&other, &certs.other_ca_pem).expect("other ca file");
-    let connect = |url: String| async move {
-        vacancy_service::owner::connect(&url, Duration::from_secs(10)).await
-    };
+    let connect =
+        |url: String| async move { vacancy_service::connect(&url, Duration::from_secs(10)).await };
     let verify = |mode: &str, root: &Path| format!("sslmode={mode}&sslrootcert={}", root.display());
 
     let wrong_root = connect(with_params(&owner.url, &verify("verify-full", &other)))
@@ -373,15 +372,15 @@ async fn serve_runs_as_a_least_privilege_role_with_a_password_file() {
     std::fs::write(&password_file, format!("{password}\n")).expect("password file");
 
     // The role needs its password: without one the owner refuses it.
-    let refused = vacancy_service::owner::connect(&url, Duration::from_secs(10))
+    let refused = vacancy_service::connect(&url, Duration::from_secs(10))
         .await
         .expect_err("no password");
     assert!(refused.to_string().contains("password"), "{refused}");
 
     // What the heartbeat and the TTL re-reads' watermarks need of the role.
-    let as_vac = vacancy_service::owner::Endpoint::resolve(
+    let as_vac = vacancy_service::Endpoint::resolve(
         &url,
-        &vacancy_service::owner::endpoint::PasswordSources {
+        &vacancy_service::PasswordSources {
             password,
             ..Default::default()
         },

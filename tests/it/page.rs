@@ -16,8 +16,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio_tungstenite::tungstenite::Message;
 use vacancy_lab::ops::{self, HoldOutcome, HoldRequest};
-use vacancy_service::config::Settings;
-use vacancy_service::stream::slot;
+use vacancy_service::Settings;
+use vacancy_service::slot;
 
 use crate::support::{TestOwner, wait_for};
 
@@ -226,7 +226,7 @@ async fn the_page_searches_opens_a_hotel_and_shows_a_hold_live() {
     let mut settings = Settings::defaults();
     settings.owner.url = owner.url.clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let app = vacancy_service::app::start(settings, listener).expect("start vacancy");
+    let app = vacancy_service::start(settings, listener).expect("start vacancy");
     let target = slot::current_wal_lsn(&client).await.unwrap();
     wait_for("the copy and index", Duration::from_secs(60), || async {
         (app.model.freshness.applied() >= target && app.hotel_index.synced_lsn() >= target)

@@ -12,8 +12,8 @@ use std::time::Duration;
 use chrono::NaiveDate;
 use serde_json::Value;
 use tokio_postgres::Client;
-use vacancy_service::model::NightCounts;
-use vacancy_service::stream::slot;
+use vacancy_service::NightCounts;
+use vacancy_service::slot;
 
 use crate::api::get;
 use crate::projector::{Rows, load_inventory, owner_inventory, run_workload, test_seed};
@@ -90,14 +90,14 @@ impl Serve {
 
     /// Waits until the copy has loaded and applied everything the owner
     /// committed before `target`.
-    pub(crate) async fn caught_up(&self, target: vacancy_service::lsn::Lsn, within: Duration) {
+    pub(crate) async fn caught_up(&self, target: vacancy_service::Lsn, within: Duration) {
         let what = format!("vacancy serve to apply {target}");
         let reached = tokio::time::timeout(
             within,
             wait_for(&what, within, || async {
                 let s = self.status().await?;
                 let loaded = s["snapshot"]["phase"] == "loaded";
-                let applied: vacancy_service::lsn::Lsn = s["applied_lsn"].as_str()?.parse().ok()?;
+                let applied: vacancy_service::Lsn = s["applied_lsn"].as_str()?.parse().ok()?;
                 (loaded && applied >= target).then_some(())
             }),
         )

@@ -14,11 +14,11 @@ use rand_chacha::ChaCha8Rng;
 use tokio_postgres::Client;
 use vacancy_lab::cluster::{ClusterOptions, StopMode};
 use vacancy_lab::ops::{self, HoldRequest};
-use vacancy_service::app::App;
-use vacancy_service::config::Settings;
-use vacancy_service::lsn::Lsn;
-use vacancy_service::model::{CalendarKey, NightCounts, ReadModel};
-use vacancy_service::stream::slot;
+use vacancy_service::App;
+use vacancy_service::Lsn;
+use vacancy_service::Settings;
+use vacancy_service::slot;
+use vacancy_service::{CalendarKey, NightCounts, ReadModel};
 
 use crate::support::{TestOwner, create_publication, least_privilege_role, wait_for};
 
@@ -62,7 +62,7 @@ pub(crate) fn settings_for(owner: &TestOwner) -> Settings {
 
 async fn start_app(settings: Settings) -> App {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    vacancy_service::app::start(settings, listener).expect("start vacancy")
+    vacancy_service::start(settings, listener).expect("start vacancy")
 }
 
 /// Waits until the copy has applied everything committed on the owner so far.

@@ -14,9 +14,9 @@ use serde_json::Value;
 use tokio_postgres::Client;
 use tokio_postgres::types::ToSql;
 use vacancy_lab::cluster::StopMode;
-use vacancy_service::app::App;
-use vacancy_service::config::Settings;
-use vacancy_service::stream::slot;
+use vacancy_service::App;
+use vacancy_service::Settings;
+use vacancy_service::slot;
 
 use crate::api::get;
 use crate::support::{TestOwner, create_publication, least_privilege_role, wait_for};
@@ -106,7 +106,7 @@ fn settings_for(owner: &TestOwner) -> Settings {
 
 async fn start(owner: &TestOwner) -> App {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    vacancy_service::app::start(settings_for(owner), listener).expect("start vacancy")
+    vacancy_service::start(settings_for(owner), listener).expect("start vacancy")
 }
 
 /// Waits until the copy and the index reflect everything the owner committed.
@@ -319,7 +319,7 @@ async fn ask_copy(app: &App, q: &Question) -> Vec<(i64, Vec<(i64, i64, Option<i6
             v["lsn"]
                 .as_str()
                 .unwrap()
-                .parse::<vacancy_service::lsn::Lsn>()
+                .parse::<vacancy_service::Lsn>()
                 .is_ok()
         );
         assert!(v["lag_ms"].is_u64());
@@ -444,7 +444,7 @@ async fn few_units_show_the_owners_numbers_when_the_copy_is_behind() {
         .model
         .read()
         .calendars
-        .get(&vacancy_service::model::CalendarKey {
+        .get(&vacancy_service::CalendarKey {
             hotel_id: 1,
             room_type_id: 1,
         })
@@ -654,7 +654,7 @@ async fn min_lsn_reads_your_writes() {
         v["lsn"]
             .as_str()
             .unwrap()
-            .parse::<vacancy_service::lsn::Lsn>()
+            .parse::<vacancy_service::Lsn>()
             .unwrap()
             >= lsn
     );
@@ -678,7 +678,7 @@ async fn min_lsn_never_takes_an_owner_read_from_before_the_write() {
     // Long enough that the first read is still cached at the second search.
     s.search.owner_read_cache_ms = 900;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let app = vacancy_service::app::start(s, listener).expect("start vacancy");
+    let app = vacancy_service::start(s, listener).expect("start vacancy");
     settled(&app, &client).await;
     hold_copy_back(&client, false).await;
     for taken in [3, 5] {
@@ -738,7 +738,7 @@ async fn a_held_back_copy_refuses_or_reads_the_owner() {
     // The superuser keeps REPLICATION; this role can lose it mid-test.
     let url = least_privilege_role(&client, &owner.url, None).await;
     create_publication(&client).await;
-    let start_with = |when: vacancy_service::search::WhenLagging| {
+    let start_with = |when: vacancy_service::WhenLagging| {
         let mut s = settings_for(&owner);
         s.owner.url = url.clone();
         s.search.max_lag_ms = 300;
@@ -749,11 +749,11 @@ async fn a_held_back_copy_refuses_or_reads_the_owner() {
         s.stream.slot_watch_interval_ms = 100;
         async move {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            vacancy_service::app::start(s, listener).expect("start vacancy")
+            vacancy_service::start(s, listener).expect("start vacancy")
         }
     };
-    let refusing = start_with(vacancy_service::search::WhenLagging::Refuse).await;
-    let reading = start_with(vacancy_service::search::WhenLagging::Owner).await;
+    let refusing = start_with(vacancy_service::WhenLagging::Refuse).await;
+    let reading = start_with(vacancy_service::WhenLagging::Owner).await;
     settled(&refusing, &client).await;
     settled(&reading, &client).await;
 
@@ -793,7 +793,7 @@ async fn a_held_back_copy_refuses_or_reads_the_owner() {
         .model
         .read()
         .calendars
-        .get(&vacancy_service::model::CalendarKey {
+        .get(&vacancy_service::CalendarKey {
             hotel_id: 1,
             room_type_id: 1,
         })

@@ -214,7 +214,7 @@ async fn a_small_seed_loads_every_row_in_a_realistic_shape() {
 
 /// One digest per table, over every column of every row in key order.
 async fn fingerprint(url: &str) -> Vec<String> {
-    let client = vacancy_service::owner::connect(url, std::time::Duration::from_secs(10))
+    let client = vacancy_service::connect(url, std::time::Duration::from_secs(10))
         .await
         .expect("connect");
     let mut digests = Vec::new();
@@ -236,7 +236,7 @@ async fn fingerprint(url: &str) -> Vec<String> {
 #[tokio::test]
 async fn the_same_seed_loads_the_same_data() {
     let owner = TestOwner::start().await;
-    let admin = vacancy_service::owner::connect(
+    let admin = vacancy_service::connect(
         &owner.cluster.url("postgres"),
         std::time::Duration::from_secs(10),
     )

@@ -6,8 +6,8 @@ use std::process::{Command, ExitStatus};
 use std::time::Duration;
 
 use serde_json::Value;
-use vacancy_service::lsn::Lsn;
-use vacancy_service::stream::slot;
+use vacancy_service::Lsn;
+use vacancy_service::slot;
 
 use crate::api::get;
 use crate::process::{Serve, assert_binary_converged};

@@ -14,11 +14,11 @@ use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 use vacancy_lab::ops;
 use vacancy_lab::simulator::{self, HttpResponse, SimOptions};
-use vacancy_service::app::App;
-use vacancy_service::config::Settings;
-use vacancy_service::model::Source;
-use vacancy_service::stale::token::QuoteKey;
-use vacancy_service::stream::slot;
+use vacancy_service::App;
+use vacancy_service::QuoteKey;
+use vacancy_service::Settings;
+use vacancy_service::Source;
+use vacancy_service::slot;
 
 use crate::support::{TestOwner, wait_for};
 
@@ -39,7 +39,7 @@ fn settings_for(owner_url: &str) -> Settings {
 
 async fn start(settings: Settings) -> App {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    vacancy_service::app::start(settings, listener).expect("start vacancy")
+    vacancy_service::start(settings, listener).expect("start vacancy")
 }
 
 /// One hotel with room types `(id, total units)`, on sale for `nights` nights from today.
@@ -558,7 +558,7 @@ async fn racing_guests_on_a_hot_hotel_count_every_conflict_once_with_its_source(
 
 /// Holds and releases rows until `stop`, so the audit races writes.
 async fn churn(url: String, stop: CancellationToken) -> u64 {
-    let mut client = vacancy_service::owner::connect(&url, Duration::from_secs(10))
+    let mut client = vacancy_service::connect(&url, Duration::from_secs(10))
         .await
         .unwrap();
     let mut n = 0u64;

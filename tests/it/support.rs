@@ -25,7 +25,7 @@ impl TestOwner {
             .expect("cluster start task")
             .unwrap_or_else(|e| panic!("cannot start the test PostgreSQL: {e}"));
         let url = cluster.create_database(DB).expect("create database");
-        let client = vacancy_service::owner::connect(&url, Duration::from_secs(10))
+        let client = vacancy_service::connect(&url, Duration::from_secs(10))
             .await
             .expect("connect to the test owner");
         vacancy_lab::schema::apply(&client)
@@ -35,7 +35,7 @@ impl TestOwner {
     }
 
     pub async fn client(&self) -> tokio_postgres::Client {
-        vacancy_service::owner::connect(&self.url, Duration::from_secs(10))
+        vacancy_service::connect(&self.url, Duration::from_secs(10))
             .await
             .expect("connect to the test owner")
     }

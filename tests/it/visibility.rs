@@ -16,10 +16,10 @@ use std::time::Duration;
 use chrono::NaiveDate;
 use tokio_postgres::Client;
 use vacancy_lab::cluster::ClusterOptions;
-use vacancy_service::app::App;
-use vacancy_service::config::Settings;
-use vacancy_service::model::CalendarKey;
-use vacancy_service::stream::slot;
+use vacancy_service::App;
+use vacancy_service::CalendarKey;
+use vacancy_service::Settings;
+use vacancy_service::slot;
 
 use crate::support::{TestOwner, wait_for};
 
@@ -69,7 +69,7 @@ async fn start(owner: &TestOwner, tune: impl FnOnce(&mut Settings)) -> App {
     s.stale.audit_interval_ms = 0;
     tune(&mut s);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let app = vacancy_service::app::start(s, listener).expect("start vacancy");
+    let app = vacancy_service::start(s, listener).expect("start vacancy");
     let client = owner.client().await;
     let target = slot::current_wal_lsn(&client).await.unwrap();
     wait_for("the copy to load", Duration::from_secs(60), || async {

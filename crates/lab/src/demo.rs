@@ -33,12 +33,12 @@ use crate::cluster::{Cluster, ClusterError, ClusterOptions};
 use crate::ops::{self, CapacityOutcome, Transition};
 use crate::seed::{self, SeedError, SeedOptions};
 use crate::simulator::{self, SimError, SimOptions, SimSummary};
-use vacancy_service::app::{self, App};
-use vacancy_service::config::Settings;
+use vacancy_service::App;
+use vacancy_service::OwnerError;
+use vacancy_service::ReadModel;
+use vacancy_service::Settings;
 use vacancy_service::metrics;
-use vacancy_service::model::ReadModel;
-use vacancy_service::owner::{self, OwnerError};
-use vacancy_service::stream::slot;
+use vacancy_service::slot;
 
 /// The demo's own slot, so it never takes over a `vacancy serve`'s slot on
 /// an attached owner.
@@ -76,7 +76,7 @@ pub enum DemoError {
     #[error(transparent)]
     Owner(#[from] OwnerError),
     #[error(transparent)]
-    App(#[from] app::AppError),
+    App(#[from] vacancy_service::AppError),
     #[error(transparent)]
     Slot(#[from] slot::SlotError),
     #[error(transparent)]
@@ -84,7 +84,7 @@ pub enum DemoError {
     #[error("owner database: {0}")]
     Query(#[from] tokio_postgres::Error),
     #[error(transparent)]
-    Config(#[from] vacancy_service::config::ConfigError),
+    Config(#[from] vacancy_service::ConfigError),
     #[error("the owner has no hotels with inventory to book")]
     EmptyOwner,
     #[error("the copy did not load the owner's snapshot within {0:?}")]
@@ -136,7 +136,7 @@ pub async fn run(options: DemoOptions, stop: CancellationToken) -> Result<(), De
             (Some(cluster), url)
         }
     };
-    let client = owner::connect(&owner_url, Duration::from_secs(10)).await?;
+    let client = vacancy_service::connect(&owner_url, Duration::from_secs(10)).await?;
     crate::schema::apply(&client).await?;
     let existing: i64 = client
         .query_one("SELECT count(*) FROM hotels", &[])
@@ -508,7 +508,7 @@ async fn hoteliers(
     counters: Arc<Counters>,
     stop: CancellationToken,
 ) {
-    let Ok(mut client) = owner::connect(&url, Duration::from_secs(10)).await else {
+    let Ok(mut client) = vacancy_service::connect(&url, Duration::from_secs(10)).await else {
         return;
     };
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x4854_4c52);
@@ -579,7 +579,7 @@ async fn hoteliers(
 
 /// Guests cancel paid bookings now and then; their units come back.
 async fn front_desk(url: String, seed: u64, counters: Arc<Counters>, stop: CancellationToken) {
-    let Ok(mut client) = owner::connect(&url, Duration::from_secs(10)).await else {
+    let Ok(mut client) = vacancy_service::connect(&url, Duration::from_secs(10)).await else {
         return;
     };
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x4445_534b);
@@ -638,7 +638,7 @@ async fn drop_demo_slot(options: &DemoOptions, owner_url: &str) {
     if options.owner_url.is_none() {
         return; // the cluster goes away whole
     }
-    match owner::connect(owner_url, Duration::from_secs(10)).await {
+    match vacancy_service::connect(owner_url, Duration::from_secs(10)).await {
         Ok(c) => {
             if let Err(e) = slot::drop_slot(&c, DEMO_SLOT).await {
                 eprintln!("could not drop the demo's slot {DEMO_SLOT}: {e}");
@@ -685,11 +685,11 @@ pub async fn verify(
     let t = model.read();
     let mut differing = 0u64;
     for r in &rows {
-        let key = vacancy_service::model::CalendarKey {
+        let key = vacancy_service::CalendarKey {
             hotel_id: r.get(0),
             room_type_id: r.get(1),
         };
-        let owner = vacancy_service::model::NightCounts {
+        let owner = vacancy_service::NightCounts {
             total: r.get(3),
             taken: r.get(4),
             sell_limit: r.get(5),

@@ -2,7 +2,7 @@
 //! seed, the simulator and the tests load through. The service only reads
 //! these tables, so the schema is the lab's.
 
-use vacancy_service::owner::OwnerError;
+use vacancy_service::OwnerError;
 
 /// The reference schema, as a DBA would load it with `psql -f`.
 pub const OWNER_SCHEMA_SQL: &str = include_str!("../../../config/owner-schema.sql");

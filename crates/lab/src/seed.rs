@@ -32,7 +32,7 @@ use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::{ToSql, Type};
 
-use vacancy_service::owner::OwnerError;
+use vacancy_service::OwnerError;
 
 /// What `vacancy seed` loads.
 #[derive(Debug, Clone)]
@@ -142,7 +142,7 @@ pub async fn run_announced(
 pub async fn run(options: &SeedOptions) -> Result<SeedReport, SeedError> {
     let started = Instant::now();
     let plan = Plan::new(options)?;
-    let client = vacancy_service::owner::connect(&options.owner_url, CONNECT_TIMEOUT).await?;
+    let client = vacancy_service::connect(&options.owner_url, CONNECT_TIMEOUT).await?;
     crate::schema::apply(&client).await?;
 
     let total_rows =

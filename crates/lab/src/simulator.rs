@@ -1,6 +1,6 @@
 //! A booking-service simulator: guests who search through the real HTTP API,
 //! pick a room type they were shown, ask for bypass advice, take units on
-//! the owner with the real operations (`owner::ops`), pay or walk away, and
+//! the owner with the real operations (`vacancy_service::ops`), pay or walk away, and
 //! report every take with its quote to `POST /v1/take-outcomes`.
 //!
 //! Used by the tests (racing guests on a hot hotel must produce conflicts,
@@ -22,7 +22,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::ops::{self, HoldOutcome, HoldRequest};
-use vacancy_service::owner::{self, OwnerError};
+use vacancy_service::OwnerError;
 
 /// Largest response the simulator reads; a search page is far smaller.
 const MAX_RESPONSE_BYTES: usize = 8 * 1024 * 1024;
@@ -220,7 +220,7 @@ pub async fn run(options: SimOptions, stop: CancellationToken) -> Result<SimSumm
     }
     let mut guests = Vec::with_capacity(options.guests);
     for guest in 0..options.guests {
-        let client = owner::connect(&options.owner_url, Duration::from_secs(10)).await?;
+        let client = vacancy_service::connect(&options.owner_url, Duration::from_secs(10)).await?;
         guests.push(tokio::spawn(guest_loop(
             options.clone(),
             guest,
@@ -229,7 +229,7 @@ pub async fn run(options: SimOptions, stop: CancellationToken) -> Result<SimSumm
         )));
     }
     let sweeper = if options.sweep {
-        let client = owner::connect(&options.owner_url, Duration::from_secs(10)).await?;
+        let client = vacancy_service::connect(&options.owner_url, Duration::from_secs(10)).await?;
         Some(tokio::spawn(sweeper(client, done.clone())))
     } else {
         None
@@ -337,7 +337,8 @@ async fn guest_loop(
             Ok(_) => ("error", None),
             Err(_) => {
                 // The connection may be gone; the next attempt gets a new one.
-                if let Ok(c) = owner::connect(&o.owner_url, Duration::from_secs(10)).await {
+                if let Ok(c) = vacancy_service::connect(&o.owner_url, Duration::from_secs(10)).await
+                {
                     client = c;
                 }
                 ("error", None)
@@ -476,7 +477,7 @@ async fn owner_has(
     }
 }
 
-async fn current_lsn(client: &tokio_postgres::Client) -> Option<vacancy_service::lsn::Lsn> {
+async fn current_lsn(client: &tokio_postgres::Client) -> Option<vacancy_service::Lsn> {
     client
         .query_one("SELECT pg_current_wal_insert_lsn()", &[])
         .await

@@ -1,12 +1,14 @@
-//! `vacancy`: a read copy of a booking site's room inventory that serves guest
-//! search without loading the owner database.
+//! `vacancy-service`: a read copy of a booking site's room inventory that
+//! serves guest search without loading the owner database.
 //!
 //! Layout, in the order a change flows from the owner to a guest:
 //!
 //! - [`owner`]: the owner database: how to reach it (URL, password, TLS), and
 //!   reads that return the snapshot they saw.
+//! - [`lsn`]: `Lsn`, a WAL position as PostgreSQL writes it.
 //! - [`stream`]: publication and slot, the snapshot tied to the slot, the
-//!   replication loop that assembles transactions and acknowledges LSNs.
+//!   replication loop that assembles transactions and acknowledges LSNs; the
+//!   TTL safety net, the heartbeat and the slot watch.
 //! - [`model`]: the in-memory read model of hotels, room types and nightly
 //!   counts, applied one whole transaction at a time, with its freshness.
 //! - [`index`]: hotels and room types in tantivy, re-indexed in batches.
@@ -14,28 +16,45 @@
 //!   units; a signed quote on every room type shown.
 //! - [`stale`]: the stale-read loop: quote tokens, take outcomes and the
 //!   409-after-shown-available share, bypass advice, the divergence audit.
-//! - [`access`]: who may call what and how often: per-client rate limit on
-//!   search, bearer tokens, CORS.
-//! - [`api`]: the HTTP surface (search, take outcomes, bypass, status, calendar,
-//!   health, metrics, admin resnapshot).
-//! - [`events`]: a hotel's committed count changes as Server-Sent Events,
-//!   fed by the model's change feed, resumable with `Last-Event-ID`.
-//! - [`page`]: the guest page at `/` (plain HTML, CSS, JavaScript in the binary).
+//! - [`http`]: the HTTP surface: guest search, the events stream and page,
+//!   the booking service's endpoints, the operators', access and errors.
 //! - [`metrics`]: every Prometheus metric, defined in one place.
-//! - [`config`]: settings, layered from `config/default.toml`, a file and `VACANCY_*`.
-//! - [`app`]: wiring: spawn the tasks, one shutdown token, signals.
-//! - [`lsn`]: `Lsn`, a WAL position as PostgreSQL writes it.
+//! - [`logging`]: the `[log]` settings and the subscriber.
+//! - [`setting`]: the error a settings section gives, and shared rules.
+//! - [`config`]: settings, layered from `config/default.toml`, a file and
+//!   `VACANCY_*`, composed of the sections the modules define.
+//! - [`app`]: wiring: spawn the tasks, one shutdown token, the HTTP server.
+//!
+//! Every module is private; what the `vacancy` binary, the lab
+//! (`vacancy-lab`) and the integration tests may use is the list below.
+//! `metrics` alone is public as a module, because tests and benches read
+//! counters back by the names the dashboards use.
 
-pub mod app;
-pub mod config;
-pub mod http;
-pub mod index;
-pub mod logging;
-pub mod lsn;
+mod app;
+mod config;
+mod http;
+mod index;
+mod logging;
+mod lsn;
 pub mod metrics;
-pub mod model;
-pub mod owner;
-pub mod search;
-pub mod setting;
-pub mod stale;
-pub mod stream;
+mod model;
+mod owner;
+mod search;
+mod setting;
+mod stale;
+mod stream;
+
+pub use app::{App, AppError, StopTimeout, start};
+pub use config::{ConfigError, Settings};
+pub use index::{HotelIndex, IndexError};
+pub use logging::{LogFormat, LogSettings, init_logging};
+pub use lsn::{Lsn, ParseLsnError};
+pub use model::{CalendarKey, NightCounts, ReadModel, Source};
+pub use owner::endpoint::{PasswordSources, redacted_url};
+pub use owner::{Endpoint, EndpointError, OwnerError, SslMode, connect};
+pub use search::WhenLagging;
+pub use stale::token::QuoteKey;
+pub use stream::refresh::Refresh;
+pub use stream::slot;
+pub use stream::snapshot::SnapshotPhase;
+pub use stream::{Projector, StreamStatus};

@@ -35,16 +35,16 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{Cluster, ClusterError, ClusterOptions, DEFAULT_BIN_DIR};
 use crate::seed::{self, SeedError};
-use vacancy_service::app::{self, AppError};
-use vacancy_service::config::Settings;
-use vacancy_service::lsn::Lsn;
+use vacancy_service::AppError;
+use vacancy_service::Lsn;
+use vacancy_service::OwnerError;
+use vacancy_service::Refresh;
+use vacancy_service::Settings;
+use vacancy_service::SnapshotPhase;
 use vacancy_service::metrics;
-use vacancy_service::model::{CalendarKey, ReadModel};
-use vacancy_service::owner::{self, OwnerError};
-use vacancy_service::stream::refresh::Refresh;
-use vacancy_service::stream::slot::{self, SlotError};
-use vacancy_service::stream::snapshot::SnapshotPhase;
-use vacancy_service::stream::{Projector, StreamStatus};
+use vacancy_service::slot::{self, SlotError};
+use vacancy_service::{CalendarKey, ReadModel};
+use vacancy_service::{Projector, StreamStatus};
 
 /// vacancy's slot during a bench: its own name, so a bench never touches the
 /// slot of a `vacancy serve` attached to the same owner.
@@ -141,7 +141,7 @@ pub struct OwnerArgs {
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     #[error(transparent)]
-    Index(#[from] vacancy_service::index::IndexError),
+    Index(#[from] vacancy_service::IndexError),
     #[error(transparent)]
     Cluster(#[from] ClusterError),
     #[error(transparent)]
@@ -270,7 +270,7 @@ impl Owner {
                 )
             }
         };
-        let client = owner::connect(&url, CONNECT_TIMEOUT).await?;
+        let client = vacancy_service::connect(&url, CONNECT_TIMEOUT).await?;
         if !has_inventory(&client).await? {
             seed::run_announced(&url, (args.hotels, args.room_types, args.nights), 1).await?;
         }
@@ -296,7 +296,7 @@ impl Owner {
     }
 
     async fn clean_up(&self) -> Result<(), BenchError> {
-        let client = owner::connect(&self.url, CONNECT_TIMEOUT).await?;
+        let client = vacancy_service::connect(&self.url, CONNECT_TIMEOUT).await?;
         slot::drop_slot(&client, VACANCY_SLOT).await?;
         slot::drop_slot(&client, RECV_SLOT).await?;
         client
@@ -554,7 +554,7 @@ struct ApplyRow {
 /// vacancy's stop and restart keeps its model (the `Projector` is given the
 /// same `ReadModel`), so it resumes its slot instead of taking a new snapshot.
 async fn apply(owner: &Owner, options: &ApplyOptions) -> Result<(), BenchError> {
-    let client = owner::connect(&owner.url, CONNECT_TIMEOUT).await?;
+    let client = vacancy_service::connect(&owner.url, CONNECT_TIMEOUT).await?;
     print_header("apply", owner, &client).await?;
     slot::drop_slot(&client, VACANCY_SLOT).await?;
     slot::drop_slot(&client, RECV_SLOT).await?;
@@ -572,7 +572,7 @@ async fn apply(owner: &Owner, options: &ApplyOptions) -> Result<(), BenchError> 
         model.clone(),
         status.clone(),
         refresh.clone(),
-        vacancy_service::index::HotelIndex::new()?,
+        vacancy_service::HotelIndex::new()?,
     );
     let mut task = tokio::spawn(projector.run(stop.clone()));
     let started = Instant::now();
@@ -667,7 +667,7 @@ async fn apply(owner: &Owner, options: &ApplyOptions) -> Result<(), BenchError> 
             model.clone(),
             status.clone(),
             refresh.clone(),
-            vacancy_service::index::HotelIndex::new()?,
+            vacancy_service::HotelIndex::new()?,
         );
         let vacancy_started = Instant::now();
         task = tokio::spawn(projector.run(stop.clone()));
@@ -857,7 +857,7 @@ END $$";
 const HOLD_NIGHTS: (i32, i32) = (2, 4);
 
 async fn latency(owner: &Owner, options: &LatencyOptions) -> Result<(), BenchError> {
-    let client = owner::connect(&owner.url, CONNECT_TIMEOUT).await?;
+    let client = vacancy_service::connect(&owner.url, CONNECT_TIMEOUT).await?;
     print_header("latency", owner, &client).await?;
     slot::drop_slot(&client, VACANCY_SLOT).await?;
     client.batch_execute(HOLD_FUNCTION).await?;
@@ -865,7 +865,7 @@ async fn latency(owner: &Owner, options: &LatencyOptions) -> Result<(), BenchErr
     let last_start = (s.nights - i64::from(HOLD_NIGHTS.1)).max(0);
 
     let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let app = app::start(bench_settings(&owner.url), listener)?;
+    let app = vacancy_service::start(bench_settings(&owner.url), listener)?;
     let model = app.model.clone();
     let started = Instant::now();
     wait_for("the initial snapshot", LOAD_LIMIT, &app.status, || {
@@ -967,7 +967,7 @@ async fn probe(
     window: Duration,
 ) -> Result<ProbeSamples, BenchError> {
     let s = owner.shape;
-    let client = owner::connect(&owner.url, CONNECT_TIMEOUT).await?;
+    let client = vacancy_service::connect(&owner.url, CONNECT_TIMEOUT).await?;
     let hold = client
         .prepare("SELECT vacancy_bench_hold($1, $2, $3, $4)")
         .await?;
@@ -1038,7 +1038,7 @@ async fn copy_baseline(client: &Client) -> Result<(u64, Duration), BenchError> {
 }
 
 async fn snapshot(owner: &Owner) -> Result<(), BenchError> {
-    let client = owner::connect(&owner.url, CONNECT_TIMEOUT).await?;
+    let client = vacancy_service::connect(&owner.url, CONNECT_TIMEOUT).await?;
     print_header("snapshot", owner, &client).await?;
     slot::drop_slot(&client, VACANCY_SLOT).await?;
 
@@ -1048,7 +1048,7 @@ async fn snapshot(owner: &Owner) -> Result<(), BenchError> {
     eprintln!("vacancy: loading the snapshot");
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let app_started = Instant::now();
-    let app = app::start(bench_settings(&owner.url), listener)?;
+    let app = vacancy_service::start(bench_settings(&owner.url), listener)?;
     let progress = &app.status.snapshot;
     wait_for("the snapshot to start", LOAD_LIMIT, &app.status, || {
         progress.phase() != SnapshotPhase::NotStarted
@@ -1117,13 +1117,13 @@ fn proc_status_bytes(field: &str) -> u64 {
 }
 
 async fn memory(owner: &Owner) -> Result<(), BenchError> {
-    let client = owner::connect(&owner.url, CONNECT_TIMEOUT).await?;
+    let client = vacancy_service::connect(&owner.url, CONNECT_TIMEOUT).await?;
     print_header("memory", owner, &client).await?;
     slot::drop_slot(&client, VACANCY_SLOT).await?;
 
     let before = proc_status_bytes("VmRSS");
     let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let app = app::start(bench_settings(&owner.url), listener)?;
+    let app = vacancy_service::start(bench_settings(&owner.url), listener)?;
     let model = app.model.clone();
     wait_for("the snapshot to load", LOAD_LIMIT, &app.status, || {
         model.freshness.is_loaded()

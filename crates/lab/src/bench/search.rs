@@ -30,11 +30,11 @@ use tokio::process::Command;
 use tokio_postgres::Client;
 
 use crate::cluster::{Cluster, ClusterError, ClusterOptions};
-use vacancy_service::app::{self, App, AppError};
-use vacancy_service::config::Settings;
+use vacancy_service::OwnerError;
+use vacancy_service::Settings;
 use vacancy_service::metrics;
-use vacancy_service::owner::{self, OwnerError};
-use vacancy_service::stream::slot::{self, SlotError};
+use vacancy_service::slot::{self, SlotError};
+use vacancy_service::{App, AppError};
 
 /// Our own slot and publication, so a bench never touches those of a
 /// `vacancy serve` attached to the same owner.
@@ -250,7 +250,7 @@ pub async fn run(args: SearchBenchArgs) -> Result<(), SearchBenchError> {
             )
         }
     };
-    let client = owner::connect(&url, CONNECT_TIMEOUT).await?;
+    let client = vacancy_service::connect(&url, CONNECT_TIMEOUT).await?;
     let result = bench(&args, &url, &owner_description, &bin_dir, &client).await;
     // A leftover slot pins the owner's WAL, so it goes also when the bench failed.
     let cleaned = clean_up(&client).await;
@@ -600,7 +600,7 @@ async fn measure_vacancy(
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     eprintln!("starting vacancy (few_units_threshold = {threshold}); loading the snapshot");
     let started = Instant::now();
-    let app = app::start(settings, listener)?;
+    let app = vacancy_service::start(settings, listener)?;
     let ready = wait_ready(&app, target).await;
     let outcome = match ready {
         Ok(()) => {
@@ -618,7 +618,7 @@ async fn measure_vacancy(
     outcome
 }
 
-async fn wait_ready(app: &App, target: vacancy_service::lsn::Lsn) -> Result<(), SearchBenchError> {
+async fn wait_ready(app: &App, target: vacancy_service::Lsn) -> Result<(), SearchBenchError> {
     let started = Instant::now();
     loop {
         let f = &app.model.freshness;

@@ -17,10 +17,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{Cluster, ClusterError, ClusterOptions};
 use crate::simulator::{self, SimError, SimOptions, SimSummary};
-use vacancy_service::app::{self, App, AppError};
-use vacancy_service::config::Settings;
-use vacancy_service::owner::{self, OwnerError};
-use vacancy_service::stream::slot::{self, SlotError};
+use vacancy_service::OwnerError;
+use vacancy_service::Settings;
+use vacancy_service::slot::{self, SlotError};
+use vacancy_service::{App, AppError};
 
 const SLOT: &str = "vacancy_stale_bench";
 const PUBLICATION: &str = "vacancy_stale_bench";
@@ -114,7 +114,7 @@ pub async fn run(args: StaleBenchArgs) -> Result<(), StaleBenchError> {
             url
         }
     };
-    let client = owner::connect(&url, CONNECT_TIMEOUT).await?;
+    let client = vacancy_service::connect(&url, CONNECT_TIMEOUT).await?;
     crate::schema::apply(&client).await?;
     let first_night = chrono::Utc::now().date_naive() + chrono::Days::new(1);
     load(&client, &args, first_night).await?;
@@ -194,7 +194,7 @@ async fn one_run(
         settings.search.few_units_threshold = t;
     }
     let target = slot::current_wal_lsn(client).await?;
-    let app = app::start(settings, TcpListener::bind("127.0.0.1:0").await?)?;
+    let app = vacancy_service::start(settings, TcpListener::bind("127.0.0.1:0").await?)?;
     let result = async {
         wait_ready(&app, target).await?;
         let hotel_ids: Vec<i64> = (1..=i64::from(args.hotels)).collect();
@@ -218,7 +218,7 @@ async fn one_run(
     result
 }
 
-async fn wait_ready(app: &App, target: vacancy_service::lsn::Lsn) -> Result<(), StaleBenchError> {
+async fn wait_ready(app: &App, target: vacancy_service::Lsn) -> Result<(), StaleBenchError> {
     let started = Instant::now();
     while !(app.model.freshness.is_loaded()
         && app.model.freshness.applied() >= target

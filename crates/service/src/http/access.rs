@@ -140,7 +140,8 @@ impl ClientLimiter {
     }
 
     /// Clients with a bucket right now (after pending evictions).
-    pub fn clients(&self) -> u64 {
+    #[cfg(test)]
+    fn clients(&self) -> u64 {
         self.buckets.run_pending_tasks();
         self.buckets.entry_count()
     }

@@ -23,8 +23,8 @@ use std::sync::{Arc, RwLock, RwLockReadGuard};
 use chrono::{DateTime, NaiveDate, Utc};
 use serde::Serialize;
 
-pub use calendar::{Calendar, NightCounts, UnstorableValue};
-pub use calendars::{CalendarView, Calendars, HotelCalendars};
+pub use calendar::{NightCounts, UnstorableValue};
+pub use calendars::Calendars;
 pub use room_types::RoomTypes;
 pub use settings::ModelSettings;
 pub use source::Source;

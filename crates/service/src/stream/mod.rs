@@ -21,7 +21,7 @@ pub mod slot_watch;
 pub mod snapshot;
 pub mod txn;
 
-pub use replicate::{Projector, StreamError, StreamStatus};
+pub use replicate::{Projector, StreamStatus};
 pub use settings::StreamSettings;
 
 /// Prefix of the logical decoding messages `vacancy` writes (heartbeats).

@@ -92,14 +92,6 @@ impl Assembler {
                 .sum::<usize>()
     }
 
-    /// Forgets everything open: the connection dropped, and the server will
-    /// replay from the last acknowledged commit.
-    pub fn reset(&mut self) {
-        self.open = None;
-        self.in_chunk = None;
-        self.streamed.clear();
-    }
-
     pub fn push(&mut self, event: &ChangeEvent) -> Result<Assembled, AssembleError> {
         match &event.event_type {
             EventType::Begin { transaction_id, .. } => {

@@ -12,7 +12,7 @@ use tokio::process::{Child, Command};
 
 use crate::bench::run_tool;
 use crate::simulator::http;
-use vacancy_service::lsn::Lsn;
+use vacancy_service::Lsn;
 
 use super::compare::get_json;
 use super::{BOOKING_TOKEN, FaultBenchError, HTTP_TIMEOUT, POLL, PUBLICATION, SLOT};

@@ -9,7 +9,7 @@ use serde_json::Value;
 use tokio_postgres::Client;
 
 use crate::simulator::http;
-use vacancy_service::model::NightCounts;
+use vacancy_service::NightCounts;
 
 use super::{FaultBenchError, HTTP_TIMEOUT};
 

@@ -14,7 +14,6 @@ use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
 use crate::simulator::{self, http};
-use vacancy_service::owner;
 
 use super::{HTTP_TIMEOUT, LoadCounts};
 
@@ -85,7 +84,9 @@ pub(super) async fn hotelier(
             _ = tokio::time::sleep(Duration::from_millis(50)) => {}
         }
         if client.is_none() {
-            client = owner::connect(&url, Duration::from_secs(2)).await.ok();
+            client = vacancy_service::connect(&url, Duration::from_secs(2))
+                .await
+                .ok();
         }
         let Some(c) = client.as_mut() else {
             counts.1.fetch_add(1, Ordering::Relaxed);

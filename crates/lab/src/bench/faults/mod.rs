@@ -34,9 +34,9 @@ use crate::bench::ToolError;
 use crate::cluster::{Cluster, ClusterError, ClusterOptions};
 use crate::seed::{self, SeedError};
 use crate::simulator::{SimError, SimSummary};
-use vacancy_service::lsn::ParseLsnError;
-use vacancy_service::owner::OwnerError;
-use vacancy_service::stream::slot::SlotError;
+use vacancy_service::OwnerError;
+use vacancy_service::ParseLsnError;
+use vacancy_service::slot::SlotError;
 
 mod child;
 mod compare;

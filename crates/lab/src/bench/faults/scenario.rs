@@ -11,8 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{Cluster, StopMode};
 use crate::simulator::{self, SimOptions, SimSummary};
-use vacancy_service::owner;
-use vacancy_service::stream::slot;
+use vacancy_service::slot;
 
 use super::child::Serve;
 use super::compare::{Divergence, measure_divergence};
@@ -30,7 +29,7 @@ pub async fn run_scenario(
     fault: Fault,
     options: &ScenarioOptions,
 ) -> Result<Outcome, FaultBenchError> {
-    let client = owner::connect(url, CONNECT_TIMEOUT).await?;
+    let client = vacancy_service::connect(url, CONNECT_TIMEOUT).await?;
     slot::drop_slot(&client, SLOT).await?;
     drop(client);
     let name = format!("{fault:?}").to_lowercase();
@@ -66,7 +65,7 @@ async fn scenario(
     options: &ScenarioOptions,
     serve: &mut Serve,
 ) -> Result<Outcome, FaultBenchError> {
-    let client = owner::connect(url, CONNECT_TIMEOUT).await?;
+    let client = vacancy_service::connect(url, CONNECT_TIMEOUT).await?;
     let target = slot::current_wal_lsn(&client).await?;
     serve
         .caught_up(target, options.recover_limit, "the first snapshot")
@@ -205,7 +204,7 @@ async fn inject_and_recover(
     options: &ScenarioOptions,
     serve: &mut Serve,
 ) -> Result<Option<f64>, FaultBenchError> {
-    let client = owner::connect(url, CONNECT_TIMEOUT).await?;
+    let client = vacancy_service::connect(url, CONNECT_TIMEOUT).await?;
     match fault {
         Fault::WalsenderTerminated => {
             let info = wait_slot(&client, "the walsender to attach", |i| i.active).await?;
@@ -335,7 +334,7 @@ async fn wait_slot(
 async fn connect_retrying(url: &str, limit: Duration) -> Result<Client, FaultBenchError> {
     let started = Instant::now();
     loop {
-        match owner::connect(url, CONNECT_TIMEOUT).await {
+        match vacancy_service::connect(url, CONNECT_TIMEOUT).await {
             Ok(c) => return Ok(c),
             Err(e) if started.elapsed() > limit => return Err(e.into()),
             Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
