@@ -90,7 +90,7 @@ fn expand(group: &str) -> Vec<String> {
     items
         .into_iter()
         .filter(|item| !item.trim().is_empty())
-        .flat_map(|item| expand(item))
+        .flat_map(expand)
         .map(|tail| format!("{prefix}{tail}"))
         .collect()
 }
