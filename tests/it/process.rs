@@ -12,6 +12,8 @@ use std::time::Duration;
 use chrono::NaiveDate;
 use serde_json::Value;
 use tokio_postgres::Client;
+use tokio_postgres::types::PgLsn;
+use vacancy_service::Lsn;
 use vacancy_service::NightCounts;
 use vacancy_service::slot;
 
@@ -227,18 +229,18 @@ async fn the_binary_killed_with_sigkill_resumes_and_converges() {
     // The permanent slot survives the kill. The copy lives in memory only, so
     // the restart drops that slot, takes a new snapshot with a new one, and
     // must converge with what was written around the kill.
-    let confirmed: String = wait_for(
+    let confirmed: Lsn = wait_for(
         "the killed walsender to let go of the slot",
         Duration::from_secs(30),
         || async {
             let row = client
                 .query_one(
-                    "SELECT confirmed_flush_lsn::text, active FROM pg_replication_slots WHERE slot_name = 'vacancy'",
+                    "SELECT confirmed_flush_lsn, active FROM pg_replication_slots WHERE slot_name = 'vacancy'",
                     &[],
                 )
                 .await
                 .expect("the permanent slot survives a SIGKILL");
-            (!row.get::<_, bool>(1)).then(|| row.get(0))
+            (!row.get::<_, bool>(1)).then(|| Lsn::from(row.get::<_, PgLsn>(0)))
         },
     )
     .await;

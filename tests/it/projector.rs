@@ -12,6 +12,7 @@ use chrono::NaiveDate;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tokio_postgres::Client;
+use tokio_postgres::types::PgLsn;
 use vacancy_lab::cluster::{ClusterOptions, StopMode};
 use vacancy_lab::ops::{self, HoldRequest};
 use vacancy_service::App;
@@ -504,12 +505,15 @@ async fn readers_never_see_half_a_hold() {
 }
 
 async fn confirmed_flush(client: &Client) -> Lsn {
-    let text: String = client
-        .query_one("SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'vacancy'", &[])
+    let confirmed: PgLsn = client
+        .query_one(
+            "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'vacancy'",
+            &[],
+        )
         .await
         .unwrap()
         .get(0);
-    text.parse().unwrap()
+    Lsn::from(confirmed)
 }
 
 /// The slot's confirmed_flush_lsn follows the copy, also while only tables

@@ -6,6 +6,7 @@ use std::process::{Command, ExitStatus};
 use std::time::Duration;
 
 use serde_json::Value;
+use tokio_postgres::types::PgLsn;
 use vacancy_service::Lsn;
 use vacancy_service::slot;
 
@@ -124,12 +125,12 @@ async fn sigterm_drains_requests_acknowledges_the_applied_lsn_and_exits_zero() {
         || async {
             let row = client
                 .query_one(
-                    "SELECT confirmed_flush_lsn::text, active FROM pg_replication_slots WHERE slot_name = 'vacancy'",
+                    "SELECT confirmed_flush_lsn, active FROM pg_replication_slots WHERE slot_name = 'vacancy'",
                     &[],
                 )
                 .await
                 .expect("the permanent slot survives a stop");
-            (!row.get::<_, bool>(1)).then(|| row.get::<_, String>(0).parse().expect("an LSN"))
+            (!row.get::<_, bool>(1)).then(|| Lsn::from(row.get::<_, PgLsn>(0)))
         },
     )
     .await;
