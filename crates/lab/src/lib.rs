@@ -14,10 +14,12 @@
 //!   operations, reporting each take.
 //! - [`demo`]: the whole job on one machine: embedded owner, seed, guests.
 //! - [`bench`]: `vacancy bench ...`, each figure beside its baseline.
+//! - [`measure`]: latency percentiles, read one way by every bench.
 
 pub mod bench;
 pub mod cluster;
 pub mod demo;
+pub mod measure;
 pub mod ops;
 pub mod schema;
 pub mod seed;

@@ -34,6 +34,7 @@ use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{Cluster, ClusterError, ClusterOptions, DEFAULT_BIN_DIR};
+use crate::measure::Latencies;
 use crate::seed::{self, SeedError};
 use vacancy_service::app::{self, AppError};
 use vacancy_service::config::Settings;
@@ -902,21 +903,10 @@ async fn latency(owner: &Owner, options: &LatencyOptions) -> Result<(), BenchErr
     let out = background.await.map_err(std::io::Error::other)??;
     app.stop(Duration::from_secs(10)).await;
 
-    let mut sorted = samples.visible.clone();
-    sorted.sort();
-    let pct = |q: f64| -> f64 {
-        if sorted.is_empty() {
-            return f64::NAN;
-        }
-        let i = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
-        sorted[i].as_secs_f64() * 1e3
-    };
-    let commit_ms = |v: &[Duration]| -> f64 {
-        let mut v = v.to_vec();
-        v.sort();
-        v.get(v.len() / 2)
-            .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
-    };
+    let visible = Latencies::from_durations(&samples.visible);
+    let statement = Latencies::from_durations(&samples.statement);
+    // NaN prints as "NaN ms": a run too short for any probe says so in the table.
+    let ms = |figure: Option<f64>| figure.unwrap_or(f64::NAN);
     println!(
         "method:   a probe task holds {}-{} nights every {:?} through the same function, notes the \
          instant its autocommit statement returned, then polls the copy every {:?} until the first \
@@ -937,13 +927,13 @@ async fn latency(owner: &Owner, options: &LatencyOptions) -> Result<(), BenchErr
     println!("|---:|---:|---:|---:|---:|---:|---:|");
     println!(
         "| {} | {:.1} ms | {:.1} ms | {:.1} ms | {} | {} | {:.1} ms |",
-        sorted.len(),
-        pct(0.50),
-        pct(0.99),
-        pct(1.0),
+        visible.len(),
+        ms(visible.percentile(0.50)),
+        ms(visible.percentile(0.99)),
+        ms(visible.max()),
         samples.timeouts,
         samples.full,
-        commit_ms(&samples.statement),
+        ms(statement.percentile(0.50)),
     );
     Ok(())
 }

@@ -30,6 +30,7 @@ use tokio::process::Command;
 use tokio_postgres::Client;
 
 use crate::cluster::{Cluster, ClusterError, ClusterOptions};
+use crate::measure::Latencies;
 use vacancy_service::app::{self, App, AppError};
 use vacancy_service::config::Settings;
 use vacancy_service::metrics;
@@ -760,7 +761,7 @@ impl Tally {
     }
 
     fn summarise(
-        mut self,
+        self,
         method: String,
         clients: u32,
         owner_reads: u64,
@@ -771,21 +772,18 @@ impl Tally {
                 self.last_failure.unwrap_or_else(|| "none".into()),
             ));
         }
-        self.latencies.sort();
-        let n = self.latencies.len();
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        let pct = |q: f64| ms(self.latencies[((q * n as f64).ceil() as usize).clamp(1, n) - 1]);
-        let answers = n as u64 - self.failed;
+        let latencies = Latencies::from_durations(&self.latencies);
+        let answers = latencies.len() as u64 - self.failed;
         Ok(Measured {
             method,
             clients,
             answers,
             seconds: self.elapsed.as_secs_f64(),
-            p50_ms: pct(0.50),
-            p90_ms: pct(0.90),
-            p99_ms: Some(pct(0.99)),
-            max_ms: Some(ms(self.latencies[n - 1])),
-            mean_ms: self.latencies.iter().map(|d| ms(*d)).sum::<f64>() / n as f64,
+            p50_ms: latencies.percentile(0.50).unwrap_or(f64::NAN),
+            p90_ms: latencies.percentile(0.90).unwrap_or(f64::NAN),
+            p99_ms: latencies.percentile(0.99),
+            max_ms: latencies.max(),
+            mean_ms: latencies.mean().unwrap_or(f64::NAN),
             non_empty: Some(self.non_empty as f64 / answers.max(1) as f64),
             failed: self.failed,
             owner_reads: Some(owner_reads),
@@ -1062,22 +1060,17 @@ async fn measure_owner(
     let failed = pgbench_value(&out, "number of failed transactions:")
         .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
         .unwrap_or(0);
-    let mut latencies = transaction_log_latencies(dir.path())?;
-    latencies.sort_by(f64::total_cmp);
-    let n = latencies.len();
-    let pct = |q: f64| -> Option<f64> {
-        (n > 0).then(|| latencies[((q * n as f64).ceil() as usize).clamp(1, n) - 1])
-    };
+    let latencies = Latencies::from_millis(transaction_log_latencies(dir.path())?);
     Ok(Measured {
         method: "owner SQL (pgbench -M prepared)".into(),
         clients: args.clients,
         answers: processed,
         // pgbench's own rate excludes connection time; keep its figure.
         seconds: processed as f64 / tps.max(1e-9),
-        p50_ms: pct(0.50).unwrap_or(f64::NAN),
-        p90_ms: pct(0.90).unwrap_or(f64::NAN),
-        p99_ms: pct(0.99),
-        max_ms: latencies.last().copied(),
+        p50_ms: latencies.percentile(0.50).unwrap_or(f64::NAN),
+        p90_ms: latencies.percentile(0.90).unwrap_or(f64::NAN),
+        p99_ms: latencies.percentile(0.99),
+        max_ms: latencies.max(),
         mean_ms,
         non_empty: None,
         failed,
