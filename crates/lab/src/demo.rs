@@ -31,12 +31,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{Cluster, ClusterError, ClusterOptions};
 use crate::ops::{self, CapacityOutcome, Transition};
+use crate::readiness::{NotReady, wait_until};
 use crate::seed::{self, SeedError, SeedOptions};
 use crate::simulator::{self, SimError, SimOptions, SimSummary};
 use vacancy_service::app::{self, App};
 use vacancy_service::config::Settings;
 use vacancy_service::metrics;
-use vacancy_service::model::ReadModel;
 use vacancy_service::owner::{self, OwnerError};
 use vacancy_service::stream::slot;
 
@@ -87,10 +87,8 @@ pub enum DemoError {
     Config(#[from] vacancy_service::config::ConfigError),
     #[error("the owner has no hotels with inventory to book")]
     EmptyOwner,
-    #[error("the copy did not load the owner's snapshot within {0:?}")]
-    NotLoaded(Duration),
-    #[error("the copy did not reach the owner's position within {0:?}")]
-    NotCaughtUp(Duration),
+    #[error(transparent)]
+    NotReady(#[from] NotReady),
     #[error("the copy differs from the owner in {0} inventory rows")]
     Diverged(u64),
 }
@@ -275,7 +273,7 @@ pub async fn run(options: DemoOptions, stop: CancellationToken) -> Result<(), De
     }
 
     eprintln!("checking the copy against the owner, row for row");
-    let verified = verify(&app.model, &client).await;
+    let verified = verify(&app, &client).await;
     let totals = app.stale.ledger.totals();
     let owner_takes = totals.taken + totals.conflicts;
     println!(
@@ -431,16 +429,23 @@ async fn wait_loaded(app: &App, limit: Duration) -> Result<(), DemoError> {
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let snap = &app.status.snapshot;
-    let deadline = Instant::now() + limit;
-    while !app.model.freshness.is_loaded() {
-        if Instant::now() > deadline {
-            bar.abandon();
-            return Err(DemoError::NotLoaded(limit));
-        }
-        bar.set_length(snap.rows_expected.load(Ordering::Relaxed));
-        bar.set_position(snap.rows_loaded.load(Ordering::Relaxed));
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    // Each poll redraws the bar, so it moves as the rows arrive.
+    let loaded = wait_until(
+        "the copy to load the owner's snapshot",
+        limit,
+        Duration::from_millis(100),
+        &app.status,
+        || {
+            bar.set_length(snap.rows_expected.load(Ordering::Relaxed));
+            bar.set_position(snap.rows_loaded.load(Ordering::Relaxed));
+            app.model.freshness.is_loaded()
+        },
+    )
+    .await;
+    if loaded.is_err() {
+        bar.abandon();
     }
+    loaded?;
     bar.finish_and_clear();
     eprintln!(
         "the copy is loaded at lsn {}",
@@ -662,19 +667,17 @@ fn url_encode(s: &str) -> String {
 /// Waits for the copy to reach the owner's position, then compares every
 /// inventory row: returns the rows compared and how many differ (or exist on
 /// one side only).
-pub async fn verify(
-    model: &ReadModel,
-    client: &tokio_postgres::Client,
-) -> Result<(u64, u64), DemoError> {
+pub async fn verify(app: &App, client: &tokio_postgres::Client) -> Result<(u64, u64), DemoError> {
     let target = slot::current_wal_lsn(client).await?;
-    let wait = Duration::from_secs(60);
-    let deadline = Instant::now() + wait;
-    while model.freshness.applied() < target {
-        if Instant::now() > deadline {
-            return Err(DemoError::NotCaughtUp(wait));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let model = &app.model;
+    wait_until(
+        "the copy to reach the owner's position",
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        &app.status,
+        || model.freshness.applied() >= target,
+    )
+    .await?;
     let rows = client
         .query(
             "SELECT hotel_id, room_type_id, night, total, taken, sell_limit, price_cents FROM inventory",

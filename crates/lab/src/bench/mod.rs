@@ -35,6 +35,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{Cluster, ClusterError, ClusterOptions, DEFAULT_BIN_DIR};
 use crate::measure::Latencies;
+use crate::readiness::{NotReady, wait_until};
 use crate::seed::{self, SeedError};
 use vacancy_service::app::{self, AppError};
 use vacancy_service::config::Settings;
@@ -159,12 +160,8 @@ pub enum BenchError {
     BadLsn(#[from] ParseLsnError),
     #[error(transparent)]
     Tool(#[from] ToolError),
-    #[error("{what} did not happen within {limit:?} (stream's last error: {last_error})")]
-    Timeout {
-        what: &'static str,
-        limit: Duration,
-        last_error: String,
-    },
+    #[error(transparent)]
+    NotReady(#[from] NotReady),
     #[error("the owner database has no inventory rows to measure")]
     NoData,
     #[error("bench i/o: {0}")]
@@ -442,28 +439,6 @@ async fn print_header(title: &str, owner: &Owner, client: &Client) -> Result<(),
     Ok(())
 }
 
-/// Polls `done` until it holds; the error names what was awaited and the
-/// stream's last error, which is nearly always why.
-async fn wait_for(
-    what: &'static str,
-    limit: Duration,
-    status: &StreamStatus,
-    mut done: impl FnMut() -> bool,
-) -> Result<(), BenchError> {
-    let started = Instant::now();
-    while !done() {
-        if started.elapsed() > limit {
-            return Err(BenchError::Timeout {
-                what,
-                limit,
-                last_error: status.last_error().unwrap_or_else(|| "none".to_string()),
-            });
-        }
-        tokio::time::sleep(POLL).await;
-    }
-    Ok(())
-}
-
 /// An outside tool (pgbench, pg_recvlogical) that could not run or failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ToolError {
@@ -578,7 +553,7 @@ async fn apply(owner: &Owner, options: &ApplyOptions) -> Result<(), BenchError> 
     );
     let mut task = tokio::spawn(projector.run(stop.clone()));
     let started = Instant::now();
-    wait_for("the initial snapshot", LOAD_LIMIT, &status, || {
+    wait_until("the initial snapshot", LOAD_LIMIT, POLL, &status, || {
         model.freshness.is_loaded()
     })
     .await?;
@@ -672,7 +647,7 @@ async fn apply(owner: &Owner, options: &ApplyOptions) -> Result<(), BenchError> 
         );
         let vacancy_started = Instant::now();
         task = tokio::spawn(projector.run(stop.clone()));
-        wait_for("vacancy catching up", LOAD_LIMIT, &status, || {
+        wait_until("vacancy catching up", LOAD_LIMIT, POLL, &status, || {
             model.freshness.applied() >= target
         })
         .await?;
@@ -869,7 +844,7 @@ async fn latency(owner: &Owner, options: &LatencyOptions) -> Result<(), BenchErr
     let app = app::start(bench_settings(&owner.url), listener)?;
     let model = app.model.clone();
     let started = Instant::now();
-    wait_for("the initial snapshot", LOAD_LIMIT, &app.status, || {
+    wait_until("the initial snapshot", LOAD_LIMIT, POLL, &app.status, || {
         model.freshness.is_loaded()
     })
     .await?;
@@ -1040,13 +1015,13 @@ async fn snapshot(owner: &Owner) -> Result<(), BenchError> {
     let app_started = Instant::now();
     let app = app::start(bench_settings(&owner.url), listener)?;
     let progress = &app.status.snapshot;
-    wait_for("the snapshot to start", LOAD_LIMIT, &app.status, || {
+    wait_until("the snapshot to start", LOAD_LIMIT, POLL, &app.status, || {
         progress.phase() != SnapshotPhase::NotStarted
     })
     .await?;
     let load_started = Instant::now();
     let model = app.model.clone();
-    wait_for("the snapshot to load", LOAD_LIMIT, &app.status, || {
+    wait_until("the snapshot to load", LOAD_LIMIT, POLL, &app.status, || {
         model.freshness.is_loaded()
     })
     .await?;
@@ -1115,7 +1090,7 @@ async fn memory(owner: &Owner) -> Result<(), BenchError> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let app = app::start(bench_settings(&owner.url), listener)?;
     let model = app.model.clone();
-    wait_for("the snapshot to load", LOAD_LIMIT, &app.status, || {
+    wait_until("the snapshot to load", LOAD_LIMIT, POLL, &app.status, || {
         model.freshness.is_loaded()
     })
     .await?;

@@ -140,12 +140,8 @@ pub enum SearchBenchError {
     Seed(#[from] crate::seed::SeedError),
     #[error("pgbench printed no {0:?} line")]
     PgbenchOutput(&'static str),
-    #[error("{what} did not happen within {limit:?} (stream's last error: {last_error})")]
-    Timeout {
-        what: &'static str,
-        limit: Duration,
-        last_error: String,
-    },
+    #[error(transparent)]
+    NotReady(#[from] crate::readiness::NotReady),
     #[error("http to vacancy: {0}")]
     Http(String),
     #[error("every request of a run failed; last: {0}")]
@@ -602,7 +598,7 @@ async fn measure_vacancy(
     eprintln!("starting vacancy (few_units_threshold = {threshold}); loading the snapshot");
     let started = Instant::now();
     let app = app::start(settings, listener)?;
-    let ready = wait_ready(&app, target).await;
+    let ready = crate::readiness::wait_ready(&app, target, LOAD_LIMIT).await;
     let outcome = match ready {
         Ok(()) => {
             eprintln!(
@@ -611,30 +607,12 @@ async fn measure_vacancy(
             );
             drive_vacancy(args, &app, client, data, threshold).await
         }
-        Err(e) => Err(e),
+        Err(e) => Err(e.into()),
     };
     app.stop(Duration::from_secs(10)).await;
     // The next run starts from a fresh snapshot with its own settings.
     slot::drop_slot(client, SLOT).await?;
     outcome
-}
-
-async fn wait_ready(app: &App, target: vacancy_service::lsn::Lsn) -> Result<(), SearchBenchError> {
-    let started = Instant::now();
-    loop {
-        let f = &app.model.freshness;
-        if f.is_loaded() && f.applied() >= target && app.hotel_index.synced_lsn() >= target {
-            return Ok(());
-        }
-        if started.elapsed() > LOAD_LIMIT {
-            return Err(SearchBenchError::Timeout {
-                what: "the copy and the index to load",
-                limit: LOAD_LIMIT,
-                last_error: app.status.last_error().unwrap_or_else(|| "none".into()),
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// How many first pages the copy answered exactly as the owner did, and

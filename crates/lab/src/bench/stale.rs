@@ -16,8 +16,9 @@ use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{Cluster, ClusterError, ClusterOptions};
+use crate::readiness::{NotReady, wait_ready};
 use crate::simulator::{self, SimError, SimOptions, SimSummary};
-use vacancy_service::app::{self, App, AppError};
+use vacancy_service::app::{self, AppError};
 use vacancy_service::config::Settings;
 use vacancy_service::owner::{self, OwnerError};
 use vacancy_service::stream::slot::{self, SlotError};
@@ -69,8 +70,8 @@ pub enum StaleBenchError {
     Simulator(#[from] SimError),
     #[error(transparent)]
     Io(#[from] std::io::Error),
-    #[error("the copy did not load within {0:?}")]
-    Timeout(Duration),
+    #[error(transparent)]
+    NotReady(#[from] NotReady),
 }
 
 /// One run's outcome.
@@ -196,7 +197,7 @@ async fn one_run(
     let target = slot::current_wal_lsn(client).await?;
     let app = app::start(settings, TcpListener::bind("127.0.0.1:0").await?)?;
     let result = async {
-        wait_ready(&app, target).await?;
+        wait_ready(&app, target, LOAD_LIMIT).await?;
         let hotel_ids: Vec<i64> = (1..=i64::from(args.hotels)).collect();
         let mut options = SimOptions::hot(app.addr, url, TOKEN, hotel_ids, first_night);
         options.guests = args.guests;
@@ -216,20 +217,6 @@ async fn one_run(
     .await;
     app.stop(Duration::from_secs(10)).await;
     result
-}
-
-async fn wait_ready(app: &App, target: vacancy_service::lsn::Lsn) -> Result<(), StaleBenchError> {
-    let started = Instant::now();
-    while !(app.model.freshness.is_loaded()
-        && app.model.freshness.applied() >= target
-        && app.hotel_index.synced_lsn() >= target)
-    {
-        if started.elapsed() > LOAD_LIMIT {
-            return Err(StaleBenchError::Timeout(LOAD_LIMIT));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok(())
 }
 
 fn render(args: &StaleBenchArgs, runs: &[Run]) -> String {
