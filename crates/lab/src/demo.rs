@@ -29,8 +29,9 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tokio_util::sync::CancellationToken;
 
-use crate::cluster::{Cluster, ClusterError, ClusterOptions};
+use crate::cluster::{ClusterError, ClusterOptions};
 use crate::ops::{self, CapacityOutcome, Transition};
+use crate::owner_db::OwnerDb;
 use crate::readiness::{NotReady, wait_until};
 use crate::seed::{self, SeedError, SeedOptions};
 use crate::simulator::{self, SimError, SimOptions, SimSummary};
@@ -120,20 +121,9 @@ pub async fn run(options: DemoOptions, stop: CancellationToken) -> Result<(), De
     }
     // Kept alive until the end of this function: dropping it stops the
     // server and removes its folder, on every path out (errors included).
-    let (_cluster, owner_url) = match &options.owner_url {
-        Some(url) => (None, url.clone()),
-        None => {
-            eprintln!(
-                "starting an embedded PostgreSQL from {}",
-                cluster_options.bin_dir.display()
-            );
-            let cluster = tokio::task::spawn_blocking(move || Cluster::start(cluster_options))
-                .await
-                .map_err(|e| ClusterError::Io(std::io::Error::other(e)))??;
-            let url = cluster.create_database("owner")?;
-            (Some(cluster), url)
-        }
-    };
+    let owner_db =
+        OwnerDb::given_or_embedded(options.owner_url.as_deref(), cluster_options, "owner").await?;
+    let owner_url = owner_db.url.clone();
     let client = owner::connect(&owner_url, Duration::from_secs(10)).await?;
     crate::schema::apply(&client).await?;
     let existing: i64 = client

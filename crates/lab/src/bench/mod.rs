@@ -33,8 +33,9 @@ use tokio::process::Command;
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
-use crate::cluster::{Cluster, ClusterError, ClusterOptions, DEFAULT_BIN_DIR};
+use crate::cluster::{ClusterError, ClusterOptions, DEFAULT_BIN_DIR};
 use crate::measure::Latencies;
+use crate::owner_db::OwnerDb;
 use crate::readiness::{NotReady, wait_until};
 use crate::seed::{self, SeedError};
 use vacancy_service::app::{self, AppError};
@@ -234,13 +235,11 @@ struct Shape {
 
 /// The owner under test.
 struct Owner {
-    url: String,
     bin_dir: PathBuf,
     shape: Shape,
-    description: String,
-    // Dropping it stops and removes the embedded cluster: declared last so
+    // Dropping it stops and removes an embedded cluster: declared last so
     // it outlives everything above.
-    _cluster: Option<Cluster>,
+    db: OwnerDb,
 }
 
 impl Owner {
@@ -249,39 +248,24 @@ impl Owner {
             .pg_bin
             .clone()
             .unwrap_or_else(|| PathBuf::from(DEFAULT_BIN_DIR));
-        let (cluster, url, description) = match &args.owner_url {
-            Some(url) => (None, url.clone(), format!("given: {}", redact(url))),
-            None => {
-                eprintln!("starting an embedded PostgreSQL (fsync on)");
-                let options = ClusterOptions {
-                    bin_dir: bin_dir.clone(),
-                    fsync: true,
-                    ..ClusterOptions::default()
-                };
-                let cluster = tokio::task::spawn_blocking(move || Cluster::start(options))
-                    .await
-                    .map_err(std::io::Error::other)??;
-                let url = cluster.create_database("bench")?;
-                (
-                    Some(cluster),
-                    url,
-                    "embedded throwaway cluster (fsync, synchronous_commit, full_page_writes on)"
-                        .to_string(),
-                )
-            }
+        // The figures are for a durable owner, as in production.
+        let cluster_options = ClusterOptions {
+            bin_dir: bin_dir.clone(),
+            fsync: true,
+            ..ClusterOptions::default()
         };
-        let client = owner::connect(&url, CONNECT_TIMEOUT).await?;
+        let db =
+            OwnerDb::given_or_embedded(args.owner_url.as_deref(), cluster_options, "bench").await?;
+        let client = owner::connect(&db.url, CONNECT_TIMEOUT).await?;
         if !has_inventory(&client).await? {
-            seed::run_announced(&url, (args.hotels, args.room_types, args.nights), 1).await?;
+            seed::run_announced(&db.url, (args.hotels, args.room_types, args.nights), 1).await?;
         }
         let shape = read_shape(&client).await?;
-        Ok(Owner {
-            url,
-            bin_dir,
-            shape,
-            description,
-            _cluster: cluster,
-        })
+        Ok(Owner { bin_dir, shape, db })
+    }
+
+    fn url(&self) -> &str {
+        &self.db.url
     }
 
     /// Runs a bench, then removes the slots and publication it may have left,
@@ -296,7 +280,7 @@ impl Owner {
     }
 
     async fn clean_up(&self) -> Result<(), BenchError> {
-        let client = owner::connect(&self.url, CONNECT_TIMEOUT).await?;
+        let client = owner::connect(self.url(), CONNECT_TIMEOUT).await?;
         slot::drop_slot(&client, VACANCY_SLOT).await?;
         slot::drop_slot(&client, RECV_SLOT).await?;
         client
@@ -420,7 +404,7 @@ async fn print_header(title: &str, owner: &Owner, client: &Client) -> Result<(),
     println!("machine:  nproc {nproc}, CPU {cpu} ({mhz} MHz), RAM {mem}");
     println!(
         "owner:    {}; PostgreSQL {}, fsync {}, synchronous_commit {}, full_page_writes {}, shared_buffers {}, logical_decoding_work_mem {}",
-        owner.description,
+        owner.db.description,
         server.get::<_, String>(0),
         server.get::<_, String>(1),
         server.get::<_, String>(2),
@@ -532,12 +516,12 @@ struct ApplyRow {
 /// vacancy's stop and restart keeps its model (the `Projector` is given the
 /// same `ReadModel`), so it resumes its slot instead of taking a new snapshot.
 async fn apply(owner: &Owner, options: &ApplyOptions) -> Result<(), BenchError> {
-    let client = owner::connect(&owner.url, CONNECT_TIMEOUT).await?;
+    let client = owner::connect(owner.url(), CONNECT_TIMEOUT).await?;
     print_header("apply", owner, &client).await?;
     slot::drop_slot(&client, VACANCY_SLOT).await?;
     slot::drop_slot(&client, RECV_SLOT).await?;
     metrics::init();
-    let settings = Arc::new(bench_settings(&owner.url));
+    let settings = Arc::new(bench_settings(owner.url()));
     let model = ReadModel::new();
     let status = Arc::new(StreamStatus::default());
     // Shared by both sessions, as one long-lived projector would keep it.
@@ -623,7 +607,7 @@ async fn apply(owner: &Owner, options: &ApplyOptions) -> Result<(), BenchError> 
         eprintln!("draining with pg_recvlogical to {target}");
         let mut recv = owner.tool("pg_recvlogical");
         recv.arg("-d")
-            .arg(&owner.url)
+            .arg(owner.url())
             .args(["--slot", RECV_SLOT, "--start", "--no-loop", "-F", "0"])
             .args(["-o", &format!("proto_version={proto}")])
             .args(["-o", &format!("streaming={streaming}")])
@@ -764,7 +748,7 @@ async fn single_row_workload(owner: &Owner, options: &ApplyOptions) -> Result<u6
         .args(["-t", &per_client.to_string()])
         .args(["-c", &options.clients.to_string()])
         .args(["-j", &options.clients.min(2).to_string()])
-        .arg(&owner.url);
+        .arg(owner.url());
     let out = run_tool(pgbench, "pgbench").await?;
     Ok(pgbench_processed(&out).unwrap_or(per_client * u64::from(options.clients)))
 }
@@ -833,7 +817,7 @@ END $$";
 const HOLD_NIGHTS: (i32, i32) = (2, 4);
 
 async fn latency(owner: &Owner, options: &LatencyOptions) -> Result<(), BenchError> {
-    let client = owner::connect(&owner.url, CONNECT_TIMEOUT).await?;
+    let client = owner::connect(owner.url(), CONNECT_TIMEOUT).await?;
     print_header("latency", owner, &client).await?;
     slot::drop_slot(&client, VACANCY_SLOT).await?;
     client.batch_execute(HOLD_FUNCTION).await?;
@@ -841,7 +825,7 @@ async fn latency(owner: &Owner, options: &LatencyOptions) -> Result<(), BenchErr
     let last_start = (s.nights - i64::from(HOLD_NIGHTS.1)).max(0);
 
     let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let app = app::start(bench_settings(&owner.url), listener)?;
+    let app = app::start(bench_settings(owner.url()), listener)?;
     let model = app.model.clone();
     let started = Instant::now();
     wait_until("the initial snapshot", LOAD_LIMIT, POLL, &app.status, || {
@@ -867,7 +851,7 @@ async fn latency(owner: &Owner, options: &LatencyOptions) -> Result<(), BenchErr
         .args(["-T", &options.seconds.to_string()])
         .args(["-c", &options.clients.to_string()])
         .args(["-j", &options.clients.min(2).to_string()])
-        .arg(&owner.url);
+        .arg(owner.url());
     let background = tokio::spawn(run_tool(pgbench, "pgbench"));
 
     // Probes start once pgbench is connected and running at its rate, and
@@ -932,7 +916,7 @@ async fn probe(
     window: Duration,
 ) -> Result<ProbeSamples, BenchError> {
     let s = owner.shape;
-    let client = owner::connect(&owner.url, CONNECT_TIMEOUT).await?;
+    let client = owner::connect(owner.url(), CONNECT_TIMEOUT).await?;
     let hold = client
         .prepare("SELECT vacancy_bench_hold($1, $2, $3, $4)")
         .await?;
@@ -1003,7 +987,7 @@ async fn copy_baseline(client: &Client) -> Result<(u64, Duration), BenchError> {
 }
 
 async fn snapshot(owner: &Owner) -> Result<(), BenchError> {
-    let client = owner::connect(&owner.url, CONNECT_TIMEOUT).await?;
+    let client = owner::connect(owner.url(), CONNECT_TIMEOUT).await?;
     print_header("snapshot", owner, &client).await?;
     slot::drop_slot(&client, VACANCY_SLOT).await?;
 
@@ -1013,7 +997,7 @@ async fn snapshot(owner: &Owner) -> Result<(), BenchError> {
     eprintln!("vacancy: loading the snapshot");
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let app_started = Instant::now();
-    let app = app::start(bench_settings(&owner.url), listener)?;
+    let app = app::start(bench_settings(owner.url()), listener)?;
     let progress = &app.status.snapshot;
     wait_until("the snapshot to start", LOAD_LIMIT, POLL, &app.status, || {
         progress.phase() != SnapshotPhase::NotStarted
@@ -1082,13 +1066,13 @@ fn proc_status_bytes(field: &str) -> u64 {
 }
 
 async fn memory(owner: &Owner) -> Result<(), BenchError> {
-    let client = owner::connect(&owner.url, CONNECT_TIMEOUT).await?;
+    let client = owner::connect(owner.url(), CONNECT_TIMEOUT).await?;
     print_header("memory", owner, &client).await?;
     slot::drop_slot(&client, VACANCY_SLOT).await?;
 
     let before = proc_status_bytes("VmRSS");
     let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let app = app::start(bench_settings(&owner.url), listener)?;
+    let app = app::start(bench_settings(owner.url()), listener)?;
     let model = app.model.clone();
     wait_until("the snapshot to load", LOAD_LIMIT, POLL, &app.status, || {
         model.freshness.is_loaded()

@@ -29,8 +29,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::process::Command;
 use tokio_postgres::Client;
 
-use crate::cluster::{Cluster, ClusterError, ClusterOptions};
+use crate::cluster::{ClusterError, ClusterOptions};
 use crate::measure::Latencies;
+use crate::owner_db::OwnerDb;
 use vacancy_service::app::{self, App, AppError};
 use vacancy_service::config::Settings;
 use vacancy_service::metrics;
@@ -225,30 +226,25 @@ pub async fn run(args: SearchBenchArgs) -> Result<(), SearchBenchError> {
         .unwrap_or_else(|| ClusterOptions::default().bin_dir);
     // Declared before everything that talks to it, so it is dropped (stopped
     // and removed) last.
-    let mut _cluster: Option<Cluster> = None;
-    let (url, owner_description) = match &args.owner_url {
-        Some(url) => (url.clone(), "given with --owner-url".to_string()),
-        None => {
-            eprintln!("starting an embedded PostgreSQL (fsync on)");
-            let options = ClusterOptions {
-                bin_dir: bin_dir.clone(),
-                fsync: true,
-                ..ClusterOptions::default()
-            };
-            let cluster = tokio::task::spawn_blocking(move || Cluster::start(options))
-                .await
-                .map_err(std::io::Error::other)??;
-            let url = cluster.create_database("search_bench")?;
-            _cluster = Some(cluster);
-            (
-                url,
-                "embedded throwaway cluster (fsync, synchronous_commit, full_page_writes on)"
-                    .to_string(),
-            )
-        }
-    };
-    let client = owner::connect(&url, CONNECT_TIMEOUT).await?;
-    let result = bench(&args, &url, &owner_description, &bin_dir, &client).await;
+    let owner_db = OwnerDb::given_or_embedded(
+        args.owner_url.as_deref(),
+        ClusterOptions {
+            bin_dir: bin_dir.clone(),
+            fsync: true,
+            ..ClusterOptions::default()
+        },
+        "search_bench",
+    )
+    .await?;
+    let client = owner::connect(&owner_db.url, CONNECT_TIMEOUT).await?;
+    let result = bench(
+        &args,
+        &owner_db.url,
+        &owner_db.description,
+        &bin_dir,
+        &client,
+    )
+    .await;
     // A leftover slot pins the owner's WAL, so it goes also when the bench failed.
     let cleaned = clean_up(&client).await;
     result.and(cleaned)

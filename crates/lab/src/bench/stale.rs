@@ -15,7 +15,8 @@ use tokio::net::TcpListener;
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
-use crate::cluster::{Cluster, ClusterError, ClusterOptions};
+use crate::cluster::{ClusterError, ClusterOptions};
+use crate::owner_db::OwnerDb;
 use crate::readiness::{NotReady, wait_ready};
 use crate::simulator::{self, SimError, SimOptions, SimSummary};
 use vacancy_service::app::{self, AppError};
@@ -97,25 +98,19 @@ impl Run {
 }
 
 pub async fn run(args: StaleBenchArgs) -> Result<(), StaleBenchError> {
-    let mut _cluster: Option<Cluster> = None;
-    let url = match &args.owner_url {
-        Some(url) => url.clone(),
-        None => {
-            eprintln!("starting an embedded PostgreSQL (fsync on)");
-            let options = ClusterOptions {
-                fsync: true,
-                extra_conf: vec!["max_connections = 200".into()],
-                ..ClusterOptions::default()
-            };
-            let cluster = tokio::task::spawn_blocking(move || Cluster::start(options))
-                .await
-                .map_err(std::io::Error::other)??;
-            let url = cluster.create_database("stale_bench")?;
-            _cluster = Some(cluster);
-            url
-        }
-    };
-    let client = owner::connect(&url, CONNECT_TIMEOUT).await?;
+    // Declared before everything that talks to it, so it is dropped (stopped
+    // and removed) last.
+    let owner_db = OwnerDb::given_or_embedded(
+        args.owner_url.as_deref(),
+        ClusterOptions {
+            fsync: true,
+            extra_conf: vec!["max_connections = 200".into()],
+            ..ClusterOptions::default()
+        },
+        "stale_bench",
+    )
+    .await?;
+    let client = owner::connect(&owner_db.url, CONNECT_TIMEOUT).await?;
     crate::schema::apply(&client).await?;
     let first_night = chrono::Utc::now().date_naive() + chrono::Days::new(1);
     load(&client, &args, first_night).await?;
@@ -129,7 +124,7 @@ pub async fn run(args: StaleBenchArgs) -> Result<(), StaleBenchError> {
         ),
     ] {
         reset(&client).await?;
-        let result = one_run(&args, &url, &client, first_night, label, threshold).await;
+        let result = one_run(&args, &owner_db.url, &client, first_night, label, threshold).await;
         slot::drop_slot(&client, SLOT).await?;
         let r = result?;
         eprintln!(

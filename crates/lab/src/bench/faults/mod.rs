@@ -31,7 +31,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::bench::ToolError;
-use crate::cluster::{Cluster, ClusterError, ClusterOptions};
+use crate::cluster::{ClusterError, ClusterOptions};
+use crate::owner_db::start_embedded;
 use crate::seed::{self, SeedError};
 use crate::simulator::{SimError, SimSummary};
 use vacancy_service::lsn::ParseLsnError;
@@ -259,15 +260,13 @@ pub async fn run(args: FaultArgs) -> Result<(), FaultBenchError> {
         .pg_bin
         .clone()
         .unwrap_or_else(|| ClusterOptions::default().bin_dir);
-    eprintln!("starting an embedded PostgreSQL (fsync on)");
-    let options = ClusterOptions {
+    // Always embedded: the faults stop and restart the owner.
+    let mut cluster = start_embedded(ClusterOptions {
         bin_dir,
         fsync: true,
         ..ClusterOptions::default()
-    };
-    let mut cluster = tokio::task::spawn_blocking(move || Cluster::start(options))
-        .await
-        .map_err(std::io::Error::other)??;
+    })
+    .await?;
     let url = cluster.create_database("faults")?;
     let report =
         seed::run_announced(&url, (args.hotels, args.room_types, args.nights), args.seed).await?;
