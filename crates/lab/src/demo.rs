@@ -34,7 +34,7 @@ use crate::ops::{self, CapacityOutcome, Transition};
 use crate::owner_db::OwnerDb;
 use crate::readiness::{NotReady, wait_until};
 use crate::seed::{self, SeedError, SeedOptions};
-use crate::simulator::{self, SimError, SimOptions, SimSummary};
+use crate::simulator::{self, SimError, SimOptions, SimSummary, pause};
 use vacancy_service::app::{self, App};
 use vacancy_service::config::Settings;
 use vacancy_service::metrics;
@@ -252,7 +252,7 @@ pub async fn run(options: DemoOptions, stop: CancellationToken) -> Result<(), De
     crowds.extend(browse_crowd);
     for crowd in crowds {
         match tokio::time::timeout(grace, crowd).await {
-            Ok(Ok(Ok(s))) => add(&mut summary, &s),
+            Ok(Ok(Ok(s))) => summary.merge(&s),
             Ok(Ok(Err(e))) => eprintln!("a crowd failed: {e}"),
             Ok(Err(e)) => eprintln!("a crowd task failed: {e}"),
             Err(_) => eprintln!("a crowd did not stop within {grace:?}"),
@@ -599,33 +599,11 @@ async fn front_desk(url: String, seed: u64, counters: Arc<Counters>, stop: Cance
     }
 }
 
-async fn pause(rng: &mut ChaCha8Rng, range_ms: (u64, u64), stop: &CancellationToken) {
-    let ms = rng.random_range(range_ms.0..=range_ms.1);
-    tokio::select! {
-        _ = stop.cancelled() => {}
-        _ = tokio::time::sleep(Duration::from_millis(ms)) => {}
-    }
-}
-
 async fn until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
         None => std::future::pending().await,
     }
-}
-
-fn add(total: &mut SimSummary, s: &SimSummary) {
-    total.searches += s.searches;
-    total.search_errors += s.search_errors;
-    total.taken += s.taken;
-    total.conflicts += s.conflicts;
-    total.conflicts_after_shown += s.conflicts_after_shown;
-    total.paid += s.paid;
-    total.released += s.released;
-    total.walked_away += s.walked_away;
-    total.swept += s.swept;
-    total.reports_recorded += s.reports_recorded;
-    total.reports_failed += s.reports_failed;
 }
 
 /// On an attached owner, the demo's slot would pin WAL after it exits.
