@@ -43,6 +43,7 @@ use vacancy_service::config::Settings;
 use vacancy_service::lsn::{Lsn, ParseLsnError};
 use vacancy_service::metrics;
 use vacancy_service::model::{CalendarKey, ReadModel};
+use vacancy_service::owner::endpoint::redacted_url;
 use vacancy_service::owner::{self, OwnerError};
 use vacancy_service::stream::refresh::Refresh;
 use vacancy_service::stream::slot::{self, SlotError};
@@ -343,19 +344,15 @@ async fn read_shape(client: &Client) -> Result<Shape, BenchError> {
     }
 }
 
-/// The URL without its password, for printing.
-fn redact(url: &str) -> String {
-    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-        return url.to_string();
-    };
-    let rest = &url[scheme_end..];
-    match rest.find('@') {
-        Some(at) if rest[..at].contains(':') => {
-            let user = &rest[..rest.find(':').unwrap_or(at)];
-            format!("{}{user}:***{}", &url[..scheme_end], &rest[at..])
-        }
-        _ => url.to_string(),
-    }
+/// The command line for a report, with any password in an `--owner-url`
+/// hidden. Argument by argument: the service's redaction reads everything
+/// after a `?` as the URL's query, which on the whole line would swallow
+/// the arguments after it.
+fn redacted_command_line(args: &[String]) -> String {
+    args.iter()
+        .map(|arg| redacted_url(arg))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn bench_settings(url: &str) -> Settings {
@@ -400,7 +397,7 @@ async fn print_header(title: &str, owner: &Owner, client: &Client) -> Result<(),
     let args: Vec<String> = std::env::args().collect();
     println!("## vacancy bench {title}");
     println!();
-    println!("command:  {}", redact(&args.join(" ")));
+    println!("command:  {}", redacted_command_line(&args));
     println!("machine:  nproc {nproc}, CPU {cpu} ({mhz} MHz), RAM {mem}");
     println!(
         "owner:    {}; PostgreSQL {}, fsync {}, synchronous_commit {}, full_page_writes {}, shared_buffers {}, logical_decoding_work_mem {}",
@@ -828,9 +825,13 @@ async fn latency(owner: &Owner, options: &LatencyOptions) -> Result<(), BenchErr
     let app = app::start(bench_settings(owner.url()), listener)?;
     let model = app.model.clone();
     let started = Instant::now();
-    wait_until("the initial snapshot", LOAD_LIMIT, POLL, &app.status, || {
-        model.freshness.is_loaded()
-    })
+    wait_until(
+        "the initial snapshot",
+        LOAD_LIMIT,
+        POLL,
+        &app.status,
+        || model.freshness.is_loaded(),
+    )
     .await?;
     eprintln!("snapshot loaded in {:.1}s", started.elapsed().as_secs_f64());
 
@@ -999,15 +1000,23 @@ async fn snapshot(owner: &Owner) -> Result<(), BenchError> {
     let app_started = Instant::now();
     let app = app::start(bench_settings(owner.url()), listener)?;
     let progress = &app.status.snapshot;
-    wait_until("the snapshot to start", LOAD_LIMIT, POLL, &app.status, || {
-        progress.phase() != SnapshotPhase::NotStarted
-    })
+    wait_until(
+        "the snapshot to start",
+        LOAD_LIMIT,
+        POLL,
+        &app.status,
+        || progress.phase() != SnapshotPhase::NotStarted,
+    )
     .await?;
     let load_started = Instant::now();
     let model = app.model.clone();
-    wait_until("the snapshot to load", LOAD_LIMIT, POLL, &app.status, || {
-        model.freshness.is_loaded()
-    })
+    wait_until(
+        "the snapshot to load",
+        LOAD_LIMIT,
+        POLL,
+        &app.status,
+        || model.freshness.is_loaded(),
+    )
     .await?;
     let load = load_started.elapsed();
     let end_to_end = app_started.elapsed();
@@ -1074,9 +1083,13 @@ async fn memory(owner: &Owner) -> Result<(), BenchError> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let app = app::start(bench_settings(owner.url()), listener)?;
     let model = app.model.clone();
-    wait_until("the snapshot to load", LOAD_LIMIT, POLL, &app.status, || {
-        model.freshness.is_loaded()
-    })
+    wait_until(
+        "the snapshot to load",
+        LOAD_LIMIT,
+        POLL,
+        &app.status,
+        || model.freshness.is_loaded(),
+    )
     .await?;
     // Let the projector finish swapping and dropping what the load used.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -1144,14 +1157,41 @@ mod tests {
     use super::*;
 
     #[test]
-    fn redact_hides_only_the_password() {
+    fn the_command_line_hides_only_passwords() {
+        let line = |args: &[&str]| {
+            redacted_command_line(&args.iter().map(|a| a.to_string()).collect::<Vec<_>>())
+        };
         assert_eq!(
-            redact("postgresql://u:secret@h:5432/db"),
-            "postgresql://u:***@h:5432/db"
+            line(&[
+                "vacancy",
+                "bench",
+                "snapshot",
+                "--owner-url",
+                "postgresql://u:secret@h:5432/db",
+                "--hotels",
+                "20"
+            ]),
+            "vacancy bench snapshot --owner-url postgresql://u:<redacted>@h:5432/db --hotels 20"
         );
         assert_eq!(
-            redact("postgresql://postgres@127.0.0.1:55432/postgres"),
-            "postgresql://postgres@127.0.0.1:55432/postgres"
+            line(&[
+                "--owner-url",
+                "postgresql://u@h/db?sslmode=require&password=secret",
+                "--nights",
+                "30"
+            ]),
+            "--owner-url postgresql://u@h/db?sslmode=require&password=<redacted> --nights 30"
+        );
+        assert_eq!(
+            line(&["--owner-url=postgresql://u:secret@h/db"]),
+            "--owner-url=postgresql://u:<redacted>@h/db"
+        );
+        assert_eq!(
+            line(&[
+                "--owner-url",
+                "postgresql://postgres@127.0.0.1:55432/postgres"
+            ]),
+            "--owner-url postgresql://postgres@127.0.0.1:55432/postgres"
         );
     }
 
