@@ -2,11 +2,15 @@
 //! beside pg_recvlogical draining the same backlog to /dev/null.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use tokio::task::JoinHandle;
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
+use vacancy_service::config::Settings;
+use vacancy_service::lsn::Lsn;
 use vacancy_service::metrics;
 use vacancy_service::model::ReadModel;
 use vacancy_service::owner;
@@ -52,42 +56,23 @@ pub(super) async fn run(owner: &Owner, options: &ApplyOptions) -> Result<(), Ben
     slot::drop_slot(&client, VACANCY_SLOT).await?;
     slot::drop_slot(&client, RECV_SLOT).await?;
     metrics::init();
-    let settings = Arc::new(bench_settings(owner.url()));
-    let model = ReadModel::new();
-    let status = Arc::new(StreamStatus::default());
-    // Shared by both sessions, as one long-lived projector would keep it.
-    let refresh = Refresh::new(Duration::from_secs(settings.model.ttl_secs));
-
-    let mut stop = CancellationToken::new();
-    let projector = Projector::new(
-        settings.clone(),
-        model.clone(),
-        status.clone(),
-        refresh.clone(),
-        vacancy_service::index::HotelIndex::new()?,
-    );
-    let mut task = tokio::spawn(projector.run(stop.clone()));
+    let mut vacancy = Vacancy::new(bench_settings(owner.url()));
     let started = Instant::now();
-    wait_until("the initial snapshot", LOAD_LIMIT, POLL, &status, || {
-        model.freshness.is_loaded()
-    })
-    .await?;
+    vacancy.start()?;
+    vacancy
+        .wait("the initial snapshot", |model| model.freshness.is_loaded())
+        .await?;
     eprintln!("snapshot loaded in {:.1}s", started.elapsed().as_secs_f64());
 
-    let (proto, streaming) = if settings.stream.stream_in_progress {
-        ("2", "on")
-    } else {
-        ("1", "off")
-    };
+    let pgoutput = PgoutputOptions::of(&vacancy.settings);
     let mut results = Vec::new();
-    for single in [false, true] {
+    for shape in [Shape::Bulk, Shape::SingleRow] {
         // Moves vacancy's restart_lsn up to now (a checkpoint logs the running
         // transactions, and the projector acknowledges past them), so its
         // backlog starts where the baseline's new slot starts.
         client.batch_execute("CHECKPOINT").await?;
         tokio::time::sleep(Duration::from_secs(3)).await;
-        stop.cancel();
-        let _ = task.await;
+        vacancy.stop().await;
 
         client
             .execute(
@@ -96,37 +81,7 @@ pub(super) async fn run(owner: &Owner, options: &ApplyOptions) -> Result<(), Ben
             )
             .await?;
         let before = flush_lsn(&client).await?;
-        let workload_started = Instant::now();
-        let (shape, rows, transactions) = if single {
-            eprintln!(
-                "workload: {} one-row transactions",
-                options.single_transactions
-            );
-            let rows = single_row_workload(owner, options).await?;
-            (
-                format!(
-                    "{} one-row transactions (pgbench -c {})",
-                    options.single_transactions, options.clients
-                ),
-                rows,
-                rows,
-            )
-        } else {
-            eprintln!(
-                "workload: {} updates in {} transactions",
-                options.bulk_rows, options.bulk_transactions
-            );
-            let rows = bulk_workload(&client, options).await?;
-            (
-                format!(
-                    "{} updates in {} transactions",
-                    options.bulk_rows, options.bulk_transactions
-                ),
-                rows,
-                options.bulk_transactions,
-            )
-        };
-        let workload = workload_started.elapsed();
+        let workload = run_workload(shape, owner, &client, options).await?;
         let target = flush_lsn(&client).await?;
         let recv_backlog = restart_lsn(&client, RECV_SLOT)
             .await?
@@ -136,75 +91,214 @@ pub(super) async fn run(owner: &Owner, options: &ApplyOptions) -> Result<(), Ben
             .map_or(0, |r| r.bytes_until(target));
 
         eprintln!("draining with pg_recvlogical to {target}");
-        let mut recv = owner.tool("pg_recvlogical");
-        recv.arg("-d")
-            .arg(owner.url())
-            .args(["--slot", RECV_SLOT, "--start", "--no-loop", "-F", "0"])
-            .args(["-o", &format!("proto_version={proto}")])
-            .args(["-o", &format!("streaming={streaming}")])
-            .args(["-o", "messages=true"])
-            .args(["-o", &format!("publication_names={PUBLICATION}")])
-            .args(["-f", "/dev/null"])
-            .arg(format!("--endpos={target}"));
-        let recv_started = Instant::now();
-        run_tool(recv, "pg_recvlogical").await?;
-        let recv_time = recv_started.elapsed();
+        let recv = drain_with_recvlogical(owner, &pgoutput, target).await?;
         slot::drop_slot(&client, RECV_SLOT).await?;
 
         eprintln!("draining with vacancy to {target}");
-        stop = CancellationToken::new();
-        let projector = Projector::new(
-            settings.clone(),
-            model.clone(),
-            status.clone(),
-            refresh.clone(),
-            vacancy_service::index::HotelIndex::new()?,
-        );
         let vacancy_started = Instant::now();
-        task = tokio::spawn(projector.run(stop.clone()));
-        wait_until("vacancy catching up", LOAD_LIMIT, POLL, &status, || {
-            model.freshness.applied() >= target
-        })
-        .await?;
+        vacancy.start()?;
+        vacancy
+            .wait("vacancy catching up", |model| {
+                model.freshness.applied() >= target
+            })
+            .await?;
         let vacancy_time = vacancy_started.elapsed();
-        if status
-            .snapshot
-            .loads
-            .load(std::sync::atomic::Ordering::Relaxed)
-            > 1
-        {
+        if vacancy.status.snapshot.loads.load(Ordering::Relaxed) > 1 {
             eprintln!("warning: vacancy took a new snapshot instead of resuming");
         }
         results.push(ApplyRow {
-            shape,
-            rows,
-            transactions,
-            workload,
+            shape: workload.label,
+            rows: workload.rows,
+            transactions: workload.transactions,
+            workload: workload.elapsed,
             wal_bytes: before.bytes_until(target),
             recv_backlog,
             vacancy_backlog,
-            recv: recv_time,
+            recv,
             vacancy: vacancy_time,
         });
     }
-    stop.cancel();
-    let _ = task.await;
+    vacancy.stop().await;
+    print_table(&pgoutput, &results);
+    Ok(())
+}
 
+/// vacancy's stream alone (no API): a projector stopped for each workload
+/// and started again on the same model, status and refresh state, as one
+/// long-lived projector would keep them.
+struct Vacancy {
+    settings: Arc<Settings>,
+    model: Arc<ReadModel>,
+    status: Arc<StreamStatus>,
+    refresh: Arc<Refresh>,
+    shutdown: CancellationToken,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Vacancy {
+    fn new(settings: Settings) -> Vacancy {
+        let refresh = Refresh::new(Duration::from_secs(settings.model.ttl_secs));
+        Vacancy {
+            settings: Arc::new(settings),
+            model: ReadModel::new(),
+            status: Arc::new(StreamStatus::default()),
+            refresh,
+            shutdown: CancellationToken::new(),
+            task: None,
+        }
+    }
+
+    fn start(&mut self) -> Result<(), BenchError> {
+        let projector = Projector::new(
+            self.settings.clone(),
+            self.model.clone(),
+            self.status.clone(),
+            self.refresh.clone(),
+            vacancy_service::index::HotelIndex::new()?,
+        );
+        self.shutdown = CancellationToken::new();
+        self.task = Some(tokio::spawn(projector.run(self.shutdown.clone())));
+        Ok(())
+    }
+
+    async fn stop(&mut self) {
+        self.shutdown.cancel();
+        if let Some(task) = self.task.take() {
+            // A projector that panicked has stopped all the same.
+            let _ = task.await;
+        }
+    }
+
+    async fn wait(
+        &self,
+        what: &'static str,
+        done: impl Fn(&ReadModel) -> bool,
+    ) -> Result<(), BenchError> {
+        wait_until(what, LOAD_LIMIT, POLL, &self.status, || done(&self.model)).await?;
+        Ok(())
+    }
+}
+
+/// The pgoutput options vacancy asks for, so the baseline decodes the same stream.
+struct PgoutputOptions {
+    proto_version: &'static str,
+    streaming: &'static str,
+}
+
+impl PgoutputOptions {
+    fn of(settings: &Settings) -> PgoutputOptions {
+        if settings.stream.stream_in_progress {
+            PgoutputOptions {
+                proto_version: "2",
+                streaming: "on",
+            }
+        } else {
+            PgoutputOptions {
+                proto_version: "1",
+                streaming: "off",
+            }
+        }
+    }
+}
+
+/// The two shapes of workload: few big transactions, many one-row ones.
+#[derive(Debug, Clone, Copy)]
+enum Shape {
+    Bulk,
+    SingleRow,
+}
+
+/// One workload as run: what it was, the rows it changed, in how many
+/// transactions, and how long writing it took.
+struct WorkloadRun {
+    label: String,
+    rows: u64,
+    transactions: u64,
+    elapsed: Duration,
+}
+
+async fn run_workload(
+    shape: Shape,
+    owner: &Owner,
+    client: &Client,
+    options: &ApplyOptions,
+) -> Result<WorkloadRun, BenchError> {
+    let started = Instant::now();
+    match shape {
+        Shape::Bulk => {
+            eprintln!(
+                "workload: {} updates in {} transactions",
+                options.bulk_rows, options.bulk_transactions
+            );
+            let rows = bulk_workload(client, options).await?;
+            Ok(WorkloadRun {
+                label: format!(
+                    "{} updates in {} transactions",
+                    options.bulk_rows, options.bulk_transactions
+                ),
+                rows,
+                transactions: options.bulk_transactions,
+                elapsed: started.elapsed(),
+            })
+        }
+        Shape::SingleRow => {
+            eprintln!(
+                "workload: {} one-row transactions",
+                options.single_transactions
+            );
+            let rows = single_row_workload(owner, options).await?;
+            Ok(WorkloadRun {
+                label: format!(
+                    "{} one-row transactions (pgbench -c {})",
+                    options.single_transactions, options.clients
+                ),
+                rows,
+                transactions: rows,
+                elapsed: started.elapsed(),
+            })
+        }
+    }
+}
+
+/// pg_recvlogical reading the baseline's slot up to `target`, to /dev/null;
+/// how long it took.
+async fn drain_with_recvlogical(
+    owner: &Owner,
+    pgoutput: &PgoutputOptions,
+    target: Lsn,
+) -> Result<Duration, BenchError> {
+    let mut recv = owner.tool("pg_recvlogical");
+    recv.arg("-d")
+        .arg(owner.url())
+        .args(["--slot", RECV_SLOT, "--start", "--no-loop", "-F", "0"])
+        .args(["-o", &format!("proto_version={}", pgoutput.proto_version)])
+        .args(["-o", &format!("streaming={}", pgoutput.streaming)])
+        .args(["-o", "messages=true"])
+        .args(["-o", &format!("publication_names={PUBLICATION}")])
+        .args(["-f", "/dev/null"])
+        .arg(format!("--endpos={target}"));
+    let started = Instant::now();
+    run_tool(recv, "pg_recvlogical").await?;
+    Ok(started.elapsed())
+}
+
+fn print_table(pgoutput: &PgoutputOptions, results: &[ApplyRow]) {
     println!(
         "method:   both consumers stopped during the workload; each then drains the same backlog alone \
          (pg_recvlogical first, then vacancy resuming its slot), timed from its start until it has \
          everything up to the WAL flush position read after the last commit"
     );
     println!(
-        "baseline: pg_recvlogical, pgoutput proto_version={proto} streaming={streaming} messages=true \
-         (the options vacancy asks for), -F 0, to /dev/null"
+        "baseline: pg_recvlogical, pgoutput proto_version={} streaming={} messages=true \
+         (the options vacancy asks for), -F 0, to /dev/null",
+        pgoutput.proto_version, pgoutput.streaming
     );
     println!();
     println!(
         "| shape | row changes | txns | WAL | workload | pg_recvlogical | rows/s | vacancy | rows/s | ratio (goal >= 0.9) |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for r in &results {
+    for r in results {
         let recv = rate(r.rows, r.recv);
         let vacancy = rate(r.rows, r.vacancy);
         println!(
@@ -222,7 +316,7 @@ pub(super) async fn run(owner: &Owner, options: &ApplyOptions) -> Result<(), Ben
         );
     }
     println!();
-    for r in &results {
+    for r in results {
         println!(
             "backlog read from each slot's restart_lsn ({}): pg_recvlogical {:.0} MiB, vacancy {:.0} MiB",
             r.shape,
@@ -230,7 +324,6 @@ pub(super) async fn run(owner: &Owner, options: &ApplyOptions) -> Result<(), Ben
             mib(r.vacancy_backlog)
         );
     }
-    Ok(())
 }
 
 /// Updates `bulk_rows` inventory rows (in primary-key order) in
