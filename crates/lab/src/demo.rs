@@ -19,6 +19,7 @@
 //! with `duration`, or on Ctrl-C) it stops the guests, checks that the copy
 //! equals the owner row for row, prints a summary and removes the cluster.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -27,6 +28,7 @@ use chrono::{NaiveDate, Utc};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{ClusterError, ClusterOptions};
@@ -48,6 +50,7 @@ const DEMO_SLOT: &str = "vacancy_demo";
 const HOT_HOTELS: i64 = 4;
 /// Hotels the browsing crowd searches (a search takes at most 250 ids).
 const BROWSE_HOTELS: i64 = 200;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone)]
 pub struct DemoOptions {
@@ -123,57 +126,19 @@ pub async fn run(options: DemoOptions, stop: CancellationToken) -> Result<(), De
     // server and removes its folder, on every path out (errors included).
     let owner_db =
         OwnerDb::given_or_embedded(options.owner_url.as_deref(), cluster_options, "owner").await?;
-    let owner_url = owner_db.url.clone();
-    let client = owner::connect(&owner_url, Duration::from_secs(10)).await?;
-    crate::schema::apply(&client).await?;
-    let existing: i64 = client
-        .query_one("SELECT count(*) FROM hotels", &[])
-        .await?
-        .get(0);
+    let client = owner::connect(&owner_db.url, CONNECT_TIMEOUT).await?;
     let today = Utc::now().date_naive();
-    if existing == 0 {
-        let seed_options = SeedOptions {
-            owner_url: owner_url.clone(),
-            hotels: options.hotels,
-            room_types: options.room_types,
-            nights: options.nights,
-            start: today,
-            seed: 1,
-            progress: true,
-        };
-        let seeding = seed::run(&seed_options);
-        let report = tokio::select! {
-            biased;
-            _ = stop.cancelled() => {
-                eprintln!("stopped while loading; removing the cluster");
-                return Ok(());
-            }
-            r = seeding => r?,
-        };
-        eprintln!(
-            "loaded {} hotels, {} room types, {} inventory rows in {:.1}s",
-            report.hotels,
-            report.room_types,
-            report.inventory_rows,
-            report.elapsed.as_secs_f64()
-        );
-    } else {
-        eprintln!("the owner has {existing} hotels already; booking those");
+    if seed_if_empty(&client, &options, &owner_db.url, today, &stop)
+        .await?
+        .is_break()
+    {
+        eprintln!("stopped while loading; removing the cluster");
+        return Ok(());
     }
     let data = dataset(&client, today).await?;
 
     let token = random_hex(24);
-    // `VACANCY_*` variables still apply (e.g. `VACANCY_ADMIN__TOKENS`, or
-    // `VACANCY_STALE__BOOKING_TOKENS` for a client of its own beside the
-    // simulated guests, as .ci/api-fuzz does); the demo's own owner, slot,
-    // guest token and quote key win.
-    let mut settings = Settings::load(None)?;
-    settings.owner.url = owner_url.clone();
-    settings.http.listen = options.listen.clone();
-    settings.stream.slot = DEMO_SLOT.to_string();
-    settings.stale.booking_tokens.push(token.clone());
-    settings.stale.quote_key = random_hex(32);
-    let app = App::bind_and_start(settings).await?;
+    let app = start_copy(&options, &owner_db.url, &token).await?;
     let loaded = tokio::select! {
         biased;
         _ = stop.cancelled() => false,
@@ -181,10 +146,95 @@ pub async fn run(options: DemoOptions, stop: CancellationToken) -> Result<(), De
     };
     if !loaded {
         app.stop(Duration::from_secs(10)).await;
-        drop_demo_slot(&options, &owner_url).await;
+        drop_demo_slot(&owner_db).await;
         return Ok(());
     }
-    let addr = app.addr;
+    print_addresses(app.addr, &data);
+
+    let mut site = BookingSite::open(&options, &data, app.addr, &owner_db.url, &token);
+    let started = Instant::now();
+    report_until_done(&app, &options, started, &stop).await;
+    eprintln!("stopping the guests");
+    let guests = site.close().await;
+
+    eprintln!("checking the copy against the owner, row for row");
+    let verified = verify(&app, &client).await;
+    println!(
+        "{}",
+        summary_line(&guests, &site.counters, &app, started.elapsed())
+    );
+    app.stop(Duration::from_secs(10)).await;
+    drop(client);
+    drop_demo_slot(&owner_db).await;
+    let (rows, differing) = verified?;
+    if differing > 0 {
+        println!("verify: rows={rows} differing={differing} (the copy differs from the owner)");
+        return Err(DemoError::Diverged(differing));
+    }
+    println!("verify: rows={rows} differing=0 (the copy equals the owner)");
+    Ok(())
+}
+
+/// Loads the generated dataset into an owner with no hotels; an owner with
+/// hotels is booked as it is. `Break` when `stop` came during the load.
+async fn seed_if_empty(
+    client: &tokio_postgres::Client,
+    options: &DemoOptions,
+    owner_url: &str,
+    today: NaiveDate,
+    stop: &CancellationToken,
+) -> Result<ControlFlow<()>, DemoError> {
+    crate::schema::apply(client).await?;
+    let existing: i64 = client
+        .query_one("SELECT count(*) FROM hotels", &[])
+        .await?
+        .get(0);
+    if existing > 0 {
+        eprintln!("the owner has {existing} hotels already; booking those");
+        return Ok(ControlFlow::Continue(()));
+    }
+    let seed_options = SeedOptions {
+        owner_url: owner_url.to_string(),
+        hotels: options.hotels,
+        room_types: options.room_types,
+        nights: options.nights,
+        start: today,
+        seed: 1,
+        progress: true,
+    };
+    let report = tokio::select! {
+        biased;
+        _ = stop.cancelled() => return Ok(ControlFlow::Break(())),
+        r = seed::run(&seed_options) => r?,
+    };
+    eprintln!(
+        "loaded {} hotels, {} room types, {} inventory rows in {:.1}s",
+        report.hotels,
+        report.room_types,
+        report.inventory_rows,
+        report.elapsed.as_secs_f64()
+    );
+    Ok(ControlFlow::Continue(()))
+}
+
+/// Starts the projector and the API on the demo's own slot, with `token` as
+/// the simulated booking service's.
+async fn start_copy(options: &DemoOptions, owner_url: &str, token: &str) -> Result<App, DemoError> {
+    // `VACANCY_*` variables still apply (e.g. `VACANCY_ADMIN__TOKENS`, or
+    // `VACANCY_STALE__BOOKING_TOKENS` for a client of its own beside the
+    // simulated guests, as .ci/api-fuzz does); the demo's own owner, slot,
+    // guest token and quote key win.
+    let mut settings = Settings::load(None)?;
+    settings.owner.url = owner_url.to_string();
+    settings.http.listen = options.listen.clone();
+    settings.stream.slot = DEMO_SLOT.to_string();
+    settings.stale.booking_tokens.push(token.to_string());
+    settings.stale.quote_key = random_hex(32);
+    Ok(App::bind_and_start(settings).await?)
+}
+
+/// Where to look: the guest page, a busy hotel, the API.
+fn print_addresses(addr: std::net::SocketAddr, data: &Dataset) {
     println!("vacancy is serving on http://{addr}");
     println!(
         "  the guest page:  http://{addr}/#/?city={}&check_in={}&check_out={}&rooms=1&guests=1",
@@ -202,102 +252,136 @@ pub async fn run(options: DemoOptions, stop: CancellationToken) -> Result<(), De
     println!(
         "  the API:         http://{addr}/v1/status, /v1/stale-reads, /metrics, /openapi.json"
     );
+}
 
-    let work = CancellationToken::new();
-    let counters = Arc::new(Counters::default());
-    let run_seed = Utc::now().timestamp_micros().unsigned_abs();
-    let (hot, browse) = crowds(&options, &data, addr, &owner_url, &token, run_seed);
-    let hot_crowd = tokio::spawn(simulator::run(hot, work.clone()));
-    let browse_crowd = browse.map(|b| tokio::spawn(simulator::run(b, work.clone())));
-    let actors = vec![
-        tokio::spawn(hoteliers(
-            owner_url.clone(),
-            data.clone(),
-            run_seed,
-            counters.clone(),
-            work.clone(),
-        )),
-        tokio::spawn(front_desk(
-            owner_url.clone(),
-            run_seed,
-            counters.clone(),
-            work.clone(),
-        )),
-    ];
+/// How long a crowd or an actor may take to stop once told to.
+const STOP_GRACE: Duration = Duration::from_secs(30);
 
-    let started = Instant::now();
+/// The booking site run against the copy and the owner: the crowds of
+/// guests, the hoteliers and the front desk, all stopped by `work`.
+struct BookingSite {
+    work: CancellationToken,
+    counters: Arc<Counters>,
+    crowds: Vec<JoinHandle<Result<SimSummary, SimError>>>,
+    actors: Vec<JoinHandle<()>>,
+}
+
+impl BookingSite {
+    fn open(
+        options: &DemoOptions,
+        data: &Dataset,
+        api: std::net::SocketAddr,
+        owner_url: &str,
+        token: &str,
+    ) -> BookingSite {
+        let work = CancellationToken::new();
+        let counters = Arc::new(Counters::default());
+        let run_seed = Utc::now().timestamp_micros().unsigned_abs();
+        let (hot, browse) = crowds(options, data, api, owner_url, token, run_seed);
+        let crowds = std::iter::once(hot)
+            .chain(browse)
+            .map(|crowd| tokio::spawn(simulator::run(crowd, work.clone())))
+            .collect();
+        let actors = vec![
+            tokio::spawn(hoteliers(
+                owner_url.to_string(),
+                data.clone(),
+                run_seed,
+                counters.clone(),
+                work.clone(),
+            )),
+            tokio::spawn(front_desk(
+                owner_url.to_string(),
+                run_seed,
+                counters.clone(),
+                work.clone(),
+            )),
+        ];
+        BookingSite {
+            work,
+            counters,
+            crowds,
+            actors,
+        }
+    }
+
+    /// Stops everyone and waits for them (each within `STOP_GRACE`); what
+    /// the guests did, by their own account.
+    async fn close(&mut self) -> SimSummary {
+        self.work.cancel();
+        let mut guests = SimSummary::default();
+        for crowd in self.crowds.drain(..) {
+            match tokio::time::timeout(STOP_GRACE, crowd).await {
+                Ok(Ok(Ok(summary))) => guests.merge(&summary),
+                Ok(Ok(Err(e))) => eprintln!("a crowd failed: {e}"),
+                Ok(Err(e)) => eprintln!("a crowd task failed: {e}"),
+                Err(_) => eprintln!("a crowd did not stop within {STOP_GRACE:?}"),
+            }
+        }
+        for actor in self.actors.drain(..) {
+            // The actors count what they did as they go: nothing to collect.
+            let _ = tokio::time::timeout(STOP_GRACE, actor).await;
+        }
+        guests
+    }
+}
+
+/// Prints a figures line every `report_every` until `stop` or the end of
+/// `duration`.
+async fn report_until_done(
+    app: &App,
+    options: &DemoOptions,
+    started: Instant,
+    stop: &CancellationToken,
+) {
     let deadline = options
         .duration
         .map(|d| tokio::time::Instant::from_std(started + d));
     let mut ticker = tokio::time::interval(options.report_every);
+    // The first tick is immediate; a line needs a period behind it.
     ticker.tick().await;
-    let mut last = Figures::now(&app);
+    let mut last = Figures::now(app);
     loop {
         tokio::select! {
             biased;
             _ = stop.cancelled() => break,
             _ = until(deadline) => break,
             _ = ticker.tick() => {
-                let now = Figures::now(&app);
-                println!("{}", now.line(&last, started.elapsed(), &app));
+                let now = Figures::now(app);
+                println!("{}", now.line(&last, started.elapsed(), app));
                 last = now;
             }
         }
     }
-    eprintln!("stopping the guests");
-    work.cancel();
-    let mut summary = SimSummary::default();
-    let grace = Duration::from_secs(30);
-    let mut crowds = vec![hot_crowd];
-    crowds.extend(browse_crowd);
-    for crowd in crowds {
-        match tokio::time::timeout(grace, crowd).await {
-            Ok(Ok(Ok(s))) => summary.merge(&s),
-            Ok(Ok(Err(e))) => eprintln!("a crowd failed: {e}"),
-            Ok(Err(e)) => eprintln!("a crowd task failed: {e}"),
-            Err(_) => eprintln!("a crowd did not stop within {grace:?}"),
-        }
-    }
-    for actor in actors {
-        let _ = tokio::time::timeout(grace, actor).await;
-    }
+}
 
-    eprintln!("checking the copy against the owner, row for row");
-    let verified = verify(&app, &client).await;
+/// The `summary:` line: the guests' account, the actors' counts, and the
+/// share of takes `vacancy` counted as stale reads.
+fn summary_line(guests: &SimSummary, counters: &Counters, app: &App, elapsed: Duration) -> String {
     let totals = app.stale.ledger.totals();
     let owner_takes = totals.taken + totals.conflicts;
-    println!(
+    format!(
         "summary: searches={} takes={} taken={} conflicts={} conflicts_after_shown={} stale_share={:.4} paid={} released={} walked_away={} expired={} cancelled={} capacity_changes={} reports_recorded={} reports_failed={} seconds={:.0}",
-        summary.searches - summary.search_errors,
-        summary.taken + summary.conflicts,
-        summary.taken,
-        summary.conflicts,
-        summary.conflicts_after_shown,
+        guests.searches - guests.search_errors,
+        guests.taken + guests.conflicts,
+        guests.taken,
+        guests.conflicts,
+        guests.conflicts_after_shown,
         if owner_takes == 0 {
             0.0
         } else {
             totals.stale_reads as f64 / owner_takes as f64
         },
-        summary.paid,
-        summary.released,
-        summary.walked_away,
-        summary.swept,
+        guests.paid,
+        guests.released,
+        guests.walked_away,
+        guests.swept,
         counters.cancelled.load(Ordering::Relaxed),
         counters.capacity_changes.load(Ordering::Relaxed),
-        summary.reports_recorded,
-        summary.reports_failed,
-        started.elapsed().as_secs_f64(),
-    );
-    app.stop(Duration::from_secs(10)).await;
-    drop(client);
-    drop_demo_slot(&options, &owner_url).await;
-    let (rows, differing) = verified?;
-    if differing > 0 {
-        println!("verify: rows={rows} differing={differing} (the copy differs from the owner)");
-        return Err(DemoError::Diverged(differing));
-    }
-    println!("verify: rows={rows} differing=0 (the copy equals the owner)");
-    Ok(())
+        guests.reports_recorded,
+        guests.reports_failed,
+        elapsed.as_secs_f64(),
+    )
 }
 
 /// The two crowds: a hot one (racing; sweeps expired holds) and, with more
@@ -503,7 +587,7 @@ async fn hoteliers(
     counters: Arc<Counters>,
     stop: CancellationToken,
 ) {
-    let Ok(mut client) = owner::connect(&url, Duration::from_secs(10)).await else {
+    let Ok(mut client) = owner::connect(&url, CONNECT_TIMEOUT).await else {
         return;
     };
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x4854_4c52);
@@ -574,7 +658,7 @@ async fn hoteliers(
 
 /// Guests cancel paid bookings now and then; their units come back.
 async fn front_desk(url: String, seed: u64, counters: Arc<Counters>, stop: CancellationToken) {
-    let Ok(mut client) = owner::connect(&url, Duration::from_secs(10)).await else {
+    let Ok(mut client) = owner::connect(&url, CONNECT_TIMEOUT).await else {
         return;
     };
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x4445_534b);
@@ -607,11 +691,11 @@ async fn until(deadline: Option<tokio::time::Instant>) {
 }
 
 /// On an attached owner, the demo's slot would pin WAL after it exits.
-async fn drop_demo_slot(options: &DemoOptions, owner_url: &str) {
-    if options.owner_url.is_none() {
+async fn drop_demo_slot(owner_db: &OwnerDb) {
+    if owner_db.is_embedded() {
         return; // the cluster goes away whole
     }
-    match owner::connect(owner_url, Duration::from_secs(10)).await {
+    match owner::connect(&owner_db.url, CONNECT_TIMEOUT).await {
         Ok(c) => {
             if let Err(e) = slot::drop_slot(&c, DEMO_SLOT).await {
                 eprintln!("could not drop the demo's slot {DEMO_SLOT}: {e}");
