@@ -22,7 +22,7 @@ use super::{
     BenchError, CONNECT_TIMEOUT, LOAD_LIMIT, Owner, POLL, PUBLICATION, RECV_SLOT, VACANCY_SLOT,
     bench_settings, flush_lsn, mib, print_header, rate, restart_lsn, run_tool,
 };
-use crate::readiness::wait_until;
+use crate::readiness::{NotReady, wait_until};
 
 pub(super) struct ApplyOptions {
     pub(super) bulk_rows: u64,
@@ -72,7 +72,7 @@ pub(super) async fn run(owner: &Owner, options: &ApplyOptions) -> Result<(), Ben
         // backlog starts where the baseline's new slot starts.
         client.batch_execute("CHECKPOINT").await?;
         tokio::time::sleep(Duration::from_secs(3)).await;
-        vacancy.stop().await;
+        vacancy.stop().await?;
 
         client
             .execute(
@@ -118,10 +118,13 @@ pub(super) async fn run(owner: &Owner, options: &ApplyOptions) -> Result<(), Ben
             vacancy: vacancy_time,
         });
     }
-    vacancy.stop().await;
+    vacancy.stop().await?;
     print_table(&pgoutput, &results);
     Ok(())
 }
+
+/// How long the projector may take to stop once told to.
+const STOP_LIMIT: Duration = Duration::from_secs(30);
 
 /// vacancy's stream alone (no API): a projector stopped for each workload
 /// and started again on the same model, status and refresh state, as one
@@ -161,11 +164,25 @@ impl Vacancy {
         Ok(())
     }
 
-    async fn stop(&mut self) {
+    /// A projector still running after `STOP_LIMIT` would hold the slot the
+    /// next drain resumes, so it fails the bench rather than skew a figure.
+    async fn stop(&mut self) -> Result<(), BenchError> {
         self.shutdown.cancel();
-        if let Some(task) = self.task.take() {
-            // A projector that panicked has stopped all the same.
-            let _ = task.await;
+        let Some(task) = self.task.take() else {
+            return Ok(());
+        };
+        // A projector that panicked has stopped all the same.
+        match tokio::time::timeout(STOP_LIMIT, task).await {
+            Ok(_) => Ok(()),
+            Err(_) => Err(NotReady {
+                what: "vacancy's projector to stop",
+                limit: STOP_LIMIT,
+                last_error: self
+                    .status
+                    .last_error()
+                    .unwrap_or_else(|| "none".to_string()),
+            }
+            .into()),
         }
     }
 
