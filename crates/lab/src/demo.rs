@@ -278,7 +278,7 @@ impl BookingSite {
         let counters = Arc::new(Counters::default());
         let run_seed = Utc::now().timestamp_micros().unsigned_abs();
         let (hot, browse) = crowds(options, data, api, owner_url, token, run_seed);
-        let crowds = std::iter::once(hot)
+        let crowd_tasks = std::iter::once(hot)
             .chain(browse)
             .map(|crowd| tokio::spawn(simulator::run(crowd, work.clone())))
             .collect();
@@ -300,7 +300,7 @@ impl BookingSite {
         BookingSite {
             work,
             counters,
-            crowds,
+            crowds: crowd_tasks,
             actors,
         }
     }
