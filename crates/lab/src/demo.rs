@@ -19,6 +19,7 @@
 //! with `duration`, or on Ctrl-C) it stops the guests, checks that the copy
 //! equals the owner row for row, prints a summary and removes the cluster.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -27,15 +28,17 @@ use chrono::{NaiveDate, Utc};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use crate::cluster::{Cluster, ClusterError, ClusterOptions};
+use crate::cluster::{ClusterError, ClusterOptions};
 use crate::ops::{self, CapacityOutcome, Transition};
+use crate::owner_db::OwnerDb;
+use crate::readiness::{NotReady, wait_until};
 use crate::seed::{self, SeedError, SeedOptions};
-use crate::simulator::{self, SimError, SimOptions, SimSummary};
+use crate::simulator::{self, SimError, SimOptions, SimSummary, pause};
 use vacancy_service::App;
 use vacancy_service::OwnerError;
-use vacancy_service::ReadModel;
 use vacancy_service::Settings;
 use vacancy_service::metrics;
 use vacancy_service::slot;
@@ -47,6 +50,7 @@ const DEMO_SLOT: &str = "vacancy_demo";
 const HOT_HOTELS: i64 = 4;
 /// Hotels the browsing crowd searches (a search takes at most 250 ids).
 const BROWSE_HOTELS: i64 = 200;
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Clone)]
 pub struct DemoOptions {
@@ -87,10 +91,8 @@ pub enum DemoError {
     Config(#[from] vacancy_service::ConfigError),
     #[error("the owner has no hotels with inventory to book")]
     EmptyOwner,
-    #[error("the copy did not load the owner's snapshot within {0:?}")]
-    NotLoaded(Duration),
-    #[error("the copy did not reach the owner's position within {0:?}")]
-    NotCaughtUp(Duration),
+    #[error(transparent)]
+    NotReady(#[from] NotReady),
     #[error("the copy differs from the owner in {0} inventory rows")]
     Diverged(u64),
 }
@@ -122,70 +124,21 @@ pub async fn run(options: DemoOptions, stop: CancellationToken) -> Result<(), De
     }
     // Kept alive until the end of this function: dropping it stops the
     // server and removes its folder, on every path out (errors included).
-    let (_cluster, owner_url) = match &options.owner_url {
-        Some(url) => (None, url.clone()),
-        None => {
-            eprintln!(
-                "starting an embedded PostgreSQL from {}",
-                cluster_options.bin_dir.display()
-            );
-            let cluster = tokio::task::spawn_blocking(move || Cluster::start(cluster_options))
-                .await
-                .map_err(|e| ClusterError::Io(std::io::Error::other(e)))??;
-            let url = cluster.create_database("owner")?;
-            (Some(cluster), url)
-        }
-    };
-    let client = vacancy_service::connect(&owner_url, Duration::from_secs(10)).await?;
-    crate::schema::apply(&client).await?;
-    let existing: i64 = client
-        .query_one("SELECT count(*) FROM hotels", &[])
-        .await?
-        .get(0);
+    let owner_db =
+        OwnerDb::given_or_embedded(options.owner_url.as_deref(), cluster_options, "owner").await?;
+    let client = vacancy_service::connect(&owner_db.url, CONNECT_TIMEOUT).await?;
     let today = Utc::now().date_naive();
-    if existing == 0 {
-        let seed_options = SeedOptions {
-            owner_url: owner_url.clone(),
-            hotels: options.hotels,
-            room_types: options.room_types,
-            nights: options.nights,
-            start: today,
-            seed: 1,
-            progress: true,
-        };
-        let seeding = seed::run(&seed_options);
-        let report = tokio::select! {
-            biased;
-            _ = stop.cancelled() => {
-                eprintln!("stopped while loading; removing the cluster");
-                return Ok(());
-            }
-            r = seeding => r?,
-        };
-        eprintln!(
-            "loaded {} hotels, {} room types, {} inventory rows in {:.1}s",
-            report.hotels,
-            report.room_types,
-            report.inventory_rows,
-            report.elapsed.as_secs_f64()
-        );
-    } else {
-        eprintln!("the owner has {existing} hotels already; booking those");
+    if seed_if_empty(&client, &options, &owner_db.url, today, &stop)
+        .await?
+        .is_break()
+    {
+        eprintln!("stopped while loading; removing the cluster");
+        return Ok(());
     }
     let data = dataset(&client, today).await?;
 
     let token = random_hex(24);
-    // `VACANCY_*` variables still apply (e.g. `VACANCY_ADMIN__TOKENS`, or
-    // `VACANCY_STALE__BOOKING_TOKENS` for a client of its own beside the
-    // simulated guests, as .ci/api-fuzz does); the demo's own owner, slot,
-    // guest token and quote key win.
-    let mut settings = Settings::load(None)?;
-    settings.owner.url = owner_url.clone();
-    settings.http.listen = options.listen.clone();
-    settings.stream.slot = DEMO_SLOT.to_string();
-    settings.stale.booking_tokens.push(token.clone());
-    settings.stale.quote_key = random_hex(32);
-    let app = App::bind_and_start(settings).await?;
+    let app = start_copy(&options, &owner_db.url, &token).await?;
     let loaded = tokio::select! {
         biased;
         _ = stop.cancelled() => false,
@@ -193,10 +146,95 @@ pub async fn run(options: DemoOptions, stop: CancellationToken) -> Result<(), De
     };
     if !loaded {
         app.stop(Duration::from_secs(10)).await;
-        drop_demo_slot(&options, &owner_url).await;
+        drop_demo_slot(&owner_db).await;
         return Ok(());
     }
-    let addr = app.addr;
+    print_addresses(app.addr, &data);
+
+    let mut site = BookingSite::open(&options, &data, app.addr, &owner_db.url, &token);
+    let started = Instant::now();
+    report_until_done(&app, &options, started, &stop).await;
+    eprintln!("stopping the guests");
+    let guests = site.close().await;
+
+    eprintln!("checking the copy against the owner, row for row");
+    let verified = verify(&app, &client).await;
+    println!(
+        "{}",
+        summary_line(&guests, &site.counters, &app, started.elapsed())
+    );
+    app.stop(Duration::from_secs(10)).await;
+    drop(client);
+    drop_demo_slot(&owner_db).await;
+    let (rows, differing) = verified?;
+    if differing > 0 {
+        println!("verify: rows={rows} differing={differing} (the copy differs from the owner)");
+        return Err(DemoError::Diverged(differing));
+    }
+    println!("verify: rows={rows} differing=0 (the copy equals the owner)");
+    Ok(())
+}
+
+/// Loads the generated dataset into an owner with no hotels; an owner with
+/// hotels is booked as it is. `Break` when `stop` came during the load.
+async fn seed_if_empty(
+    client: &tokio_postgres::Client,
+    options: &DemoOptions,
+    owner_url: &str,
+    today: NaiveDate,
+    stop: &CancellationToken,
+) -> Result<ControlFlow<()>, DemoError> {
+    crate::schema::apply(client).await?;
+    let existing: i64 = client
+        .query_one("SELECT count(*) FROM hotels", &[])
+        .await?
+        .get(0);
+    if existing > 0 {
+        eprintln!("the owner has {existing} hotels already; booking those");
+        return Ok(ControlFlow::Continue(()));
+    }
+    let seed_options = SeedOptions {
+        owner_url: owner_url.to_string(),
+        hotels: options.hotels,
+        room_types: options.room_types,
+        nights: options.nights,
+        start: today,
+        seed: 1,
+        progress: true,
+    };
+    let report = tokio::select! {
+        biased;
+        _ = stop.cancelled() => return Ok(ControlFlow::Break(())),
+        r = seed::run(&seed_options) => r?,
+    };
+    eprintln!(
+        "loaded {} hotels, {} room types, {} inventory rows in {:.1}s",
+        report.hotels,
+        report.room_types,
+        report.inventory_rows,
+        report.elapsed.as_secs_f64()
+    );
+    Ok(ControlFlow::Continue(()))
+}
+
+/// Starts the projector and the API on the demo's own slot, with `token` as
+/// the simulated booking service's.
+async fn start_copy(options: &DemoOptions, owner_url: &str, token: &str) -> Result<App, DemoError> {
+    // `VACANCY_*` variables still apply (e.g. `VACANCY_ADMIN__TOKENS`, or
+    // `VACANCY_STALE__BOOKING_TOKENS` for a client of its own beside the
+    // simulated guests, as .ci/api-fuzz does); the demo's own owner, slot,
+    // guest token and quote key win.
+    let mut settings = Settings::load(None)?;
+    settings.owner.url = owner_url.to_string();
+    settings.http.listen = options.listen.clone();
+    settings.stream.slot = DEMO_SLOT.to_string();
+    settings.stale.booking_tokens.push(token.to_string());
+    settings.stale.quote_key = random_hex(32);
+    Ok(App::bind_and_start(settings).await?)
+}
+
+/// Where to look: the guest page, a busy hotel, the API.
+fn print_addresses(addr: std::net::SocketAddr, data: &Dataset) {
     println!("vacancy is serving on http://{addr}");
     println!(
         "  the guest page:  http://{addr}/#/?city={}&check_in={}&check_out={}&rooms=1&guests=1",
@@ -214,102 +252,136 @@ pub async fn run(options: DemoOptions, stop: CancellationToken) -> Result<(), De
     println!(
         "  the API:         http://{addr}/v1/status, /v1/stale-reads, /metrics, /openapi.json"
     );
+}
 
-    let work = CancellationToken::new();
-    let counters = Arc::new(Counters::default());
-    let run_seed = Utc::now().timestamp_micros().unsigned_abs();
-    let (hot, browse) = crowds(&options, &data, addr, &owner_url, &token, run_seed);
-    let hot_crowd = tokio::spawn(simulator::run(hot, work.clone()));
-    let browse_crowd = browse.map(|b| tokio::spawn(simulator::run(b, work.clone())));
-    let actors = vec![
-        tokio::spawn(hoteliers(
-            owner_url.clone(),
-            data.clone(),
-            run_seed,
-            counters.clone(),
-            work.clone(),
-        )),
-        tokio::spawn(front_desk(
-            owner_url.clone(),
-            run_seed,
-            counters.clone(),
-            work.clone(),
-        )),
-    ];
+/// How long a crowd or an actor may take to stop once told to.
+const STOP_GRACE: Duration = Duration::from_secs(30);
 
-    let started = Instant::now();
+/// The booking site run against the copy and the owner: the crowds of
+/// guests, the hoteliers and the front desk, all stopped by `work`.
+struct BookingSite {
+    work: CancellationToken,
+    counters: Arc<Counters>,
+    crowds: Vec<JoinHandle<Result<SimSummary, SimError>>>,
+    actors: Vec<JoinHandle<()>>,
+}
+
+impl BookingSite {
+    fn open(
+        options: &DemoOptions,
+        data: &Dataset,
+        api: std::net::SocketAddr,
+        owner_url: &str,
+        token: &str,
+    ) -> BookingSite {
+        let work = CancellationToken::new();
+        let counters = Arc::new(Counters::default());
+        let run_seed = Utc::now().timestamp_micros().unsigned_abs();
+        let (hot, browse) = crowds(options, data, api, owner_url, token, run_seed);
+        let crowd_tasks = std::iter::once(hot)
+            .chain(browse)
+            .map(|crowd| tokio::spawn(simulator::run(crowd, work.clone())))
+            .collect();
+        let actors = vec![
+            tokio::spawn(hoteliers(
+                owner_url.to_string(),
+                data.clone(),
+                run_seed,
+                counters.clone(),
+                work.clone(),
+            )),
+            tokio::spawn(front_desk(
+                owner_url.to_string(),
+                run_seed,
+                counters.clone(),
+                work.clone(),
+            )),
+        ];
+        BookingSite {
+            work,
+            counters,
+            crowds: crowd_tasks,
+            actors,
+        }
+    }
+
+    /// Stops everyone and waits for them (each within `STOP_GRACE`); what
+    /// the guests did, by their own account.
+    async fn close(&mut self) -> SimSummary {
+        self.work.cancel();
+        let mut guests = SimSummary::default();
+        for crowd in self.crowds.drain(..) {
+            match tokio::time::timeout(STOP_GRACE, crowd).await {
+                Ok(Ok(Ok(summary))) => guests.merge(&summary),
+                Ok(Ok(Err(e))) => eprintln!("a crowd failed: {e}"),
+                Ok(Err(e)) => eprintln!("a crowd task failed: {e}"),
+                Err(_) => eprintln!("a crowd did not stop within {STOP_GRACE:?}"),
+            }
+        }
+        for actor in self.actors.drain(..) {
+            // The actors count what they did as they go: nothing to collect.
+            let _ = tokio::time::timeout(STOP_GRACE, actor).await;
+        }
+        guests
+    }
+}
+
+/// Prints a figures line every `report_every` until `stop` or the end of
+/// `duration`.
+async fn report_until_done(
+    app: &App,
+    options: &DemoOptions,
+    started: Instant,
+    stop: &CancellationToken,
+) {
     let deadline = options
         .duration
         .map(|d| tokio::time::Instant::from_std(started + d));
     let mut ticker = tokio::time::interval(options.report_every);
+    // The first tick is immediate; a line needs a period behind it.
     ticker.tick().await;
-    let mut last = Figures::now(&app);
+    let mut last = Figures::now(app);
     loop {
         tokio::select! {
             biased;
             _ = stop.cancelled() => break,
             _ = until(deadline) => break,
             _ = ticker.tick() => {
-                let now = Figures::now(&app);
-                println!("{}", now.line(&last, started.elapsed(), &app));
+                let now = Figures::now(app);
+                println!("{}", now.line(&last, started.elapsed(), app));
                 last = now;
             }
         }
     }
-    eprintln!("stopping the guests");
-    work.cancel();
-    let mut summary = SimSummary::default();
-    let grace = Duration::from_secs(30);
-    let mut crowds = vec![hot_crowd];
-    crowds.extend(browse_crowd);
-    for crowd in crowds {
-        match tokio::time::timeout(grace, crowd).await {
-            Ok(Ok(Ok(s))) => add(&mut summary, &s),
-            Ok(Ok(Err(e))) => eprintln!("a crowd failed: {e}"),
-            Ok(Err(e)) => eprintln!("a crowd task failed: {e}"),
-            Err(_) => eprintln!("a crowd did not stop within {grace:?}"),
-        }
-    }
-    for actor in actors {
-        let _ = tokio::time::timeout(grace, actor).await;
-    }
+}
 
-    eprintln!("checking the copy against the owner, row for row");
-    let verified = verify(&app.model, &client).await;
+/// The `summary:` line: the guests' account, the actors' counts, and the
+/// share of takes `vacancy` counted as stale reads.
+fn summary_line(guests: &SimSummary, counters: &Counters, app: &App, elapsed: Duration) -> String {
     let totals = app.stale.ledger.totals();
     let owner_takes = totals.taken + totals.conflicts;
-    println!(
+    format!(
         "summary: searches={} takes={} taken={} conflicts={} conflicts_after_shown={} stale_share={:.4} paid={} released={} walked_away={} expired={} cancelled={} capacity_changes={} reports_recorded={} reports_failed={} seconds={:.0}",
-        summary.searches - summary.search_errors,
-        summary.taken + summary.conflicts,
-        summary.taken,
-        summary.conflicts,
-        summary.conflicts_after_shown,
+        guests.searches - guests.search_errors,
+        guests.taken + guests.conflicts,
+        guests.taken,
+        guests.conflicts,
+        guests.conflicts_after_shown,
         if owner_takes == 0 {
             0.0
         } else {
             totals.stale_reads as f64 / owner_takes as f64
         },
-        summary.paid,
-        summary.released,
-        summary.walked_away,
-        summary.swept,
+        guests.paid,
+        guests.released,
+        guests.walked_away,
+        guests.swept,
         counters.cancelled.load(Ordering::Relaxed),
         counters.capacity_changes.load(Ordering::Relaxed),
-        summary.reports_recorded,
-        summary.reports_failed,
-        started.elapsed().as_secs_f64(),
-    );
-    app.stop(Duration::from_secs(10)).await;
-    drop(client);
-    drop_demo_slot(&options, &owner_url).await;
-    let (rows, differing) = verified?;
-    if differing > 0 {
-        println!("verify: rows={rows} differing={differing} (the copy differs from the owner)");
-        return Err(DemoError::Diverged(differing));
-    }
-    println!("verify: rows={rows} differing=0 (the copy equals the owner)");
-    Ok(())
+        guests.reports_recorded,
+        guests.reports_failed,
+        elapsed.as_secs_f64(),
+    )
 }
 
 /// The two crowds: a hot one (racing; sweeps expired holds) and, with more
@@ -431,16 +503,23 @@ async fn wait_loaded(app: &App, limit: Duration) -> Result<(), DemoError> {
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     let snap = &app.status.snapshot;
-    let deadline = Instant::now() + limit;
-    while !app.model.freshness.is_loaded() {
-        if Instant::now() > deadline {
-            bar.abandon();
-            return Err(DemoError::NotLoaded(limit));
-        }
-        bar.set_length(snap.rows_expected.load(Ordering::Relaxed));
-        bar.set_position(snap.rows_loaded.load(Ordering::Relaxed));
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    // Each poll redraws the bar, so it moves as the rows arrive.
+    let loaded = wait_until(
+        "the copy to load the owner's snapshot",
+        limit,
+        Duration::from_millis(100),
+        &app.status,
+        || {
+            bar.set_length(snap.rows_expected.load(Ordering::Relaxed));
+            bar.set_position(snap.rows_loaded.load(Ordering::Relaxed));
+            app.model.freshness.is_loaded()
+        },
+    )
+    .await;
+    if loaded.is_err() {
+        bar.abandon();
     }
+    loaded?;
     bar.finish_and_clear();
     eprintln!(
         "the copy is loaded at lsn {}",
@@ -508,7 +587,7 @@ async fn hoteliers(
     counters: Arc<Counters>,
     stop: CancellationToken,
 ) {
-    let Ok(mut client) = vacancy_service::connect(&url, Duration::from_secs(10)).await else {
+    let Ok(mut client) = vacancy_service::connect(&url, CONNECT_TIMEOUT).await else {
         return;
     };
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x4854_4c52);
@@ -579,7 +658,7 @@ async fn hoteliers(
 
 /// Guests cancel paid bookings now and then; their units come back.
 async fn front_desk(url: String, seed: u64, counters: Arc<Counters>, stop: CancellationToken) {
-    let Ok(mut client) = vacancy_service::connect(&url, Duration::from_secs(10)).await else {
+    let Ok(mut client) = vacancy_service::connect(&url, CONNECT_TIMEOUT).await else {
         return;
     };
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x4445_534b);
@@ -604,14 +683,6 @@ async fn front_desk(url: String, seed: u64, counters: Arc<Counters>, stop: Cance
     }
 }
 
-async fn pause(rng: &mut ChaCha8Rng, range_ms: (u64, u64), stop: &CancellationToken) {
-    let ms = rng.random_range(range_ms.0..=range_ms.1);
-    tokio::select! {
-        _ = stop.cancelled() => {}
-        _ = tokio::time::sleep(Duration::from_millis(ms)) => {}
-    }
-}
-
 async fn until(deadline: Option<tokio::time::Instant>) {
     match deadline {
         Some(d) => tokio::time::sleep_until(d).await,
@@ -619,26 +690,12 @@ async fn until(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-fn add(total: &mut SimSummary, s: &SimSummary) {
-    total.searches += s.searches;
-    total.search_errors += s.search_errors;
-    total.taken += s.taken;
-    total.conflicts += s.conflicts;
-    total.conflicts_after_shown += s.conflicts_after_shown;
-    total.paid += s.paid;
-    total.released += s.released;
-    total.walked_away += s.walked_away;
-    total.swept += s.swept;
-    total.reports_recorded += s.reports_recorded;
-    total.reports_failed += s.reports_failed;
-}
-
 /// On an attached owner, the demo's slot would pin WAL after it exits.
-async fn drop_demo_slot(options: &DemoOptions, owner_url: &str) {
-    if options.owner_url.is_none() {
+async fn drop_demo_slot(owner_db: &OwnerDb) {
+    if owner_db.is_embedded() {
         return; // the cluster goes away whole
     }
-    match vacancy_service::connect(owner_url, Duration::from_secs(10)).await {
+    match vacancy_service::connect(&owner_db.url, CONNECT_TIMEOUT).await {
         Ok(c) => {
             if let Err(e) = slot::drop_slot(&c, DEMO_SLOT).await {
                 eprintln!("could not drop the demo's slot {DEMO_SLOT}: {e}");
@@ -662,19 +719,17 @@ fn url_encode(s: &str) -> String {
 /// Waits for the copy to reach the owner's position, then compares every
 /// inventory row: returns the rows compared and how many differ (or exist on
 /// one side only).
-pub async fn verify(
-    model: &ReadModel,
-    client: &tokio_postgres::Client,
-) -> Result<(u64, u64), DemoError> {
+pub async fn verify(app: &App, client: &tokio_postgres::Client) -> Result<(u64, u64), DemoError> {
     let target = slot::current_wal_lsn(client).await?;
-    let wait = Duration::from_secs(60);
-    let deadline = Instant::now() + wait;
-    while model.freshness.applied() < target {
-        if Instant::now() > deadline {
-            return Err(DemoError::NotCaughtUp(wait));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let model = &app.model;
+    wait_until(
+        "the copy to reach the owner's position",
+        Duration::from_secs(60),
+        Duration::from_millis(20),
+        &app.status,
+        || model.freshness.applied() >= target,
+    )
+    .await?;
     let rows = client
         .query(
             "SELECT hotel_id, room_type_id, night, total, taken, sell_limit, price_cents FROM inventory",

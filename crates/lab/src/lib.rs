@@ -14,11 +14,17 @@
 //!   operations, reporting each take.
 //! - [`demo`]: the whole job on one machine: embedded owner, seed, guests.
 //! - [`bench`]: `vacancy bench ...`, each figure beside its baseline.
+//! - [`measure`]: latency percentiles, read one way by every bench.
+//! - [`readiness`]: bounded waits for a copy running in this process.
+//! - [`owner_db`]: the owner a lab run works on, given or embedded.
 
 pub mod bench;
 pub mod cluster;
 pub mod demo;
+pub mod measure;
 pub mod ops;
+pub mod owner_db;
+pub mod readiness;
 pub mod schema;
 pub mod seed;
 pub mod simulator;

@@ -152,7 +152,8 @@ pub struct SimSummary {
 }
 
 impl SimSummary {
-    fn merge(&mut self, o: &SimSummary) {
+    /// Adds another account (one guest's, or a whole crowd's) to this one.
+    pub fn merge(&mut self, o: &SimSummary) {
         self.searches += o.searches;
         self.search_errors += o.search_errors;
         self.empty_searches += o.empty_searches;
@@ -485,7 +486,9 @@ async fn current_lsn(client: &tokio_postgres::Client) -> Option<vacancy_service:
         .map(|r| r.get::<_, tokio_postgres::types::PgLsn>(0).into())
 }
 
-async fn pause(rng: &mut ChaCha8Rng, range: (u64, u64), stop: &CancellationToken) {
+/// A simulated person's pause between two actions: a random length from
+/// `range` (ms), cut short when `stop` is cancelled.
+pub(crate) async fn pause(rng: &mut ChaCha8Rng, range: (u64, u64), stop: &CancellationToken) {
     let ms = if range.1 > range.0 {
         rng.random_range(range.0..=range.1)
     } else {

@@ -15,36 +15,38 @@
 //! - `snapshot`: snapshot load rate, against server-side `COPY ... TO '/dev/null'`.
 //! - `memory`: resident bytes per inventory row once the copy is loaded.
 //! - `faults`: recovery and divergence per fault (`crate::bench::faults`).
+//!
+//! Each measurement is a module named as its subcommand. This one holds the
+//! command line, the owner under test (prepared once, its slots and
+//! publication removed after every measurement) and what the measurements
+//! share: the header, the settings, the outside tools, the owner's WAL
+//! positions.
 
+mod apply;
 pub mod faults;
+mod latency;
+mod memory;
 pub mod search;
+mod snapshot;
 pub mod stale;
 
-use std::fmt::Write as _;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::NaiveDate;
-use rand::{RngExt, SeedableRng};
-use rand_chacha::ChaCha8Rng;
-use tokio::net::TcpListener;
 use tokio::process::Command;
 use tokio_postgres::Client;
-use tokio_util::sync::CancellationToken;
 
-use crate::cluster::{Cluster, ClusterError, ClusterOptions, DEFAULT_BIN_DIR};
+use crate::cluster::{ClusterError, ClusterOptions, DEFAULT_BIN_DIR};
+use crate::owner_db::OwnerDb;
+use crate::readiness::NotReady;
 use crate::seed::{self, SeedError};
 use vacancy_service::AppError;
 use vacancy_service::Lsn;
 use vacancy_service::OwnerError;
-use vacancy_service::Refresh;
 use vacancy_service::Settings;
-use vacancy_service::SnapshotPhase;
-use vacancy_service::metrics;
+use vacancy_service::redacted_url;
 use vacancy_service::slot::{self, SlotError};
-use vacancy_service::{CalendarKey, ReadModel};
-use vacancy_service::{Projector, StreamStatus};
 
 /// vacancy's slot during a bench: its own name, so a bench never touches the
 /// slot of a `vacancy serve` attached to the same owner.
@@ -156,12 +158,8 @@ pub enum BenchError {
     App(#[from] AppError),
     #[error(transparent)]
     Tool(#[from] ToolError),
-    #[error("{what} did not happen within {limit:?} (stream's last error: {last_error})")]
-    Timeout {
-        what: &'static str,
-        limit: Duration,
-        last_error: String,
-    },
+    #[error(transparent)]
+    NotReady(#[from] NotReady),
     #[error("the owner database has no inventory rows to measure")]
     NoData,
     #[error("bench i/o: {0}")]
@@ -184,13 +182,13 @@ pub async fn run(command: BenchCommand) -> Result<(), BenchError> {
             clients,
         } => {
             let owner = Owner::prepare(&owner).await?;
-            let options = ApplyOptions {
+            let options = apply::ApplyOptions {
                 bulk_rows,
                 bulk_transactions: bulk_transactions.max(1),
                 single_transactions,
                 clients: clients.max(1),
             };
-            owner.guarded(apply(&owner, &options)).await
+            owner.guarded(apply::run(&owner, &options)).await
         }
         BenchCommand::Latency {
             owner,
@@ -200,21 +198,21 @@ pub async fn run(command: BenchCommand) -> Result<(), BenchError> {
             probe_interval_ms,
         } => {
             let owner = Owner::prepare(&owner).await?;
-            let options = LatencyOptions {
+            let options = latency::LatencyOptions {
                 rate,
                 seconds,
                 clients: clients.max(1),
                 probe_interval: Duration::from_millis(probe_interval_ms),
             };
-            owner.guarded(latency(&owner, &options)).await
+            owner.guarded(latency::run(&owner, &options)).await
         }
         BenchCommand::Snapshot { owner } => {
             let owner = Owner::prepare(&owner).await?;
-            owner.guarded(snapshot(&owner)).await
+            owner.guarded(snapshot::run(&owner)).await
         }
         BenchCommand::Memory { owner } => {
             let owner = Owner::prepare(&owner).await?;
-            owner.guarded(memory(&owner)).await
+            owner.guarded(memory::run(&owner)).await
         }
         BenchCommand::Faults(args) => Ok(crate::bench::faults::run(args).await?),
         BenchCommand::Search(args) => Ok(crate::bench::search::run(args).await?),
@@ -234,13 +232,11 @@ struct Shape {
 
 /// The owner under test.
 struct Owner {
-    url: String,
     bin_dir: PathBuf,
     shape: Shape,
-    description: String,
-    // Dropping it stops and removes the embedded cluster: declared last so
+    // Dropping it stops and removes an embedded cluster: declared last so
     // it outlives everything above.
-    _cluster: Option<Cluster>,
+    db: OwnerDb,
 }
 
 impl Owner {
@@ -249,39 +245,24 @@ impl Owner {
             .pg_bin
             .clone()
             .unwrap_or_else(|| PathBuf::from(DEFAULT_BIN_DIR));
-        let (cluster, url, description) = match &args.owner_url {
-            Some(url) => (None, url.clone(), format!("given: {}", redact(url))),
-            None => {
-                eprintln!("starting an embedded PostgreSQL (fsync on)");
-                let options = ClusterOptions {
-                    bin_dir: bin_dir.clone(),
-                    fsync: true,
-                    ..ClusterOptions::default()
-                };
-                let cluster = tokio::task::spawn_blocking(move || Cluster::start(options))
-                    .await
-                    .map_err(std::io::Error::other)??;
-                let url = cluster.create_database("bench")?;
-                (
-                    Some(cluster),
-                    url,
-                    "embedded throwaway cluster (fsync, synchronous_commit, full_page_writes on)"
-                        .to_string(),
-                )
-            }
+        // The figures are for a durable owner, as in production.
+        let cluster_options = ClusterOptions {
+            bin_dir: bin_dir.clone(),
+            fsync: true,
+            ..ClusterOptions::default()
         };
-        let client = vacancy_service::connect(&url, CONNECT_TIMEOUT).await?;
+        let db =
+            OwnerDb::given_or_embedded(args.owner_url.as_deref(), cluster_options, "bench").await?;
+        let client = vacancy_service::connect(&db.url, CONNECT_TIMEOUT).await?;
         if !has_inventory(&client).await? {
-            seed::run_announced(&url, (args.hotels, args.room_types, args.nights), 1).await?;
+            seed::run_announced(&db.url, (args.hotels, args.room_types, args.nights), 1).await?;
         }
         let shape = read_shape(&client).await?;
-        Ok(Owner {
-            url,
-            bin_dir,
-            shape,
-            description,
-            _cluster: cluster,
-        })
+        Ok(Owner { bin_dir, shape, db })
+    }
+
+    fn url(&self) -> &str {
+        &self.db.url
     }
 
     /// Runs a bench, then removes the slots and publication it may have left,
@@ -296,7 +277,7 @@ impl Owner {
     }
 
     async fn clean_up(&self) -> Result<(), BenchError> {
-        let client = vacancy_service::connect(&self.url, CONNECT_TIMEOUT).await?;
+        let client = vacancy_service::connect(self.url(), CONNECT_TIMEOUT).await?;
         slot::drop_slot(&client, VACANCY_SLOT).await?;
         slot::drop_slot(&client, RECV_SLOT).await?;
         client
@@ -359,19 +340,15 @@ async fn read_shape(client: &Client) -> Result<Shape, BenchError> {
     }
 }
 
-/// The URL without its password, for printing.
-fn redact(url: &str) -> String {
-    let Some(scheme_end) = url.find("://").map(|i| i + 3) else {
-        return url.to_string();
-    };
-    let rest = &url[scheme_end..];
-    match rest.find('@') {
-        Some(at) if rest[..at].contains(':') => {
-            let user = &rest[..rest.find(':').unwrap_or(at)];
-            format!("{}{user}:***{}", &url[..scheme_end], &rest[at..])
-        }
-        _ => url.to_string(),
-    }
+/// The command line for a report, with any password in an `--owner-url`
+/// hidden. Argument by argument: the service's redaction reads everything
+/// after a `?` as the URL's query, which on the whole line would swallow
+/// the arguments after it.
+fn redacted_command_line(args: &[String]) -> String {
+    args.iter()
+        .map(|arg| redacted_url(arg))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 fn bench_settings(url: &str) -> Settings {
@@ -416,11 +393,11 @@ async fn print_header(title: &str, owner: &Owner, client: &Client) -> Result<(),
     let args: Vec<String> = std::env::args().collect();
     println!("## vacancy bench {title}");
     println!();
-    println!("command:  {}", redact(&args.join(" ")));
+    println!("command:  {}", redacted_command_line(&args));
     println!("machine:  nproc {nproc}, CPU {cpu} ({mhz} MHz), RAM {mem}");
     println!(
         "owner:    {}; PostgreSQL {}, fsync {}, synchronous_commit {}, full_page_writes {}, shared_buffers {}, logical_decoding_work_mem {}",
-        owner.description,
+        owner.db.description,
         server.get::<_, String>(0),
         server.get::<_, String>(1),
         server.get::<_, String>(2),
@@ -436,28 +413,6 @@ async fn print_header(title: &str, owner: &Owner, client: &Client) -> Result<(),
         s.first_night,
         s.hotels * s.room_types * s.nights
     );
-    Ok(())
-}
-
-/// Polls `done` until it holds; the error names what was awaited and the
-/// stream's last error, which is nearly always why.
-async fn wait_for(
-    what: &'static str,
-    limit: Duration,
-    status: &StreamStatus,
-    mut done: impl FnMut() -> bool,
-) -> Result<(), BenchError> {
-    let started = Instant::now();
-    while !done() {
-        if started.elapsed() > limit {
-            return Err(BenchError::Timeout {
-                what,
-                limit,
-                last_error: status.last_error().unwrap_or_else(|| "none".to_string()),
-            });
-        }
-        tokio::time::sleep(POLL).await;
-    }
     Ok(())
 }
 
@@ -525,690 +480,46 @@ fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
 
-// ---------------------------------------------------------------- apply
-
-struct ApplyOptions {
-    bulk_rows: u64,
-    bulk_transactions: u64,
-    single_transactions: u64,
-    clients: u32,
-}
-
-struct ApplyRow {
-    shape: String,
-    rows: u64,
-    transactions: u64,
-    workload: Duration,
-    wal_bytes: u64,
-    recv_backlog: u64,
-    vacancy_backlog: u64,
-    recv: Duration,
-    vacancy: Duration,
-}
-
-/// The method: both consumers are stopped while the workload runs, so its
-/// WAL piles up in both slots; then each drains the same backlog alone, one
-/// after the other, timed from its start until it has everything up to the
-/// WAL flush position read after the last commit. That measures decoding,
-/// transfer and (for vacancy) apply, not how fast the workload was written.
-/// vacancy's stop and restart keeps its model (the `Projector` is given the
-/// same `ReadModel`), so it resumes its slot instead of taking a new snapshot.
-async fn apply(owner: &Owner, options: &ApplyOptions) -> Result<(), BenchError> {
-    let client = vacancy_service::connect(&owner.url, CONNECT_TIMEOUT).await?;
-    print_header("apply", owner, &client).await?;
-    slot::drop_slot(&client, VACANCY_SLOT).await?;
-    slot::drop_slot(&client, RECV_SLOT).await?;
-    metrics::init();
-    let settings = Arc::new(bench_settings(&owner.url));
-    let model = ReadModel::new();
-    let status = Arc::new(StreamStatus::default());
-    // Shared by both sessions, as one long-lived projector would keep it.
-    let refresh = Refresh::new(Duration::from_secs(settings.model.ttl_secs));
-
-    let mut stop = CancellationToken::new();
-    let projector = Projector::new(
-        settings.owner.clone(),
-        settings.stream.clone(),
-        model.clone(),
-        status.clone(),
-        refresh.clone(),
-        vacancy_service::HotelIndex::new()?,
-    );
-    let mut task = tokio::spawn(projector.run(stop.clone()));
-    let started = Instant::now();
-    wait_for("the initial snapshot", LOAD_LIMIT, &status, || {
-        model.freshness.is_loaded()
-    })
-    .await?;
-    eprintln!("snapshot loaded in {:.1}s", started.elapsed().as_secs_f64());
-
-    let (proto, streaming) = if settings.stream.stream_in_progress {
-        ("2", "on")
-    } else {
-        ("1", "off")
-    };
-    let mut results = Vec::new();
-    for single in [false, true] {
-        // Moves vacancy's restart_lsn up to now (a checkpoint logs the running
-        // transactions, and the projector acknowledges past them), so its
-        // backlog starts where the baseline's new slot starts.
-        client.batch_execute("CHECKPOINT").await?;
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        stop.cancel();
-        let _ = task.await;
-
-        client
-            .execute(
-                "SELECT pg_create_logical_replication_slot($1, 'pgoutput')",
-                &[&RECV_SLOT],
-            )
-            .await?;
-        let before = flush_lsn(&client).await?;
-        let workload_started = Instant::now();
-        let (shape, rows, transactions) = if single {
-            eprintln!(
-                "workload: {} one-row transactions",
-                options.single_transactions
-            );
-            let rows = single_row_workload(owner, options).await?;
-            (
-                format!(
-                    "{} one-row transactions (pgbench -c {})",
-                    options.single_transactions, options.clients
-                ),
-                rows,
-                rows,
-            )
-        } else {
-            eprintln!(
-                "workload: {} updates in {} transactions",
-                options.bulk_rows, options.bulk_transactions
-            );
-            let rows = bulk_workload(&client, options).await?;
-            (
-                format!(
-                    "{} updates in {} transactions",
-                    options.bulk_rows, options.bulk_transactions
-                ),
-                rows,
-                options.bulk_transactions,
-            )
-        };
-        let workload = workload_started.elapsed();
-        let target = flush_lsn(&client).await?;
-        let recv_backlog = restart_lsn(&client, RECV_SLOT)
-            .await?
-            .map_or(0, |r| r.bytes_until(target));
-        let vacancy_backlog = restart_lsn(&client, VACANCY_SLOT)
-            .await?
-            .map_or(0, |r| r.bytes_until(target));
-
-        eprintln!("draining with pg_recvlogical to {target}");
-        let mut recv = owner.tool("pg_recvlogical");
-        recv.arg("-d")
-            .arg(&owner.url)
-            .args(["--slot", RECV_SLOT, "--start", "--no-loop", "-F", "0"])
-            .args(["-o", &format!("proto_version={proto}")])
-            .args(["-o", &format!("streaming={streaming}")])
-            .args(["-o", "messages=true"])
-            .args(["-o", &format!("publication_names={PUBLICATION}")])
-            .args(["-f", "/dev/null"])
-            .arg(format!("--endpos={target}"));
-        let recv_started = Instant::now();
-        run_tool(recv, "pg_recvlogical").await?;
-        let recv_time = recv_started.elapsed();
-        slot::drop_slot(&client, RECV_SLOT).await?;
-
-        eprintln!("draining with vacancy to {target}");
-        stop = CancellationToken::new();
-        let projector = Projector::new(
-            settings.owner.clone(),
-            settings.stream.clone(),
-            model.clone(),
-            status.clone(),
-            refresh.clone(),
-            vacancy_service::HotelIndex::new()?,
-        );
-        let vacancy_started = Instant::now();
-        task = tokio::spawn(projector.run(stop.clone()));
-        wait_for("vacancy catching up", LOAD_LIMIT, &status, || {
-            model.freshness.applied() >= target
-        })
-        .await?;
-        let vacancy_time = vacancy_started.elapsed();
-        if status
-            .snapshot
-            .loads
-            .load(std::sync::atomic::Ordering::Relaxed)
-            > 1
-        {
-            eprintln!("warning: vacancy took a new snapshot instead of resuming");
-        }
-        results.push(ApplyRow {
-            shape,
-            rows,
-            transactions,
-            workload,
-            wal_bytes: before.bytes_until(target),
-            recv_backlog,
-            vacancy_backlog,
-            recv: recv_time,
-            vacancy: vacancy_time,
-        });
-    }
-    stop.cancel();
-    let _ = task.await;
-
-    println!(
-        "method:   both consumers stopped during the workload; each then drains the same backlog alone \
-         (pg_recvlogical first, then vacancy resuming its slot), timed from its start until it has \
-         everything up to the WAL flush position read after the last commit"
-    );
-    println!(
-        "baseline: pg_recvlogical, pgoutput proto_version={proto} streaming={streaming} messages=true \
-         (the options vacancy asks for), -F 0, to /dev/null"
-    );
-    println!();
-    println!(
-        "| shape | row changes | txns | WAL | workload | pg_recvlogical | rows/s | vacancy | rows/s | ratio (goal >= 0.9) |"
-    );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for r in &results {
-        let recv = rate(r.rows, r.recv);
-        let vacancy = rate(r.rows, r.vacancy);
-        println!(
-            "| {} | {} | {} | {:.0} MiB | {:.1}s | {:.2}s | {:.0} | {:.2}s | {:.0} | {:.2} |",
-            r.shape,
-            r.rows,
-            r.transactions,
-            mib(r.wal_bytes),
-            r.workload.as_secs_f64(),
-            r.recv.as_secs_f64(),
-            recv,
-            r.vacancy.as_secs_f64(),
-            vacancy,
-            vacancy / recv,
-        );
-    }
-    println!();
-    for r in &results {
-        println!(
-            "backlog read from each slot's restart_lsn ({}): pg_recvlogical {:.0} MiB, vacancy {:.0} MiB",
-            r.shape,
-            mib(r.recv_backlog),
-            mib(r.vacancy_backlog)
-        );
-    }
-    Ok(())
-}
-
-/// Updates `bulk_rows` inventory rows (in primary-key order) in
-/// `bulk_transactions` transactions; returns the rows changed.
-async fn bulk_workload(client: &Client, options: &ApplyOptions) -> Result<u64, BenchError> {
-    let per = (options.bulk_rows / options.bulk_transactions) as i64;
-    let mut rows = 0;
-    for k in 0..options.bulk_transactions as i64 {
-        rows += client
-            .execute(
-                "UPDATE inventory i SET price_cents = coalesce(i.price_cents, 0) + 1
-                 FROM (SELECT hotel_id, room_type_id, night FROM inventory
-                       ORDER BY hotel_id, room_type_id, night OFFSET $1 LIMIT $2) s
-                 WHERE i.hotel_id = s.hotel_id AND i.room_type_id = s.room_type_id
-                   AND i.night = s.night",
-                &[&(k * per), &per],
-            )
-            .await?;
-    }
-    Ok(rows)
-}
-
-/// One-row autocommit updates at random rows through pgbench; returns the
-/// transactions pgbench reports as processed (each changes exactly one row).
-async fn single_row_workload(owner: &Owner, options: &ApplyOptions) -> Result<u64, BenchError> {
-    let s = owner.shape;
-    let script = format!(
-        "\\set h random(1, {})\n\\set r random(1, {})\n\\set d random(0, {})\n\
-         UPDATE inventory SET price_cents = coalesce(price_cents, 0) + 1 \
-         WHERE hotel_id = :h AND room_type_id = :r AND night = DATE '{}' + :d;\n",
-        s.hotels,
-        s.room_types,
-        s.nights - 1,
-        s.first_night
-    );
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("one_row.sql");
-    std::fs::write(&path, script)?;
-    let per_client = options
-        .single_transactions
-        .div_ceil(u64::from(options.clients));
-    let mut pgbench = owner.tool("pgbench");
-    pgbench
-        .args(["-n", "-f"])
-        .arg(&path)
-        .args(["-t", &per_client.to_string()])
-        .args(["-c", &options.clients.to_string()])
-        .args(["-j", &options.clients.min(2).to_string()])
-        .arg(&owner.url);
-    let out = run_tool(pgbench, "pgbench").await?;
-    Ok(pgbench_processed(&out).unwrap_or(per_client * u64::from(options.clients)))
-}
-
-fn pgbench_processed(out: &str) -> Option<u64> {
-    out.lines()
-        .find_map(|l| l.strip_prefix("number of transactions actually processed:"))
-        .and_then(|v| v.trim().split('/').next())
-        .and_then(|v| v.trim().parse().ok())
-}
-
-/// The summary lines of a pgbench run worth printing.
-fn pgbench_summary(out: &str) -> Vec<&str> {
-    out.lines()
-        .filter(|l| {
-            l.starts_with("number of transactions actually processed")
-                || l.starts_with("number of failed")
-                || l.starts_with("latency average")
-                || l.starts_with("rate limit schedule lag")
-                || l.starts_with("tps")
-        })
-        .collect()
-}
-
-// ---------------------------------------------------------------- latency
-
-struct LatencyOptions {
-    rate: u32,
-    seconds: u32,
-    clients: u32,
-    probe_interval: Duration,
-}
-
-/// The guide's hold as one statement, so pgbench can drive it: lock the
-/// nights in date order, give up (-1) if any is full, else insert the booking
-/// and take one unit per night. Returns the first night's new `taken`, which
-/// the probe waits for in the copy (`taken` only grows in this bench).
-const HOLD_FUNCTION: &str = "
-CREATE OR REPLACE FUNCTION vacancy_bench_hold(p_hotel bigint, p_room_type bigint, p_in date, p_nights int)
-RETURNS int LANGUAGE plpgsql AS $$
-DECLARE
-    free_nights int;
-    first_taken int;
-BEGIN
-    SELECT count(*) INTO free_nights FROM (
-        SELECT 1 FROM inventory
-        WHERE hotel_id = p_hotel AND room_type_id = p_room_type
-          AND night >= p_in AND night < p_in + p_nights
-          AND coalesce(sell_limit, total) - taken >= 1
-        ORDER BY night FOR UPDATE) locked;
-    IF free_nights < p_nights THEN
-        RETURN -1;
-    END IF;
-    INSERT INTO bookings (id, hotel_id, room_type_id, check_in, check_out, rooms, status, expires_at)
-    VALUES (gen_random_uuid()::text, p_hotel, p_room_type, p_in, p_in + p_nights, 1, 'held',
-            clock_timestamp() + interval '15 minutes');
-    UPDATE inventory SET taken = taken + 1
-    WHERE hotel_id = p_hotel AND room_type_id = p_room_type
-      AND night >= p_in AND night < p_in + p_nights;
-    SELECT taken INTO first_taken FROM inventory
-    WHERE hotel_id = p_hotel AND room_type_id = p_room_type AND night = p_in;
-    RETURN first_taken;
-END $$";
-
-/// Nights per hold: multi-night stays, as guests book them.
-const HOLD_NIGHTS: (i32, i32) = (2, 4);
-
-async fn latency(owner: &Owner, options: &LatencyOptions) -> Result<(), BenchError> {
-    let client = vacancy_service::connect(&owner.url, CONNECT_TIMEOUT).await?;
-    print_header("latency", owner, &client).await?;
-    slot::drop_slot(&client, VACANCY_SLOT).await?;
-    client.batch_execute(HOLD_FUNCTION).await?;
-    let s = owner.shape;
-    let last_start = (s.nights - i64::from(HOLD_NIGHTS.1)).max(0);
-
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let app = vacancy_service::start(bench_settings(&owner.url), listener)?;
-    let model = app.model.clone();
-    let started = Instant::now();
-    wait_for("the initial snapshot", LOAD_LIMIT, &app.status, || {
-        model.freshness.is_loaded()
-    })
-    .await?;
-    eprintln!("snapshot loaded in {:.1}s", started.elapsed().as_secs_f64());
-
-    let script = format!(
-        "\\set h random(1, {})\n\\set r random(1, {})\n\\set d random(0, {last_start})\n\
-         \\set n random({}, {})\n\
-         SELECT vacancy_bench_hold(:h, :r, DATE '{}' + :d, :n);\n",
-        s.hotels, s.room_types, HOLD_NIGHTS.0, HOLD_NIGHTS.1, s.first_night
-    );
-    let dir = tempfile::tempdir()?;
-    let path = dir.path().join("hold.sql");
-    std::fs::write(&path, script)?;
-    let mut pgbench = owner.tool("pgbench");
-    pgbench
-        .args(["-n", "-f"])
-        .arg(&path)
-        .args(["-R", &options.rate.to_string()])
-        .args(["-T", &options.seconds.to_string()])
-        .args(["-c", &options.clients.to_string()])
-        .args(["-j", &options.clients.min(2).to_string()])
-        .arg(&owner.url);
-    let background = tokio::spawn(run_tool(pgbench, "pgbench"));
-
-    // Probes start once pgbench is connected and running at its rate, and
-    // stop before it winds down, so every sample is taken under the load.
-    let probe_window = Duration::from_secs(u64::from(options.seconds)).saturating_sub(2 * SETTLE);
-    tokio::time::sleep(SETTLE).await;
-    let samples = probe(owner, &model, options.probe_interval, probe_window).await?;
-    let out = background.await.map_err(std::io::Error::other)??;
-    app.stop(Duration::from_secs(10)).await;
-
-    let mut sorted = samples.visible.clone();
-    sorted.sort();
-    let pct = |q: f64| -> f64 {
-        if sorted.is_empty() {
-            return f64::NAN;
-        }
-        let i = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1;
-        sorted[i].as_secs_f64() * 1e3
-    };
-    let commit_ms = |v: &[Duration]| -> f64 {
-        let mut v = v.to_vec();
-        v.sort();
-        v.get(v.len() / 2)
-            .map_or(f64::NAN, |d| d.as_secs_f64() * 1e3)
-    };
-    println!(
-        "method:   a probe task holds {}-{} nights every {:?} through the same function, notes the \
-         instant its autocommit statement returned, then polls the copy every {:?} until the first \
-         night's `taken` reaches the value the hold returned; pgbench runs the background holds",
-        HOLD_NIGHTS.0, HOLD_NIGHTS.1, options.probe_interval, POLL
-    );
-    println!(
-        "load:     pgbench -R {} -T {} -c {} (one `SELECT vacancy_bench_hold(...)` per transaction):",
-        options.rate, options.seconds, options.clients
-    );
-    for line in pgbench_summary(&out) {
-        println!("          {line}");
-    }
-    println!();
-    println!(
-        "| samples | p50 | p99 (goal <= 25 ms) | max | not visible in 10 s | probe holds full | probe statement p50 |"
-    );
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
-    println!(
-        "| {} | {:.1} ms | {:.1} ms | {:.1} ms | {} | {} | {:.1} ms |",
-        sorted.len(),
-        pct(0.50),
-        pct(0.99),
-        pct(1.0),
-        samples.timeouts,
-        samples.full,
-        commit_ms(&samples.statement),
-    );
-    Ok(())
-}
-
-/// Time for pgbench to connect its clients and settle at its rate.
-const SETTLE: Duration = Duration::from_secs(1);
-const VISIBLE_LIMIT: Duration = Duration::from_secs(10);
-
-#[derive(Default)]
-struct ProbeSamples {
-    visible: Vec<Duration>,
-    statement: Vec<Duration>,
-    timeouts: u64,
-    full: u64,
-}
-
-async fn probe(
-    owner: &Owner,
-    model: &ReadModel,
-    interval: Duration,
-    window: Duration,
-) -> Result<ProbeSamples, BenchError> {
-    let s = owner.shape;
-    let client = vacancy_service::connect(&owner.url, CONNECT_TIMEOUT).await?;
-    let hold = client
-        .prepare("SELECT vacancy_bench_hold($1, $2, $3, $4)")
-        .await?;
-    let mut rng = ChaCha8Rng::seed_from_u64(7);
-    let mut ticker = tokio::time::interval(interval.max(Duration::from_millis(1)));
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut samples = ProbeSamples::default();
-    let started = Instant::now();
-    let last_start = (s.nights - i64::from(HOLD_NIGHTS.1)).max(0);
-    while started.elapsed() < window {
-        ticker.tick().await;
-        let key = CalendarKey {
-            hotel_id: rng.random_range(1..=s.hotels),
-            room_type_id: rng.random_range(1..=s.room_types),
-        };
-        let night = s.first_night + chrono::Days::new(rng.random_range(0..=last_start) as u64);
-        let nights: i32 = rng.random_range(HOLD_NIGHTS.0..=HOLD_NIGHTS.1);
-        let sent = Instant::now();
-        let taken: i32 = client
-            .query_one(&hold, &[&key.hotel_id, &key.room_type_id, &night, &nights])
-            .await?
-            .get(0);
-        let committed = Instant::now();
-        samples.statement.push(committed - sent);
-        if taken < 0 {
-            samples.full += 1;
-            continue;
-        }
-        let visible = || {
-            model
-                .read()
-                .calendars
-                .get(&key)
-                .and_then(|c| c.get(night))
-                .is_some_and(|n| n.taken >= taken)
-        };
-        loop {
-            if visible() {
-                samples.visible.push(committed.elapsed());
-                break;
-            }
-            if committed.elapsed() > VISIBLE_LIMIT {
-                samples.timeouts += 1;
-                break;
-            }
-            tokio::time::sleep(POLL).await;
-        }
-    }
-    Ok(samples)
-}
-
-// ---------------------------------------------------------------- snapshot
-
-async fn copy_baseline(client: &Client) -> Result<(u64, Duration), BenchError> {
-    // The same columns and format the snapshot reads, written by the server
-    // itself: what the owner spends before any network or client cost.
-    let statements = [
-        "COPY hotels (id, name, city, country, stars, latitude, longitude, amenities) TO '/dev/null' (FORMAT binary)",
-        "COPY room_types (hotel_id, id, name, max_guests) TO '/dev/null' (FORMAT binary)",
-        "COPY inventory (hotel_id, room_type_id, night, total, taken, sell_limit, price_cents) TO '/dev/null' (FORMAT binary)",
-    ];
-    let started = Instant::now();
-    let mut rows = 0;
-    for statement in statements {
-        rows += client.execute(statement, &[]).await?;
-    }
-    Ok((rows, started.elapsed()))
-}
-
-async fn snapshot(owner: &Owner) -> Result<(), BenchError> {
-    let client = vacancy_service::connect(&owner.url, CONNECT_TIMEOUT).await?;
-    print_header("snapshot", owner, &client).await?;
-    slot::drop_slot(&client, VACANCY_SLOT).await?;
-
-    eprintln!("baseline: COPY to /dev/null (first run)");
-    let (copy_rows, copy_first) = copy_baseline(&client).await?;
-
-    eprintln!("vacancy: loading the snapshot");
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let app_started = Instant::now();
-    let app = vacancy_service::start(bench_settings(&owner.url), listener)?;
-    let progress = &app.status.snapshot;
-    wait_for("the snapshot to start", LOAD_LIMIT, &app.status, || {
-        progress.phase() != SnapshotPhase::NotStarted
-    })
-    .await?;
-    let load_started = Instant::now();
-    let model = app.model.clone();
-    wait_for("the snapshot to load", LOAD_LIMIT, &app.status, || {
-        model.freshness.is_loaded()
-    })
-    .await?;
-    let load = load_started.elapsed();
-    let end_to_end = app_started.elapsed();
-    let rows = progress
-        .rows_loaded
-        .load(std::sync::atomic::Ordering::Relaxed);
-    app.stop(Duration::from_secs(10)).await;
-    drop(model);
-    slot::drop_slot(&client, VACANCY_SLOT).await?;
-
-    eprintln!("baseline: COPY to /dev/null (second run)");
-    let (_, copy_second) = copy_baseline(&client).await?;
-
-    let vacancy = rate(rows, load);
-    let copy_best = copy_first.min(copy_second);
-    println!(
-        "method:   vacancy timed from the snapshot phase turning `loading` (slot created, snapshot \
-         exported) until the copy is swapped in; baseline: server-side binary COPY of the same \
-         columns of hotels, room_types, inventory to '/dev/null', run before and after vacancy"
-    );
-    println!();
-    println!("| | rows | time | rows/s | vs best COPY (goal >= 0.8) |");
-    println!("|---|---:|---:|---:|---:|");
-    println!(
-        "| vacancy snapshot load | {rows} | {:.1}s | {:.0} | {:.2} |",
-        load.as_secs_f64(),
-        vacancy,
-        vacancy / rate(copy_rows, copy_best)
-    );
-    println!(
-        "| vacancy from start (connect, slot, snapshot) | {rows} | {:.1}s | {:.0} | |",
-        end_to_end.as_secs_f64(),
-        rate(rows, end_to_end)
-    );
-    for (label, time) in [("first", copy_first), ("second", copy_second)] {
-        println!(
-            "| COPY TO '/dev/null', {label} run | {copy_rows} | {:.1}s | {:.0} | |",
-            time.as_secs_f64(),
-            rate(copy_rows, time)
-        );
-    }
-    Ok(())
-}
-
-// ---------------------------------------------------------------- memory
-
-/// A `/proc/self/status` field in bytes (the kernel prints kB).
-fn proc_status_bytes(field: &str) -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim_start_matches(':').split_whitespace().next())
-        .and_then(|kb| kb.parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
-}
-
-async fn memory(owner: &Owner) -> Result<(), BenchError> {
-    let client = vacancy_service::connect(&owner.url, CONNECT_TIMEOUT).await?;
-    print_header("memory", owner, &client).await?;
-    slot::drop_slot(&client, VACANCY_SLOT).await?;
-
-    let before = proc_status_bytes("VmRSS");
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let app = vacancy_service::start(bench_settings(&owner.url), listener)?;
-    let model = app.model.clone();
-    wait_for("the snapshot to load", LOAD_LIMIT, &app.status, || {
-        model.freshness.is_loaded()
-    })
-    .await?;
-    // Let the projector finish swapping and dropping what the load used.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let after = proc_status_bytes("VmRSS");
-    let peak = proc_status_bytes("VmHWM");
-    let (rows, payload, calendars, hotels, room_types) = {
-        let tables = model.read();
-        (
-            tables.inventory_rows(),
-            tables.inventory_bytes(),
-            tables.calendars.len(),
-            tables.hotels.len(),
-            tables.room_types.len(),
-        )
-    };
-    app.stop(Duration::from_secs(10)).await;
-    if rows == 0 {
-        return Err(BenchError::NoData);
-    }
-    let loaded = after.saturating_sub(before);
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "method:   VmRSS of this process before starting vacancy and 2 s after the snapshot is \
-         swapped in (same process, glibc malloc); payload = Tables::inventory_bytes()"
-    );
-    let _ = writeln!(out);
-    let _ = writeln!(out, "| | bytes | per inventory row |");
-    let _ = writeln!(out, "|---|---:|---:|");
-    let _ = writeln!(
-        out,
-        "| RSS growth, loaded - before (goal <= 16 B/row) | {loaded} ({:.0} MiB) | {:.1} |",
-        mib(loaded),
-        loaded as f64 / rows as f64
-    );
-    let _ = writeln!(
-        out,
-        "| packed payload (inventory_bytes) | {payload} ({:.0} MiB) | {:.1} |",
-        mib(payload),
-        payload as f64 / rows as f64
-    );
-    let _ = writeln!(
-        out,
-        "| peak RSS during the load (VmHWM) | {peak} ({:.0} MiB) | {:.1} |",
-        mib(peak),
-        peak as f64 / rows as f64
-    );
-    let _ = writeln!(
-        out,
-        "| RSS before / after | {before} / {after} ({:.0} / {:.0} MiB) | |",
-        mib(before),
-        mib(after)
-    );
-    let _ = writeln!(out);
-    let _ = writeln!(
-        out,
-        "rows {rows}, calendars {calendars}, hotels {hotels}, room types {room_types}"
-    );
-    print!("{out}");
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn redact_hides_only_the_password() {
+    fn the_command_line_hides_only_passwords() {
+        let line = |args: &[&str]| {
+            redacted_command_line(&args.iter().map(|a| a.to_string()).collect::<Vec<_>>())
+        };
         assert_eq!(
-            redact("postgresql://u:secret@h:5432/db"),
-            "postgresql://u:***@h:5432/db"
+            line(&[
+                "vacancy",
+                "bench",
+                "snapshot",
+                "--owner-url",
+                "postgresql://u:secret@h:5432/db",
+                "--hotels",
+                "20"
+            ]),
+            "vacancy bench snapshot --owner-url postgresql://u:<redacted>@h:5432/db --hotels 20"
         );
         assert_eq!(
-            redact("postgresql://postgres@127.0.0.1:55432/postgres"),
-            "postgresql://postgres@127.0.0.1:55432/postgres"
+            line(&[
+                "--owner-url",
+                "postgresql://u@h/db?sslmode=require&password=secret",
+                "--nights",
+                "30"
+            ]),
+            "--owner-url postgresql://u@h/db?sslmode=require&password=<redacted> --nights 30"
         );
-    }
-
-    #[test]
-    fn pgbench_processed_reads_the_count() {
-        let out = "number of clients: 4\nnumber of transactions actually processed: 99996/100000\n";
-        assert_eq!(pgbench_processed(out), Some(99996));
+        assert_eq!(
+            line(&["--owner-url=postgresql://u:secret@h/db"]),
+            "--owner-url=postgresql://u:<redacted>@h/db"
+        );
+        assert_eq!(
+            line(&[
+                "--owner-url",
+                "postgresql://postgres@127.0.0.1:55432/postgres"
+            ]),
+            "--owner-url postgresql://postgres@127.0.0.1:55432/postgres"
+        );
     }
 }

@@ -29,7 +29,9 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::process::Command;
 use tokio_postgres::Client;
 
-use crate::cluster::{Cluster, ClusterError, ClusterOptions};
+use crate::cluster::{ClusterError, ClusterOptions};
+use crate::measure::Latencies;
+use crate::owner_db::OwnerDb;
 use vacancy_service::OwnerError;
 use vacancy_service::Settings;
 use vacancy_service::metrics;
@@ -139,12 +141,8 @@ pub enum SearchBenchError {
     Seed(#[from] crate::seed::SeedError),
     #[error("pgbench printed no {0:?} line")]
     PgbenchOutput(&'static str),
-    #[error("{what} did not happen within {limit:?} (stream's last error: {last_error})")]
-    Timeout {
-        what: &'static str,
-        limit: Duration,
-        last_error: String,
-    },
+    #[error(transparent)]
+    NotReady(#[from] crate::readiness::NotReady),
     #[error("http to vacancy: {0}")]
     Http(String),
     #[error("every request of a run failed; last: {0}")]
@@ -228,30 +226,25 @@ pub async fn run(args: SearchBenchArgs) -> Result<(), SearchBenchError> {
         .unwrap_or_else(|| ClusterOptions::default().bin_dir);
     // Declared before everything that talks to it, so it is dropped (stopped
     // and removed) last.
-    let mut _cluster: Option<Cluster> = None;
-    let (url, owner_description) = match &args.owner_url {
-        Some(url) => (url.clone(), "given with --owner-url".to_string()),
-        None => {
-            eprintln!("starting an embedded PostgreSQL (fsync on)");
-            let options = ClusterOptions {
-                bin_dir: bin_dir.clone(),
-                fsync: true,
-                ..ClusterOptions::default()
-            };
-            let cluster = tokio::task::spawn_blocking(move || Cluster::start(options))
-                .await
-                .map_err(std::io::Error::other)??;
-            let url = cluster.create_database("search_bench")?;
-            _cluster = Some(cluster);
-            (
-                url,
-                "embedded throwaway cluster (fsync, synchronous_commit, full_page_writes on)"
-                    .to_string(),
-            )
-        }
-    };
-    let client = vacancy_service::connect(&url, CONNECT_TIMEOUT).await?;
-    let result = bench(&args, &url, &owner_description, &bin_dir, &client).await;
+    let owner_db = OwnerDb::given_or_embedded(
+        args.owner_url.as_deref(),
+        ClusterOptions {
+            bin_dir: bin_dir.clone(),
+            fsync: true,
+            ..ClusterOptions::default()
+        },
+        "search_bench",
+    )
+    .await?;
+    let client = vacancy_service::connect(&owner_db.url, CONNECT_TIMEOUT).await?;
+    let result = bench(
+        &args,
+        &owner_db.url,
+        &owner_db.description,
+        &bin_dir,
+        &client,
+    )
+    .await;
     // A leftover slot pins the owner's WAL, so it goes also when the bench failed.
     let cleaned = clean_up(&client).await;
     result.and(cleaned)
@@ -601,7 +594,7 @@ async fn measure_vacancy(
     eprintln!("starting vacancy (few_units_threshold = {threshold}); loading the snapshot");
     let started = Instant::now();
     let app = vacancy_service::start(settings, listener)?;
-    let ready = wait_ready(&app, target).await;
+    let ready = crate::readiness::wait_ready(&app, target, LOAD_LIMIT).await;
     let outcome = match ready {
         Ok(()) => {
             eprintln!(
@@ -610,30 +603,12 @@ async fn measure_vacancy(
             );
             drive_vacancy(args, &app, client, data, threshold).await
         }
-        Err(e) => Err(e),
+        Err(e) => Err(e.into()),
     };
     app.stop(Duration::from_secs(10)).await;
     // The next run starts from a fresh snapshot with its own settings.
     slot::drop_slot(client, SLOT).await?;
     outcome
-}
-
-async fn wait_ready(app: &App, target: vacancy_service::Lsn) -> Result<(), SearchBenchError> {
-    let started = Instant::now();
-    loop {
-        let f = &app.model.freshness;
-        if f.is_loaded() && f.applied() >= target && app.hotel_index.synced_lsn() >= target {
-            return Ok(());
-        }
-        if started.elapsed() > LOAD_LIMIT {
-            return Err(SearchBenchError::Timeout {
-                what: "the copy and the index to load",
-                limit: LOAD_LIMIT,
-                last_error: app.status.last_error().unwrap_or_else(|| "none".into()),
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// How many first pages the copy answered exactly as the owner did, and
@@ -760,7 +735,7 @@ impl Tally {
     }
 
     fn summarise(
-        mut self,
+        self,
         method: String,
         clients: u32,
         owner_reads: u64,
@@ -771,21 +746,18 @@ impl Tally {
                 self.last_failure.unwrap_or_else(|| "none".into()),
             ));
         }
-        self.latencies.sort();
-        let n = self.latencies.len();
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        let pct = |q: f64| ms(self.latencies[((q * n as f64).ceil() as usize).clamp(1, n) - 1]);
-        let answers = n as u64 - self.failed;
+        let latencies = Latencies::from_durations(&self.latencies);
+        let answers = latencies.len() as u64 - self.failed;
         Ok(Measured {
             method,
             clients,
             answers,
             seconds: self.elapsed.as_secs_f64(),
-            p50_ms: pct(0.50),
-            p90_ms: pct(0.90),
-            p99_ms: Some(pct(0.99)),
-            max_ms: Some(ms(self.latencies[n - 1])),
-            mean_ms: self.latencies.iter().map(|d| ms(*d)).sum::<f64>() / n as f64,
+            p50_ms: latencies.percentile(0.50).unwrap_or(f64::NAN),
+            p90_ms: latencies.percentile(0.90).unwrap_or(f64::NAN),
+            p99_ms: latencies.percentile(0.99),
+            max_ms: latencies.max(),
+            mean_ms: latencies.mean().unwrap_or(f64::NAN),
             non_empty: Some(self.non_empty as f64 / answers.max(1) as f64),
             failed: self.failed,
             owner_reads: Some(owner_reads),
@@ -1062,22 +1034,17 @@ async fn measure_owner(
     let failed = pgbench_value(&out, "number of failed transactions:")
         .and_then(|v| v.split_whitespace().next().and_then(|n| n.parse().ok()))
         .unwrap_or(0);
-    let mut latencies = transaction_log_latencies(dir.path())?;
-    latencies.sort_by(f64::total_cmp);
-    let n = latencies.len();
-    let pct = |q: f64| -> Option<f64> {
-        (n > 0).then(|| latencies[((q * n as f64).ceil() as usize).clamp(1, n) - 1])
-    };
+    let latencies = Latencies::from_millis(transaction_log_latencies(dir.path())?);
     Ok(Measured {
         method: "owner SQL (pgbench -M prepared)".into(),
         clients: args.clients,
         answers: processed,
         // pgbench's own rate excludes connection time; keep its figure.
         seconds: processed as f64 / tps.max(1e-9),
-        p50_ms: pct(0.50).unwrap_or(f64::NAN),
-        p90_ms: pct(0.90).unwrap_or(f64::NAN),
-        p99_ms: pct(0.99),
-        max_ms: latencies.last().copied(),
+        p50_ms: latencies.percentile(0.50).unwrap_or(f64::NAN),
+        p90_ms: latencies.percentile(0.90).unwrap_or(f64::NAN),
+        p99_ms: latencies.percentile(0.99),
+        max_ms: latencies.max(),
         mean_ms,
         non_empty: None,
         failed,

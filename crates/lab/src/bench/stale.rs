@@ -15,12 +15,14 @@ use tokio::net::TcpListener;
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
-use crate::cluster::{Cluster, ClusterError, ClusterOptions};
+use crate::cluster::{ClusterError, ClusterOptions};
+use crate::owner_db::OwnerDb;
+use crate::readiness::{NotReady, wait_ready};
 use crate::simulator::{self, SimError, SimOptions, SimSummary};
+use vacancy_service::AppError;
 use vacancy_service::OwnerError;
 use vacancy_service::Settings;
 use vacancy_service::slot::{self, SlotError};
-use vacancy_service::{App, AppError};
 
 const SLOT: &str = "vacancy_stale_bench";
 const PUBLICATION: &str = "vacancy_stale_bench";
@@ -69,8 +71,8 @@ pub enum StaleBenchError {
     Simulator(#[from] SimError),
     #[error(transparent)]
     Io(#[from] std::io::Error),
-    #[error("the copy did not load within {0:?}")]
-    Timeout(Duration),
+    #[error(transparent)]
+    NotReady(#[from] NotReady),
 }
 
 /// One run's outcome.
@@ -96,25 +98,19 @@ impl Run {
 }
 
 pub async fn run(args: StaleBenchArgs) -> Result<(), StaleBenchError> {
-    let mut _cluster: Option<Cluster> = None;
-    let url = match &args.owner_url {
-        Some(url) => url.clone(),
-        None => {
-            eprintln!("starting an embedded PostgreSQL (fsync on)");
-            let options = ClusterOptions {
-                fsync: true,
-                extra_conf: vec!["max_connections = 200".into()],
-                ..ClusterOptions::default()
-            };
-            let cluster = tokio::task::spawn_blocking(move || Cluster::start(options))
-                .await
-                .map_err(std::io::Error::other)??;
-            let url = cluster.create_database("stale_bench")?;
-            _cluster = Some(cluster);
-            url
-        }
-    };
-    let client = vacancy_service::connect(&url, CONNECT_TIMEOUT).await?;
+    // Declared before everything that talks to it, so it is dropped (stopped
+    // and removed) last.
+    let owner_db = OwnerDb::given_or_embedded(
+        args.owner_url.as_deref(),
+        ClusterOptions {
+            fsync: true,
+            extra_conf: vec!["max_connections = 200".into()],
+            ..ClusterOptions::default()
+        },
+        "stale_bench",
+    )
+    .await?;
+    let client = vacancy_service::connect(&owner_db.url, CONNECT_TIMEOUT).await?;
     crate::schema::apply(&client).await?;
     let first_night = chrono::Utc::now().date_naive() + chrono::Days::new(1);
     load(&client, &args, first_night).await?;
@@ -128,7 +124,7 @@ pub async fn run(args: StaleBenchArgs) -> Result<(), StaleBenchError> {
         ),
     ] {
         reset(&client).await?;
-        let result = one_run(&args, &url, &client, first_night, label, threshold).await;
+        let result = one_run(&args, &owner_db.url, &client, first_night, label, threshold).await;
         slot::drop_slot(&client, SLOT).await?;
         let r = result?;
         eprintln!(
@@ -196,7 +192,7 @@ async fn one_run(
     let target = slot::current_wal_lsn(client).await?;
     let app = vacancy_service::start(settings, TcpListener::bind("127.0.0.1:0").await?)?;
     let result = async {
-        wait_ready(&app, target).await?;
+        wait_ready(&app, target, LOAD_LIMIT).await?;
         let hotel_ids: Vec<i64> = (1..=i64::from(args.hotels)).collect();
         let mut options = SimOptions::hot(app.addr, url, TOKEN, hotel_ids, first_night);
         options.guests = args.guests;
@@ -216,20 +212,6 @@ async fn one_run(
     .await;
     app.stop(Duration::from_secs(10)).await;
     result
-}
-
-async fn wait_ready(app: &App, target: vacancy_service::Lsn) -> Result<(), StaleBenchError> {
-    let started = Instant::now();
-    while !(app.model.freshness.is_loaded()
-        && app.model.freshness.applied() >= target
-        && app.hotel_index.synced_lsn() >= target)
-    {
-        if started.elapsed() > LOAD_LIMIT {
-            return Err(StaleBenchError::Timeout(LOAD_LIMIT));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok(())
 }
 
 fn render(args: &StaleBenchArgs, runs: &[Run]) -> String {

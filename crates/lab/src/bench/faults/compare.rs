@@ -207,8 +207,9 @@ fn parse_calendar(body: &str, hotel: i64, first_range: bool, rows: &mut Rows) {
                 city: city.to_string(),
                 country: h["country"].as_str().map(str::to_string),
                 stars: h["stars"].as_i64().and_then(|s| i16::try_from(s).ok()),
-                latitude: exact_number(body, "latitude"),
-                longitude: exact_number(body, "longitude"),
+                // Exact, with serde_json's float_roundtrip (see Cargo.toml).
+                latitude: h["latitude"].as_f64(),
+                longitude: h["longitude"].as_f64(),
                 amenities: h["amenities"]
                     .as_array()
                     .map(|a| {
@@ -251,19 +252,6 @@ fn parse_calendar(body: &str, hotel: i64, first_range: bool, rows: &mut Rows) {
             );
         }
     }
-}
-
-/// The first `"field": number` of a JSON text, parsed by Rust's exact
-/// float parser. serde_json's default parser may land one ULP off for
-/// 17-digit numbers, which would count an exact copy as divergent. The
-/// first match is the hotel's: string values escape their quotes, so a
-/// name cannot contain the pattern.
-fn exact_number(body: &str, field: &str) -> Option<f64> {
-    let pattern = format!("\"{field}\":");
-    let start = body.find(&pattern)? + pattern.len();
-    let rest = body.get(start..)?;
-    let end = rest.find([',', '}'])?;
-    rest.get(..end)?.trim().parse().ok()
 }
 
 pub(super) async fn get_json(addr: SocketAddr, path: &str) -> Result<Value, FaultBenchError> {
@@ -374,11 +362,13 @@ mod tests {
 
     #[test]
     fn coordinates_are_parsed_exactly() {
-        let body = r#"{"hotel":{"name":"a \"latitude\": 1","latitude":51.55072958206283,"longitude":-0.24482051340406566,"x":null}}"#;
-        assert_eq!(exact_number(body, "latitude"), Some(51.55072958206283));
-        assert_eq!(exact_number(body, "longitude"), Some(-0.24482051340406566));
-        assert_eq!(exact_number(body, "x"), None);
-        assert_eq!(exact_number(body, "missing"), None);
-        assert_eq!(exact_number("{\"latitude\":", "latitude"), None);
+        // Both 17-digit numbers land one ULP off without float_roundtrip,
+        // which would count an exact copy as divergent.
+        let body = r#"{"hotel":{"name":"A","city":"Lisbon","latitude":-9.139876543210987,"longitude":-0.24482051340406566,"amenities":[]},"room_types":[]}"#;
+        let mut parsed = Rows::default();
+        parse_calendar(body, 1, true, &mut parsed);
+        let hotel = &parsed.hotels[&1];
+        assert_eq!(hotel.latitude, Some(-9.139876543210987));
+        assert_eq!(hotel.longitude, Some(-0.24482051340406566));
     }
 }

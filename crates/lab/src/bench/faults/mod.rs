@@ -31,11 +31,11 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::bench::ToolError;
-use crate::cluster::{Cluster, ClusterError, ClusterOptions};
+use crate::cluster::{ClusterError, ClusterOptions};
+use crate::owner_db::start_embedded;
 use crate::seed::{self, SeedError};
 use crate::simulator::{SimError, SimSummary};
 use vacancy_service::OwnerError;
-use vacancy_service::ParseLsnError;
 use vacancy_service::slot::SlotError;
 
 mod child;
@@ -171,8 +171,6 @@ pub enum FaultBenchError {
     Tool(#[from] ToolError),
     #[error(transparent)]
     Simulator(#[from] SimError),
-    #[error("the copy returned an LSN that does not parse: {0}")]
-    BadLsn(#[from] ParseLsnError),
     #[error("{what} did not happen within {limit:?}{detail}")]
     Timeout {
         what: String,
@@ -259,15 +257,13 @@ pub async fn run(args: FaultArgs) -> Result<(), FaultBenchError> {
         .pg_bin
         .clone()
         .unwrap_or_else(|| ClusterOptions::default().bin_dir);
-    eprintln!("starting an embedded PostgreSQL (fsync on)");
-    let options = ClusterOptions {
+    // Always embedded: the faults stop and restart the owner.
+    let mut cluster = start_embedded(ClusterOptions {
         bin_dir,
         fsync: true,
         ..ClusterOptions::default()
-    };
-    let mut cluster = tokio::task::spawn_blocking(move || Cluster::start(options))
-        .await
-        .map_err(std::io::Error::other)??;
+    })
+    .await?;
     let url = cluster.create_database("faults")?;
     let report =
         seed::run_announced(&url, (args.hotels, args.room_types, args.nights), args.seed).await?;

@@ -1,0 +1,104 @@
+//! `vacancy bench memory`: resident bytes per inventory row once the copy
+//! is loaded, beside the packed payload.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+
+use vacancy_service::slot;
+
+use super::{
+    BenchError, CONNECT_TIMEOUT, LOAD_LIMIT, Owner, POLL, VACANCY_SLOT, bench_settings, mib,
+    print_header,
+};
+use crate::readiness::wait_until;
+
+/// A `/proc/self/status` field in bytes (the kernel prints kB).
+fn proc_status_bytes(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim_start_matches(':').split_whitespace().next())
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+pub(super) async fn run(owner: &Owner) -> Result<(), BenchError> {
+    let client = vacancy_service::connect(owner.url(), CONNECT_TIMEOUT).await?;
+    print_header("memory", owner, &client).await?;
+    slot::drop_slot(&client, VACANCY_SLOT).await?;
+
+    let before = proc_status_bytes("VmRSS");
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let app = vacancy_service::start(bench_settings(owner.url()), listener)?;
+    let model = app.model.clone();
+    wait_until(
+        "the snapshot to load",
+        LOAD_LIMIT,
+        POLL,
+        &app.status,
+        || model.freshness.is_loaded(),
+    )
+    .await?;
+    // Let the projector finish swapping and dropping what the load used.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = proc_status_bytes("VmRSS");
+    let peak = proc_status_bytes("VmHWM");
+    let (rows, payload, calendars, hotels, room_types) = {
+        let tables = model.read();
+        (
+            tables.inventory_rows(),
+            tables.inventory_bytes(),
+            tables.calendars.len(),
+            tables.hotels.len(),
+            tables.room_types.len(),
+        )
+    };
+    app.stop(Duration::from_secs(10)).await;
+    if rows == 0 {
+        return Err(BenchError::NoData);
+    }
+    let loaded = after.saturating_sub(before);
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "method:   VmRSS of this process before starting vacancy and 2 s after the snapshot is \
+         swapped in (same process, glibc malloc); payload = Tables::inventory_bytes()"
+    );
+    let _ = writeln!(out);
+    let _ = writeln!(out, "| | bytes | per inventory row |");
+    let _ = writeln!(out, "|---|---:|---:|");
+    let _ = writeln!(
+        out,
+        "| RSS growth, loaded - before (goal <= 16 B/row) | {loaded} ({:.0} MiB) | {:.1} |",
+        mib(loaded),
+        loaded as f64 / rows as f64
+    );
+    let _ = writeln!(
+        out,
+        "| packed payload (inventory_bytes) | {payload} ({:.0} MiB) | {:.1} |",
+        mib(payload),
+        payload as f64 / rows as f64
+    );
+    let _ = writeln!(
+        out,
+        "| peak RSS during the load (VmHWM) | {peak} ({:.0} MiB) | {:.1} |",
+        mib(peak),
+        peak as f64 / rows as f64
+    );
+    let _ = writeln!(
+        out,
+        "| RSS before / after | {before} / {after} ({:.0} / {:.0} MiB) | |",
+        mib(before),
+        mib(after)
+    );
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "rows {rows}, calendars {calendars}, hotels {hotels}, room types {room_types}"
+    );
+    print!("{out}");
+    Ok(())
+}
