@@ -198,9 +198,13 @@ struct Measured {
     /// Mean time of one owner read, as the server timed it.
     owner_read_ms: Option<f64>,
     mean_bytes: Option<f64>,
-    /// CPU time of this process (server, and the client's one thread) per
-    /// answer: steadier than searches/s on a shared machine.
+    /// CPU time of the server per answer: this process's, less the load
+    /// generator's thread. Steadier than searches/s on a shared machine.
     cpu_ms_per_search: Option<f64>,
+    /// CPU time of the load generator's thread per request sent (answered
+    /// or failed): what the client costs the two cores it shares with the
+    /// server.
+    generator_cpu_ms_per_request: Option<f64>,
 }
 
 impl Measured {
@@ -704,9 +708,11 @@ async fn drive_vacancy(
     let (reads_before, errors_before, timed_before) = reads();
     let cpu_before = process_cpu();
     let tally = load_http(app.addr, data, args.clients, args.seconds, 2).await?;
-    let cpu = process_cpu()
+    let process_cpu_used = process_cpu()
         .zip(cpu_before)
         .map(|(after, before)| after - before);
+    let generator_cpu = tally.generator_cpu;
+    let requests = tally.latencies.len() as u64;
     let (reads_after, errors_after, timed_after) = reads();
     let method = if threshold > 0 {
         format!("vacancy /v1/search (few_units_threshold = {threshold}, default)")
@@ -719,8 +725,14 @@ async fn drive_vacancy(
         reads_after - reads_before,
         errors_after - errors_before,
     )?;
-    measured.cpu_ms_per_search =
-        cpu.map(|c| c.as_secs_f64() * 1e3 / measured.answers.max(1) as f64);
+    // The generator's thread is part of this process: what is left is the
+    // server's (and the idle bench around it).
+    measured.cpu_ms_per_search = process_cpu_used
+        .zip(generator_cpu)
+        .map(|(process, generator)| process.saturating_sub(generator))
+        .map(|server| server.as_secs_f64() * 1e3 / measured.answers.max(1) as f64);
+    measured.generator_cpu_ms_per_request =
+        generator_cpu.map(|c| c.as_secs_f64() * 1e3 / requests.max(1) as f64);
     let timed = timed_after.1 - timed_before.1;
     measured.owner_read_ms =
         (timed > 0).then(|| (timed_after.0 - timed_before.0) * 1e3 / timed as f64);
@@ -745,6 +757,8 @@ struct Tally {
     bytes: u64,
     elapsed: Duration,
     last_failure: Option<String>,
+    /// CPU time of the load generator's one thread over the run.
+    generator_cpu: Option<Duration>,
 }
 
 impl Tally {
@@ -793,6 +807,7 @@ impl Tally {
             owner_read_ms: None,
             mean_bytes: Some(self.bytes as f64 / answers.max(1) as f64),
             cpu_ms_per_search: None,
+            generator_cpu_ms_per_request: None,
         })
     }
 }
@@ -800,7 +815,7 @@ impl Tally {
 /// `clients` connections sending searches back to back for `seconds`. The
 /// clients run on a runtime of their own (one thread, like a separate load
 /// generator process), so they never queue behind the server's tasks on the
-/// server's workers.
+/// server's workers, and that thread's CPU time is the generator's own.
 async fn load_http(
     addr: std::net::SocketAddr,
     data: &Data,
@@ -813,7 +828,10 @@ async fn load_http(
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        runtime.block_on(async move {
+        // Everything the generator does runs on this thread (a current-thread
+        // runtime, and loopback addresses that need no resolver thread).
+        let cpu_before = thread_cpu();
+        let ran: Result<Tally, SearchBenchError> = runtime.block_on(async move {
             let deadline = Instant::now() + Duration::from_secs(u64::from(seconds));
             let started = Instant::now();
             let tasks: Vec<_> = (0..clients)
@@ -830,7 +848,12 @@ async fn load_http(
             // request sent to the last answer read.
             tally.elapsed = started.elapsed();
             Ok(tally)
-        })
+        });
+        let mut tally = ran?;
+        tally.generator_cpu = thread_cpu()
+            .zip(cpu_before)
+            .map(|(after, before)| after - before);
+        Ok(tally)
     })
     .await
     .map_err(std::io::Error::other)?
@@ -1086,6 +1109,7 @@ async fn measure_owner(
         owner_read_ms: None,
         mean_bytes: None,
         cpu_ms_per_search: None,
+        generator_cpu_ms_per_request: None,
     })
 }
 
@@ -1151,7 +1175,7 @@ async fn server_settings(client: &Client) -> Result<String, SearchBenchError> {
 
 fn progress_line(m: &Measured) -> String {
     format!(
-        "{}: {:.0} searches/s, p50 {:.2} ms, p99 {} ms, mean {:.2} ms, {} failed{}",
+        "{}: {:.0} searches/s, p50 {:.2} ms, p99 {} ms, mean {:.2} ms, {} failed{}{}",
         m.method,
         m.per_second(),
         m.p50_ms,
@@ -1159,7 +1183,10 @@ fn progress_line(m: &Measured) -> String {
         m.mean_ms,
         m.failed,
         m.cpu_ms_per_search
-            .map(|c| format!(", {c:.3} CPU ms per search"))
+            .map(|c| format!(", {c:.3} server CPU ms per search"))
+            .unwrap_or_default(),
+        m.generator_cpu_ms_per_request
+            .map(|c| format!(", {c:.3} load-generator CPU ms per request"))
             .unwrap_or_default()
     )
 }
@@ -1167,7 +1194,19 @@ fn progress_line(m: &Measured) -> String {
 /// User and system CPU time of this process so far (all threads), from
 /// `/proc/self/stat`; `None` off Linux.
 fn process_cpu() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    cpu_in_stat("/proc/self/stat")
+}
+
+/// User and system CPU time of the calling thread so far, from
+/// `/proc/thread-self/stat`; `None` off Linux.
+fn thread_cpu() -> Option<Duration> {
+    cpu_in_stat("/proc/thread-self/stat")
+}
+
+/// utime + stime of a `/proc/.../stat` file (the same layout for a process
+/// and a thread).
+fn cpu_in_stat(path: &str) -> Option<Duration> {
+    let stat = std::fs::read_to_string(path).ok()?;
     // The command name may hold spaces; the fields after it do not.
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
     // utime and stime are fields 14 and 15 of the whole line, in clock ticks
@@ -1255,15 +1294,15 @@ fn render(r: &Report) -> String {
     let _ = writeln!(s);
     let _ = writeln!(
         s,
-        "| method | clients | searches/s | p50 ms | p90 ms | p99 ms | max ms | mean ms | CPU ms/search | non-empty | failed | owner reads |"
+        "| method | clients | searches/s | p50 ms | p90 ms | p99 ms | max ms | mean ms | server CPU ms/search | load-gen CPU ms/request | non-empty | failed | owner reads |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let opt =
         |v: Option<f64>, digits: usize| v.map_or("n/a".to_string(), |v| format!("{v:.digits$}"));
     for m in r.vacancy.iter().chain(std::iter::once(r.owner)) {
         let _ = writeln!(
             s,
-            "| {} | {} | {:.0} | {:.2} | {:.2} | {} | {} | {:.2} | {} | {} | {} | {} |",
+            "| {} | {} | {:.0} | {:.2} | {:.2} | {} | {} | {:.2} | {} | {} | {} | {} | {} |",
             m.method,
             m.clients,
             m.per_second(),
@@ -1273,6 +1312,7 @@ fn render(r: &Report) -> String {
             opt(m.max_ms, 1),
             m.mean_ms,
             opt(m.cpu_ms_per_search, 3),
+            opt(m.generator_cpu_ms_per_request, 3),
             m.non_empty
                 .map_or("n/a".into(), |v| format!("{:.1}%", v * 100.0)),
             m.failed,
