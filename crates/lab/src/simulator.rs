@@ -18,14 +18,16 @@ use chrono::NaiveDate;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
+use crate::http_client::HttpClient;
 use crate::ops::{self, HoldOutcome, HoldRequest};
 use vacancy_service::owner::{self, OwnerError};
 
-/// Largest response the simulator reads; a search page is far smaller.
-const MAX_RESPONSE_BYTES: usize = 8 * 1024 * 1024;
+// The HTTP client lives in `http_client`; these names stay importable from
+// here for the callers that took them from the simulator (the fault bench,
+// tests/it/stale.rs and shutdown.rs).
+pub use crate::http_client::{HttpError, HttpResponse, http};
 
 #[derive(Debug, Clone)]
 pub struct SimOptions {
@@ -118,6 +120,8 @@ pub enum SimError {
     Options(&'static str),
     #[error("a guest task failed: {0}")]
     Join(#[from] tokio::task::JoinError),
+    #[error("cannot build the HTTP client: {0}")]
+    Http(#[from] HttpError),
 }
 
 /// What the guests did, by their own account.
@@ -218,6 +222,9 @@ pub async fn run(options: SimOptions, stop: CancellationToken) -> Result<SimSumm
             }
         });
     }
+    // One client (one connection pool) for all the guests, as one booking
+    // service would have.
+    let api = HttpClient::new(options.api, options.http_timeout)?;
     let mut guests = Vec::with_capacity(options.guests);
     for guest in 0..options.guests {
         let client = owner::connect(&options.owner_url, Duration::from_secs(10)).await?;
@@ -225,6 +232,7 @@ pub async fn run(options: SimOptions, stop: CancellationToken) -> Result<SimSumm
             options.clone(),
             guest,
             client,
+            api.clone(),
             done.clone(),
         )));
     }
@@ -259,6 +267,7 @@ async fn guest_loop(
     o: SimOptions,
     guest: usize,
     mut client: tokio_postgres::Client,
+    api: HttpClient,
     stop: CancellationToken,
 ) -> SimSummary {
     let mut rng =
@@ -282,7 +291,7 @@ async fn guest_loop(
             path.push_str(&format!("&room={}", o.guests_per_room));
         }
         s.searches += 1;
-        let answer = match http(o.api, "GET", &path, None, None, o.http_timeout).await {
+        let answer = match api.get(&path).await {
             Ok(r) if r.status == 200 => serde_json::from_slice::<Value>(&r.body).ok(),
             _ => None,
         };
@@ -302,7 +311,7 @@ async fn guest_loop(
             pick.hotel_id, pick.room_type_id, o.rooms
         );
         s.advice_asked += 1;
-        let bypass = match http(o.api, "GET", &advice_path, None, None, o.http_timeout).await {
+        let bypass = match api.get(&advice_path).await {
             Ok(r) if r.status == 200 => serde_json::from_slice::<Value>(&r.body)
                 .ok()
                 .and_then(|v| v["bypass"].as_bool())
@@ -371,17 +380,12 @@ async fn guest_loop(
             "commit_lsn": commit_lsn,
         })
         .to_string();
+        let report = bytes::Bytes::from(report);
         let sends = if o.report_twice { 2 } else { 1 };
         for _ in 0..sends {
-            let sent = http(
-                o.api,
-                "POST",
-                "/v1/take-outcomes",
-                Some(&o.booking_token),
-                Some(report.as_bytes()),
-                o.http_timeout,
-            )
-            .await;
+            let sent = api
+                .post_json("/v1/take-outcomes", Some(&o.booking_token), report.clone())
+                .await;
             match sent {
                 Ok(r) if r.status == 200 && r.header("idempotent-replayed").is_some() => {
                     s.reports_replayed += 1;
@@ -513,157 +517,9 @@ async fn sweeper(mut client: tokio_postgres::Client, stop: CancellationToken) ->
     }
 }
 
-#[derive(Debug, thiserror::Error)]
-pub enum HttpError {
-    #[error("i/o: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("no answer within {0:?}")]
-    Timeout(Duration),
-    #[error("malformed response")]
-    Malformed,
-    #[error("response larger than {MAX_RESPONSE_BYTES} bytes")]
-    TooLarge,
-}
-
-/// An HTTP response: status, headers (names lowercased), body.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HttpResponse {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-}
-
-impl HttpResponse {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-
-    pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
-    }
-}
-
-/// A minimal HTTP/1.1 exchange (one request per connection). Enough for the
-/// simulator and tests; bounded in time and size.
-pub async fn http(
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    bearer: Option<&str>,
-    body: Option<&[u8]>,
-    timeout: Duration,
-) -> Result<HttpResponse, HttpError> {
-    let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await?;
-        let mut head =
-            format!("{method} {path} HTTP/1.1\r\nHost: vacancy\r\nConnection: close\r\n");
-        if let Some(token) = bearer {
-            head.push_str(&format!("Authorization: Bearer {token}\r\n"));
-        }
-        if let Some(b) = body {
-            head.push_str(&format!(
-                "Content-Type: application/json\r\nContent-Length: {}\r\n",
-                b.len()
-            ));
-        }
-        head.push_str("\r\n");
-        stream.write_all(head.as_bytes()).await?;
-        if let Some(b) = body {
-            stream.write_all(b).await?;
-        }
-        let mut raw = Vec::new();
-        let mut limited = stream.take(MAX_RESPONSE_BYTES as u64 + 1);
-        limited.read_to_end(&mut raw).await?;
-        if raw.len() > MAX_RESPONSE_BYTES {
-            return Err(HttpError::TooLarge);
-        }
-        parse_response(&raw)
-    };
-    tokio::time::timeout(timeout, exchange)
-        .await
-        .map_err(|_| HttpError::Timeout(timeout))?
-}
-
-/// A complete HTTP/1.1 response (with or without chunking).
-pub fn parse_response(raw: &[u8]) -> Result<HttpResponse, HttpError> {
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or(HttpError::Malformed)?;
-    let head = std::str::from_utf8(&raw[..split]).map_err(|_| HttpError::Malformed)?;
-    let body = &raw[split + 4..];
-    let status: u16 = head
-        .lines()
-        .next()
-        .and_then(|l| l.split(' ').nth(1))
-        .and_then(|s| s.parse().ok())
-        .ok_or(HttpError::Malformed)?;
-    let headers: Vec<(String, String)> = head
-        .lines()
-        .skip(1)
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
-    let chunked = headers
-        .iter()
-        .any(|(k, v)| k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked"));
-    if !chunked {
-        return Ok(HttpResponse {
-            status,
-            headers,
-            body: body.to_vec(),
-        });
-    }
-    let mut out = Vec::new();
-    let mut rest = body;
-    loop {
-        let line_end = rest
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .ok_or(HttpError::Malformed)?;
-        let size_text = std::str::from_utf8(&rest[..line_end]).map_err(|_| HttpError::Malformed)?;
-        let size_text = size_text.split(';').next().unwrap_or("").trim();
-        let size = usize::from_str_radix(size_text, 16).map_err(|_| HttpError::Malformed)?;
-        rest = &rest[line_end + 2..];
-        if size == 0 {
-            return Ok(HttpResponse {
-                status,
-                headers,
-                body: out,
-            });
-        }
-        let chunk = rest.get(..size).ok_or(HttpError::Malformed)?;
-        out.extend_from_slice(chunk);
-        rest = rest.get(size + 2..).ok_or(HttpError::Malformed)?;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_plain_and_chunked_responses() {
-        let plain = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}";
-        let r = parse_response(plain).unwrap();
-        assert_eq!((r.status, r.body.as_slice()), (200, &b"{}"[..]));
-        assert_eq!(r.header("content-length"), Some("2"));
-        let chunked =
-            b"HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n";
-        let r = parse_response(chunked).unwrap();
-        assert_eq!((r.status, r.body), (201, b"abcde".to_vec()));
-        assert!(parse_response(b"garbage").is_err());
-        assert!(
-            parse_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n").is_err()
-        );
-        assert!(
-            parse_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n9\r\nab")
-                .is_err()
-        );
-    }
 
     #[test]
     fn only_room_types_with_enough_units_are_picked() {
