@@ -7,9 +7,10 @@
 //! concurrency: a city of 200 hotels × 20 room types, one room for two, a
 //! 3-night stay at a random check-in. The owner answers through `pgbench -M
 //! prepared` (the best case for SQL: no parse or plan per question); the
-//! copy answers through its real HTTP API over loopback, driven by a minimal
-//! keep-alive HTTP/1.1 client written here because no HTTP client crate is a
-//! dependency and an external tool (wrk) would be one more install in CI.
+//! copy answers through its real HTTP API over loopback, driven by the lab's
+//! HTTP client (`http_client`, reqwest with kept-alive connections) on a
+//! thread of its own, whose CPU time is reported beside the server's (an
+//! external tool such as wrk would be one more install in CI).
 //!
 //! Search reads the owner for room types with few units free, so the copy is
 //! measured twice: with the default threshold (what production would run,
@@ -24,12 +25,12 @@ use chrono::NaiveDate;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::process::Command;
 use tokio_postgres::Client;
 
 use crate::cluster::{Cluster, ClusterError, ClusterOptions};
+use crate::http_client::{HttpClient, HttpError};
 use vacancy_service::app::{self, App, AppError};
 use vacancy_service::config::Settings;
 use vacancy_service::metrics;
@@ -46,6 +47,8 @@ const GUESTS: i16 = 2;
 /// Search's default page; the SQL returns the same page so both do the same work.
 const PAGE: usize = 20;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// One search over loopback takes milliseconds; one past this counts as failed.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// A snapshot of 12M rows takes well under a minute here; beyond this, something is wrong.
 const LOAD_LIMIT: Duration = Duration::from_secs(30 * 60);
 /// Questions whose answers are compared, copy against owner, before timing.
@@ -147,6 +150,8 @@ pub enum SearchBenchError {
     },
     #[error("http to vacancy: {0}")]
     Http(String),
+    #[error("http to vacancy: {0}")]
+    Client(#[from] HttpError),
     #[error("every request of a run failed; last: {0}")]
     NothingAnswered(String),
     #[error("bench i/o: {0}")]
@@ -201,8 +206,8 @@ struct Measured {
     /// CPU time of the server per answer: this process's, less the load
     /// generator's thread. Steadier than searches/s on a shared machine.
     cpu_ms_per_search: Option<f64>,
-    /// CPU time of the load generator's thread per request sent (answered
-    /// or failed): what the client costs the two cores it shares with the
+    /// CPU time of the load generator's thread per request answered (any
+    /// status): what the client costs the two cores it shares with the
     /// server.
     generator_cpu_ms_per_request: Option<f64>,
 }
@@ -660,11 +665,11 @@ async fn drive_vacancy(
     threshold: i32,
 ) -> Result<(Measured, Agreement), SearchBenchError> {
     let mut rng = ChaCha8Rng::seed_from_u64(7);
-    let mut conn = HttpConn::connect(app.addr).await?;
+    let api = HttpClient::new(app.addr, REQUEST_TIMEOUT)?;
     let mut agreement = Agreement::default();
     for _ in 0..AGREEMENT_CHECKS {
         let offset = rng.random_range(0..data.check_ins());
-        let response = conn.get(&search_path(data, offset)).await?;
+        let response = api.get(&search_path(data, offset)).await?;
         if response.status != 200 {
             return Err(SearchBenchError::Http(format!(
                 "search answered {}: {}",
@@ -690,7 +695,7 @@ async fn drive_vacancy(
             ));
         }
     }
-    drop(conn);
+    drop(api);
 
     let reads = || {
         let duration = metrics::OWNER_READ_DURATION.with_label_values(&["few_units"]);
@@ -815,7 +820,9 @@ impl Tally {
 /// `clients` connections sending searches back to back for `seconds`. The
 /// clients run on a runtime of their own (one thread, like a separate load
 /// generator process), so they never queue behind the server's tasks on the
-/// server's workers, and that thread's CPU time is the generator's own.
+/// server's workers, and that thread's CPU time is the generator's own. They
+/// share one HTTP client, built on that runtime (its connections' tasks run
+/// there), with one kept-alive connection per client task.
 async fn load_http(
     addr: std::net::SocketAddr,
     data: &Data,
@@ -832,17 +839,19 @@ async fn load_http(
         // runtime, and loopback addresses that need no resolver thread).
         let cpu_before = thread_cpu();
         let ran: Result<Tally, SearchBenchError> = runtime.block_on(async move {
+            let api = HttpClient::new(addr, REQUEST_TIMEOUT)?;
             let deadline = Instant::now() + Duration::from_secs(u64::from(seconds));
             let started = Instant::now();
             let tasks: Vec<_> = (0..clients)
                 .map(|c| {
                     let data = data.clone();
-                    tokio::spawn(one_client(addr, data, deadline, seed * 1000 + u64::from(c)))
+                    let seed = seed * 1000 + u64::from(c);
+                    tokio::spawn(one_client(api.clone(), data, deadline, seed))
                 })
                 .collect();
             let mut tally = Tally::default();
             for t in tasks {
-                tally.merge(t.await.map_err(std::io::Error::other)??);
+                tally.merge(t.await.map_err(std::io::Error::other)?);
             }
             // Rates are per wall second of the whole run, from the first
             // request sent to the last answer read.
@@ -859,19 +868,13 @@ async fn load_http(
     .map_err(std::io::Error::other)?
 }
 
-async fn one_client(
-    addr: std::net::SocketAddr,
-    data: Data,
-    deadline: Instant,
-    seed: u64,
-) -> Result<Tally, SearchBenchError> {
+async fn one_client(api: HttpClient, data: Data, deadline: Instant, seed: u64) -> Tally {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut tally = Tally::default();
-    let mut conn = HttpConn::connect(addr).await?;
     while Instant::now() < deadline {
         let path = search_path(&data, rng.random_range(0..data.check_ins()));
         let sent = Instant::now();
-        match conn.get(&path).await {
+        match api.get(&path).await {
             Ok(r) => {
                 tally.latencies.push(sent.elapsed());
                 if r.status == 200 {
@@ -885,20 +888,16 @@ async fn one_client(
                         String::from_utf8_lossy(&r.body)
                     ));
                 }
-                if r.close {
-                    conn = HttpConn::connect(addr).await?;
-                }
             }
             Err(e) => {
-                // A broken connection is counted as a failure, not a latency,
-                // and replaced; the run goes on.
+                // A broken connection is counted as a failure, not a latency;
+                // the client's pool replaces it and the run goes on.
                 tally.failed += 1;
                 tally.last_failure = Some(e.to_string());
-                conn = HttpConn::connect(addr).await?;
             }
         }
     }
-    Ok(tally)
+    tally
 }
 
 /// Whether an answer lists any hotel: `total_hotels` comes before the results,
@@ -911,110 +910,6 @@ fn has_results(body: &[u8]) -> bool {
         .position(|w| w == key)
         .and_then(|i| head.get(i + key.len()))
         .is_some_and(|&c| c.is_ascii_digit() && c != b'0')
-}
-
-/// A minimal keep-alive HTTP/1.1 client: GET only, content-length or chunked bodies.
-struct HttpConn {
-    stream: BufReader<TcpStream>,
-    line: String,
-}
-
-struct HttpResponse {
-    status: u16,
-    body: Vec<u8>,
-    /// The server will close the connection after this answer.
-    close: bool,
-}
-
-impl HttpConn {
-    async fn connect(addr: std::net::SocketAddr) -> Result<HttpConn, SearchBenchError> {
-        let stream = TcpStream::connect(addr).await?;
-        // Requests are one small write each; Nagle would hold them back.
-        stream.set_nodelay(true)?;
-        Ok(HttpConn {
-            stream: BufReader::with_capacity(64 * 1024, stream),
-            line: String::new(),
-        })
-    }
-
-    async fn get(&mut self, path: &str) -> Result<HttpResponse, SearchBenchError> {
-        let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
-        self.stream.get_mut().write_all(request.as_bytes()).await?;
-        let status_line = self.read_line().await?;
-        let status: u16 = status_line
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| SearchBenchError::Http(format!("bad status line {status_line:?}")))?;
-        let mut length = None;
-        let mut chunked = false;
-        let mut close = false;
-        loop {
-            let line = self.read_line().await?;
-            if line.is_empty() {
-                break;
-            }
-            let Some((name, value)) = line.split_once(':') else {
-                continue;
-            };
-            let value = value.trim();
-            match name.trim().to_ascii_lowercase().as_str() {
-                "content-length" => {
-                    length = Some(value.parse::<usize>().map_err(|_| {
-                        SearchBenchError::Http(format!("bad content-length {value:?}"))
-                    })?);
-                }
-                "transfer-encoding" => chunked = value.to_ascii_lowercase().contains("chunked"),
-                "connection" => close = value.eq_ignore_ascii_case("close"),
-                _ => {}
-            }
-        }
-        let body = if chunked {
-            self.read_chunked().await?
-        } else if let Some(n) = length {
-            let mut body = vec![0; n];
-            self.stream.read_exact(&mut body).await?;
-            body
-        } else {
-            return Err(SearchBenchError::Http(
-                "an answer with neither content-length nor chunked body".into(),
-            ));
-        };
-        Ok(HttpResponse {
-            status,
-            body,
-            close,
-        })
-    }
-
-    /// One CRLF-terminated line without its terminator; a closed connection is an error.
-    async fn read_line(&mut self) -> Result<String, SearchBenchError> {
-        self.line.clear();
-        if self.stream.read_line(&mut self.line).await? == 0 {
-            return Err(SearchBenchError::Http(
-                "connection closed by vacancy".into(),
-            ));
-        }
-        Ok(self.line.trim_end_matches(['\r', '\n']).to_string())
-    }
-
-    async fn read_chunked(&mut self) -> Result<Vec<u8>, SearchBenchError> {
-        let mut body = Vec::new();
-        loop {
-            let size_line = self.read_line().await?;
-            let size = usize::from_str_radix(size_line.split(';').next().unwrap_or("").trim(), 16)
-                .map_err(|_| SearchBenchError::Http(format!("bad chunk size {size_line:?}")))?;
-            if size == 0 {
-                // Trailers, if any, end with an empty line.
-                while !self.read_line().await?.is_empty() {}
-                return Ok(body);
-            }
-            let start = body.len();
-            body.resize(start + size, 0);
-            self.stream.read_exact(&mut body[start..]).await?;
-            self.read_line().await?;
-        }
-    }
 }
 
 // ---------------------------------------------------------------- owner
