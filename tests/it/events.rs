@@ -109,22 +109,23 @@ impl SseClient {
     pub async fn next(&mut self) -> SseEvent {
         loop {
             if let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
-                let block: Vec<u8> = self.buffer.drain(..end + 2).collect();
-                let block = std::str::from_utf8(&block).expect("utf-8");
-                let (mut event, mut id, mut data) = ("message".to_string(), None, String::new());
+                let block_bytes: Vec<u8> = self.buffer.drain(..end + 2).collect();
+                let block = std::str::from_utf8(&block_bytes).expect("utf-8");
+                let (mut event, mut id, mut data_text) =
+                    ("message".to_string(), None, String::new());
                 for line in block.lines() {
                     if let Some(v) = line.strip_prefix("event:") {
                         event = v.trim().to_string();
                     } else if let Some(v) = line.strip_prefix("id:") {
                         id = Some(v.trim().to_string());
                     } else if let Some(v) = line.strip_prefix("data:") {
-                        data.push_str(v.strip_prefix(' ').unwrap_or(v));
+                        data_text.push_str(v.strip_prefix(' ').unwrap_or(v));
                     }
                 }
-                if data.is_empty() {
+                if data_text.is_empty() {
                     continue;
                 }
-                let data = serde_json::from_str(&data).expect("event data is JSON");
+                let data = serde_json::from_str(&data_text).expect("event data is JSON");
                 return SseEvent { event, id, data };
             }
             let chunk = timed(self.response.chunk())

@@ -199,14 +199,14 @@ pub async fn request_once(
     body: Option<&[u8]>,
     timeout: Duration,
 ) -> Result<HttpResponse, HttpError> {
-    let method =
+    let parsed_method =
         Method::from_bytes(method.as_bytes()).map_err(|_| HttpError::Method(method.to_string()))?;
     let client = HttpClient::with_client(
         client_builder().pool_max_idle_per_host(0).build()?,
         addr,
         timeout,
     );
-    let mut request = client.request(method, path);
+    let mut request = client.request(parsed_method, path);
     for (name, value) in headers {
         request = request.header(*name, *value);
     }

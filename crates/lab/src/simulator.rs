@@ -496,7 +496,7 @@ impl Guest {
         commit_lsn: Option<String>,
     ) {
         let o = &self.options;
-        let report = serde_json::json!({
+        let report: bytes::Bytes = serde_json::json!({
             "attempt_id": attempt_id,
             "quote": pick.quote,
             "hotel_id": pick.hotel_id,
@@ -507,8 +507,8 @@ impl Guest {
             "outcome": outcome.as_str(),
             "commit_lsn": commit_lsn,
         })
-        .to_string();
-        let report = bytes::Bytes::from(report);
+        .to_string()
+        .into();
         let sends = if o.report_twice { 2 } else { 1 };
         for _ in 0..sends {
             let sent = self
