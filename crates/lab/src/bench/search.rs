@@ -12,7 +12,7 @@
 //! server's (an external tool such as wrk would be one more install in CI).
 //! The answers checked against the owner's go through the lab's HTTP client
 //! (`http_client`); the timed load goes through a minimal keep-alive client
-//! of its own ([`LoadConnection`], which says why).
+//! of its own (`LoadConnection`, whose doc says why).
 //!
 //! Search reads the owner for room types with few units free, so the copy is
 //! measured twice: with the default threshold (what production would run,
