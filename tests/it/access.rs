@@ -6,8 +6,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use vacancy_lab::simulator::{HttpResponse, parse_response};
+use vacancy_lab::http_client::{self, HttpResponse};
 use vacancy_service::App;
 use vacancy_service::Settings;
 
@@ -34,32 +33,17 @@ async fn start(settings: Settings) -> App {
     vacancy_service::start(settings, listener).expect("start vacancy")
 }
 
-/// One HTTP/1.1 request with any method and headers, one per connection.
+/// One request with any method and headers, on a connection of its own
+/// (so each is a new client connection, as the old raw requests were).
 async fn request(
     addr: SocketAddr,
     method: &str,
     path: &str,
     headers: &[(&str, &str)],
 ) -> HttpResponse {
-    let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-        let mut head =
-            format!("{method} {path} HTTP/1.1\r\nHost: vacancy\r\nConnection: close\r\n");
-        for (k, v) in headers {
-            head.push_str(&format!("{k}: {v}\r\n"));
-        }
-        if method == "POST" {
-            head.push_str("Content-Length: 0\r\n");
-        }
-        head.push_str("\r\n");
-        stream.write_all(head.as_bytes()).await.expect("write");
-        let mut raw = Vec::new();
-        stream.read_to_end(&mut raw).await.expect("read");
-        parse_response(&raw).expect("an HTTP response")
-    };
-    tokio::time::timeout(Duration::from_secs(10), exchange)
+    http_client::request_once(addr, method, path, headers, None, Duration::from_secs(10))
         .await
-        .unwrap_or_else(|_| panic!("{method} {path} timed out"))
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
 }
 
 fn assert_problem(r: &HttpResponse, status: u16, kind: &str) {

@@ -2,50 +2,27 @@
 
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use vacancy_service::Settings;
 
 use crate::support::{TestOwner, wait_for};
 
-/// A minimal HTTP/1.1 GET: status, headers (lowercased names) and body.
+/// A GET through the lab's HTTP client: status, headers (lowercase names)
+/// and the body as text. Panics when no answer comes within 10 s.
 pub async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, Vec<(String, String)>, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut raw))
+    let r = vacancy_lab::http_client::get(addr, path, Duration::from_secs(10))
         .await
-        .expect("response in time")
-        .unwrap();
-    let text = String::from_utf8_lossy(&raw).to_string();
-    let (head, body) = text.split_once("\r\n\r\n").expect("http response");
-    let mut lines = head.lines();
-    let status: u16 = lines
-        .next()
-        .unwrap()
-        .split(' ')
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .unwrap_or_else(|e| panic!("GET {path}: {e}"));
+    let headers = r
+        .headers
+        .iter()
+        .map(|(name, value)| {
+            (
+                name.as_str().to_string(),
+                String::from_utf8_lossy(value.as_bytes()).into_owned(),
+            )
+        })
         .collect();
-    // Bodies here are small; chunked encoding wraps them in a size line.
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        body.split("\r\n")
-            .collect::<Vec<_>>()
-            .chunks(2)
-            .filter_map(|c| c.get(1).copied())
-            .collect::<String>()
-    } else {
-        body.to_string()
-    };
-    (status, headers, body)
+    (r.status, headers, r.text())
 }
 
 fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {

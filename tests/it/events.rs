@@ -7,10 +7,11 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use chrono::NaiveDate;
+use reqwest::Method;
+use reqwest::header::{ACCEPT, CONTENT_TYPE, TRANSFER_ENCODING};
 use serde_json::Value;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
 use tokio_postgres::Client;
+use vacancy_lab::http_client::{self, HttpClient};
 use vacancy_lab::ops::{self, HoldOutcome, HoldRequest};
 use vacancy_service::App;
 use vacancy_service::Lsn;
@@ -57,84 +58,81 @@ impl SseEvent {
     }
 }
 
-/// A minimal SSE client over HTTP/1.1 with chunked transfer, every read bounded.
+/// An SSE client on the lab's HTTP client: the answer's body is read as it
+/// comes (one `chunk()` at a time), every wait bounded.
 pub struct SseClient {
-    reader: BufReader<TcpStream>,
-    buffer: String,
+    /// Kept with its answer, so dropping the client closes the connection.
+    _api: HttpClient,
+    response: reqwest::Response,
+    /// Bytes received and not yet handed out as events (an event may come
+    /// split over chunks, or a chunk hold several).
+    buffer: Vec<u8>,
 }
 
 const READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 impl SseClient {
     pub async fn connect(addr: SocketAddr, path: &str, last_event_id: Option<&str>) -> SseClient {
-        let mut stream = TcpStream::connect(addr).await.expect("connect");
-        let mut head =
-            format!("GET {path} HTTP/1.1\r\nHost: vacancy\r\nAccept: text/event-stream\r\n");
+        // The time limit of whole exchanges does not apply to a stream that
+        // stays open: each wait below has its own.
+        let api = HttpClient::new(addr, READ_TIMEOUT).expect("http client");
+        let mut request = api
+            .request(Method::GET, path)
+            .header(ACCEPT, "text/event-stream");
         if let Some(id) = last_event_id {
-            head.push_str(&format!("Last-Event-ID: {id}\r\n"));
+            request = request.header("Last-Event-ID", id);
         }
-        head.push_str("\r\n");
-        stream.write_all(head.as_bytes()).await.expect("send");
-        let mut reader = BufReader::new(stream);
-        let mut status = String::new();
-        timed(reader.read_line(&mut status)).await.expect("status");
-        assert!(status.starts_with("HTTP/1.1 200"), "{status}");
-        let mut chunked = false;
-        let mut content_type = String::new();
-        loop {
-            let mut line = String::new();
-            timed(reader.read_line(&mut line)).await.expect("header");
-            let line = line.trim_end().to_ascii_lowercase();
-            if line.is_empty() {
-                break;
-            }
-            chunked |= line == "transfer-encoding: chunked";
-            if let Some(v) = line.strip_prefix("content-type:") {
-                content_type = v.trim().to_string();
-            }
-        }
-        assert!(chunked, "a stream is sent chunked");
-        assert_eq!(content_type, "text/event-stream");
+        let response = timed(request.send()).await.expect("the stream's answer");
+        assert_eq!(response.status(), 200);
+        let header = |name| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_ascii_lowercase()
+        };
+        assert_eq!(
+            header(TRANSFER_ENCODING),
+            "chunked",
+            "a stream is sent chunked"
+        );
+        assert_eq!(header(CONTENT_TYPE), "text/event-stream");
         SseClient {
-            reader,
-            buffer: String::new(),
+            _api: api,
+            response,
+            buffer: Vec::new(),
         }
     }
 
     /// The next event with data (comments and keep-alives are skipped).
     pub async fn next(&mut self) -> SseEvent {
         loop {
-            if let Some(end) = self.buffer.find("\n\n") {
-                let block: String = self.buffer.drain(..end + 2).collect();
-                let (mut event, mut id, mut data) = ("message".to_string(), None, String::new());
+            if let Some(end) = self.buffer.windows(2).position(|w| w == b"\n\n") {
+                let block_bytes: Vec<u8> = self.buffer.drain(..end + 2).collect();
+                let block = std::str::from_utf8(&block_bytes).expect("utf-8");
+                let (mut event, mut id, mut data_text) =
+                    ("message".to_string(), None, String::new());
                 for line in block.lines() {
                     if let Some(v) = line.strip_prefix("event:") {
                         event = v.trim().to_string();
                     } else if let Some(v) = line.strip_prefix("id:") {
                         id = Some(v.trim().to_string());
                     } else if let Some(v) = line.strip_prefix("data:") {
-                        data.push_str(v.strip_prefix(' ').unwrap_or(v));
+                        data_text.push_str(v.strip_prefix(' ').unwrap_or(v));
                     }
                 }
-                if data.is_empty() {
+                if data_text.is_empty() {
                     continue;
                 }
-                let data = serde_json::from_str(&data).expect("event data is JSON");
+                let data = serde_json::from_str(&data_text).expect("event data is JSON");
                 return SseEvent { event, id, data };
             }
-            let mut size_line = String::new();
-            timed(self.reader.read_line(&mut size_line))
+            let chunk = timed(self.response.chunk())
                 .await
-                .expect("chunk size");
-            let size = usize::from_str_radix(size_line.trim(), 16).expect("chunk size in hex");
-            assert!(size > 0, "the stream ended");
-            let mut chunk = vec![0; size + 2];
-            timed(self.reader.read_exact(&mut chunk))
-                .await
-                .expect("chunk");
-            chunk.truncate(size);
-            self.buffer
-                .push_str(std::str::from_utf8(&chunk).expect("utf-8"));
+                .expect("a chunk of the stream")
+                .expect("the stream ended");
+            self.buffer.extend_from_slice(&chunk);
         }
     }
 }
@@ -288,28 +286,14 @@ async fn events_send_each_change_once_in_order_and_resume_from_last_event_id() {
     assert_eq!(night8.2, 4, "the state includes every commit");
 
     // Unknown hotels are a 404 problem, not an empty stream.
-    let r = vacancy_lab::simulator::http(
-        app.addr,
-        "GET",
-        "/v1/hotels/99/events",
-        None,
-        None,
-        Duration::from_secs(10),
-    )
-    .await
-    .unwrap();
+    let r = http_client::get(app.addr, "/v1/hotels/99/events", Duration::from_secs(10))
+        .await
+        .unwrap();
     assert_eq!(r.status, 404);
-    let doc = vacancy_lab::simulator::http(
-        app.addr,
-        "GET",
-        "/openapi.json",
-        None,
-        None,
-        Duration::from_secs(10),
-    )
-    .await
-    .unwrap()
-    .json();
+    let doc = http_client::get(app.addr, "/openapi.json", Duration::from_secs(10))
+        .await
+        .unwrap()
+        .json();
     assert!(
         doc["paths"]["/v1/hotels/{hotel_id}/events"]["get"].is_object(),
         "the stream is in /openapi.json"

@@ -15,7 +15,6 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use vacancy_service::Settings;
 use vacancy_service::slot;
 
@@ -772,7 +771,7 @@ fn observability_every_alert_has_a_firing_and_a_quiet_unit_test() {
 
 // --- against the running service ------------------------------------------
 
-/// A minimal HTTP/1.1 request with a body: status and body.
+/// One request with a body, through the lab's HTTP client: status and body.
 async fn send(
     addr: std::net::SocketAddr,
     method: &str,
@@ -780,30 +779,17 @@ async fn send(
     headers: &[(&str, &str)],
     body: &str,
 ) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let mut request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        request.push_str(&format!("{k}: {v}\r\n"));
-    }
-    request.push_str("\r\n");
-    request.push_str(body);
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut raw = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut raw))
-        .await
-        .expect("response in time")
-        .unwrap();
-    let text = String::from_utf8_lossy(&raw).to_string();
-    let (head, body) = text.split_once("\r\n\r\n").expect("http response");
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status code");
-    (status, body.to_string())
+    let r = vacancy_lab::http_client::request_once(
+        addr,
+        method,
+        path,
+        headers,
+        Some(body.as_bytes()),
+        Duration::from_secs(10),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+    (r.status, r.text())
 }
 
 /// The value of an unlabelled sample in a scrape.

@@ -148,41 +148,14 @@ impl Browser {
     }
 }
 
-/// A GET to Chromium's DevTools HTTP endpoint, which accepts only a Host
-/// header that is an IP address or localhost and keeps the connection open
-/// (so the body is read by its Content-Length).
-async fn devtools_get(addr: std::net::SocketAddr, path: &str) -> Option<Vec<u8>> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let exchange = async {
-        let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
-        let head = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-        stream.write_all(head.as_bytes()).await.ok()?;
-        let mut raw = Vec::new();
-        let mut buf = [0u8; 16384];
-        loop {
-            let n = stream.read(&mut buf).await.ok()?;
-            if n == 0 {
-                return None;
-            }
-            raw.extend_from_slice(&buf[..n]);
-            let Some(split) = raw.windows(4).position(|w| w == b"\r\n\r\n") else {
-                continue;
-            };
-            let head = String::from_utf8_lossy(&raw[..split]).to_ascii_lowercase();
-            let length: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .and_then(|v| v.trim().parse().ok())?;
-            if raw.len() >= split + 4 + length {
-                let r = vacancy_lab::simulator::parse_response(&raw[..split + 4 + length]).ok()?;
-                return (r.status == 200).then_some(r.body);
-            }
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(5), exchange)
+/// A GET to Chromium's DevTools HTTP endpoint: its body when it answered
+/// 200 within 5 s. The endpoint accepts only a Host header that is an IP
+/// address or localhost, which the client sends for `127.0.0.1:port`.
+async fn devtools_get(addr: std::net::SocketAddr, path: &str) -> Option<bytes::Bytes> {
+    let r = vacancy_lab::http_client::get(addr, path, Duration::from_secs(5))
         .await
-        .ok()
-        .flatten()
+        .ok()?;
+    (r.status == 200).then_some(r.body)
 }
 
 impl Drop for Browser {

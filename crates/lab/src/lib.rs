@@ -10,6 +10,7 @@
 //! - [`seed`]: a deterministic generated dataset, loaded through COPY.
 //! - [`ops`]: what the booking service does on the owner: hold, confirm,
 //!   release, cancel, sweep, capacity.
+//! - [`http_client`]: the one HTTP client of the lab and the tests (reqwest).
 //! - [`simulator`]: booking-service guests over the real API and owner
 //!   operations, reporting each take.
 //! - [`demo`]: the whole job on one machine: embedded owner, seed, guests.
@@ -21,6 +22,7 @@
 pub mod bench;
 pub mod cluster;
 pub mod demo;
+pub mod http_client;
 pub mod measure;
 pub mod ops;
 pub mod owner_db;

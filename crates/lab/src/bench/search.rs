@@ -7,9 +7,12 @@
 //! concurrency: a city of 200 hotels × 20 room types, one room for two, a
 //! 3-night stay at a random check-in. The owner answers through `pgbench -M
 //! prepared` (the best case for SQL: no parse or plan per question); the
-//! copy answers through its real HTTP API over loopback, driven by a minimal
-//! keep-alive HTTP/1.1 client written here because no HTTP client crate is a
-//! dependency and an external tool (wrk) would be one more install in CI.
+//! copy answers through its real HTTP API over loopback, driven by a load
+//! generator on a thread of its own, whose CPU time is reported beside the
+//! server's (an external tool such as wrk would be one more install in CI).
+//! The answers checked against the owner's go through the lab's HTTP client
+//! (`http_client`); the timed load goes through a minimal keep-alive client
+//! of its own (`LoadConnection`, whose doc says why).
 //!
 //! Search reads the owner for room types with few units free, so the copy is
 //! measured twice: with the default threshold (what production would run,
@@ -30,13 +33,12 @@ use tokio::process::Command;
 use tokio_postgres::Client;
 
 use crate::cluster::{ClusterError, ClusterOptions};
+use crate::http_client::{HttpClient, HttpError};
 use crate::measure::Latencies;
 use crate::owner_db::OwnerDb;
-use vacancy_service::OwnerError;
-use vacancy_service::Settings;
 use vacancy_service::metrics;
 use vacancy_service::slot::{self, SlotError};
-use vacancy_service::{App, AppError};
+use vacancy_service::{App, AppError, OwnerError, Settings};
 
 /// Our own slot and publication, so a bench never touches those of a
 /// `vacancy serve` attached to the same owner.
@@ -48,6 +50,8 @@ const GUESTS: i16 = 2;
 /// Search's default page; the SQL returns the same page so both do the same work.
 const PAGE: usize = 20;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+/// One search over loopback takes milliseconds; one past this counts as failed.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// A snapshot of 12M rows takes well under a minute here; beyond this, something is wrong.
 const LOAD_LIMIT: Duration = Duration::from_secs(30 * 60);
 /// Questions whose answers are compared, copy against owner, before timing.
@@ -145,6 +149,8 @@ pub enum SearchBenchError {
     NotReady(#[from] crate::readiness::NotReady),
     #[error("http to vacancy: {0}")]
     Http(String),
+    #[error("http to vacancy: {0}")]
+    Client(#[from] HttpError),
     #[error("every request of a run failed; last: {0}")]
     NothingAnswered(String),
     #[error("bench i/o: {0}")]
@@ -196,9 +202,13 @@ struct Measured {
     /// Mean time of one owner read, as the server timed it.
     owner_read_ms: Option<f64>,
     mean_bytes: Option<f64>,
-    /// CPU time of this process (server, and the client's one thread) per
-    /// answer: steadier than searches/s on a shared machine.
+    /// CPU time of the server per answer: this process's, less the load
+    /// generator's thread. Steadier than searches/s on a shared machine.
     cpu_ms_per_search: Option<f64>,
+    /// CPU time of the load generator's thread per request answered (any
+    /// status): what the client costs the two cores it shares with the
+    /// server.
+    generator_cpu_ms_per_request: Option<f64>,
 }
 
 impl Measured {
@@ -631,11 +641,11 @@ async fn drive_vacancy(
     threshold: i32,
 ) -> Result<(Measured, Agreement), SearchBenchError> {
     let mut rng = ChaCha8Rng::seed_from_u64(7);
-    let mut conn = HttpConn::connect(app.addr).await?;
+    let api = HttpClient::new(app.addr, REQUEST_TIMEOUT)?;
     let mut agreement = Agreement::default();
     for _ in 0..AGREEMENT_CHECKS {
         let offset = rng.random_range(0..data.check_ins());
-        let response = conn.get(&search_path(data, offset)).await?;
+        let response = api.get(&search_path(data, offset)).await?;
         if response.status != 200 {
             return Err(SearchBenchError::Http(format!(
                 "search answered {}: {}",
@@ -661,7 +671,7 @@ async fn drive_vacancy(
             ));
         }
     }
-    drop(conn);
+    drop(api);
 
     let reads = || {
         let duration = metrics::OWNER_READ_DURATION.with_label_values(&["few_units"]);
@@ -679,9 +689,11 @@ async fn drive_vacancy(
     let (reads_before, errors_before, timed_before) = reads();
     let cpu_before = process_cpu();
     let tally = load_http(app.addr, data, args.clients, args.seconds, 2).await?;
-    let cpu = process_cpu()
+    let process_cpu_used = process_cpu()
         .zip(cpu_before)
         .map(|(after, before)| after - before);
+    let generator_cpu = tally.generator_cpu;
+    let requests = tally.latencies.len() as u64;
     let (reads_after, errors_after, timed_after) = reads();
     let method = if threshold > 0 {
         format!("vacancy /v1/search (few_units_threshold = {threshold}, default)")
@@ -694,8 +706,14 @@ async fn drive_vacancy(
         reads_after - reads_before,
         errors_after - errors_before,
     )?;
-    measured.cpu_ms_per_search =
-        cpu.map(|c| c.as_secs_f64() * 1e3 / measured.answers.max(1) as f64);
+    // The generator's thread is part of this process: what is left is the
+    // server's (and the idle bench around it).
+    measured.cpu_ms_per_search = process_cpu_used
+        .zip(generator_cpu)
+        .map(|(process, generator)| process.saturating_sub(generator))
+        .map(|server| server.as_secs_f64() * 1e3 / measured.answers.max(1) as f64);
+    measured.generator_cpu_ms_per_request =
+        generator_cpu.map(|c| c.as_secs_f64() * 1e3 / requests.max(1) as f64);
     let timed = timed_after.1 - timed_before.1;
     measured.owner_read_ms =
         (timed > 0).then(|| (timed_after.0 - timed_before.0) * 1e3 / timed as f64);
@@ -720,6 +738,8 @@ struct Tally {
     bytes: u64,
     elapsed: Duration,
     last_failure: Option<String>,
+    /// CPU time of the load generator's one thread over the run.
+    generator_cpu: Option<Duration>,
 }
 
 impl Tally {
@@ -765,6 +785,7 @@ impl Tally {
             owner_read_ms: None,
             mean_bytes: Some(self.bytes as f64 / answers.max(1) as f64),
             cpu_ms_per_search: None,
+            generator_cpu_ms_per_request: None,
         })
     }
 }
@@ -772,7 +793,8 @@ impl Tally {
 /// `clients` connections sending searches back to back for `seconds`. The
 /// clients run on a runtime of their own (one thread, like a separate load
 /// generator process), so they never queue behind the server's tasks on the
-/// server's workers.
+/// server's workers, and that thread's CPU time is the generator's own. Each
+/// client keeps one connection ([`LoadConnection`]).
 async fn load_http(
     addr: std::net::SocketAddr,
     data: &Data,
@@ -785,13 +807,17 @@ async fn load_http(
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
-        runtime.block_on(async move {
+        // Everything the generator does runs on this thread (a current-thread
+        // runtime, and loopback addresses that need no resolver thread).
+        let cpu_before = thread_cpu();
+        let ran: Result<Tally, SearchBenchError> = runtime.block_on(async move {
             let deadline = Instant::now() + Duration::from_secs(u64::from(seconds));
             let started = Instant::now();
             let tasks: Vec<_> = (0..clients)
                 .map(|c| {
                     let data = data.clone();
-                    tokio::spawn(one_client(addr, data, deadline, seed * 1000 + u64::from(c)))
+                    let client_seed = seed * 1000 + u64::from(c);
+                    tokio::spawn(one_client(addr, data, deadline, client_seed))
                 })
                 .collect();
             let mut tally = Tally::default();
@@ -802,7 +828,12 @@ async fn load_http(
             // request sent to the last answer read.
             tally.elapsed = started.elapsed();
             Ok(tally)
-        })
+        });
+        let mut tally = ran?;
+        tally.generator_cpu = thread_cpu()
+            .zip(cpu_before)
+            .map(|(after, before)| after - before);
+        Ok(tally)
     })
     .await
     .map_err(std::io::Error::other)?
@@ -816,11 +847,18 @@ async fn one_client(
 ) -> Result<Tally, SearchBenchError> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut tally = Tally::default();
-    let mut conn = HttpConn::connect(addr).await?;
+    let mut conn = LoadConnection::connect(addr).await?;
     while Instant::now() < deadline {
         let path = search_path(&data, rng.random_range(0..data.check_ins()));
         let sent = Instant::now();
-        match conn.get(&path).await {
+        let answered = tokio::time::timeout(REQUEST_TIMEOUT, conn.get(&path))
+            .await
+            .unwrap_or_else(|_| {
+                Err(SearchBenchError::Http(format!(
+                    "no answer within {REQUEST_TIMEOUT:?}"
+                )))
+            });
+        match answered {
             Ok(r) => {
                 tally.latencies.push(sent.elapsed());
                 if r.status == 200 {
@@ -835,15 +873,15 @@ async fn one_client(
                     ));
                 }
                 if r.close {
-                    conn = HttpConn::connect(addr).await?;
+                    conn = LoadConnection::connect(addr).await?;
                 }
             }
             Err(e) => {
-                // A broken connection is counted as a failure, not a latency,
-                // and replaced; the run goes on.
+                // A broken (or silent) connection is counted as a failure, not
+                // a latency, and replaced; the run goes on.
                 tally.failed += 1;
                 tally.last_failure = Some(e.to_string());
-                conn = HttpConn::connect(addr).await?;
+                conn = LoadConnection::connect(addr).await?;
             }
         }
     }
@@ -862,31 +900,53 @@ fn has_results(body: &[u8]) -> bool {
         .is_some_and(|&c| c.is_ascii_digit() && c != b'0')
 }
 
-/// A minimal keep-alive HTTP/1.1 client: GET only, content-length or chunked bodies.
-struct HttpConn {
+/// The load generator's own minimal keep-alive HTTP/1.1 client: GET only,
+/// content-length or chunked bodies, one connection per client task.
+///
+/// Kept instead of the lab's `http_client` (reqwest) because the generator
+/// shares the machine's two cores with the server it measures, and reqwest
+/// cost it 60 to 80% more CPU per request. `vacancy bench search --hotels
+/// 1000 --cities 5 --nights 30` (200 hotels in the searched city, as at the
+/// defaults), 4 clients, 20 s, two runs of each, one after the other on
+/// 2026-12-06, 2 cores (AMD EPYC) shared with other builds; copy-only
+/// threshold:
+///
+/// | client | searches/s | p99 ms | server CPU ms/search | generator CPU ms/request |
+/// |---|---|---|---|---|
+/// | this one, before the swap | 8,664 / 9,047 | 0.79 / 0.79 | 0.203 / 0.194 | 0.026 / 0.023 |
+/// | reqwest (`http_client`) | 7,824 / 8,166 | 0.96 / 0.94 | 0.208 / 0.200 | 0.041 / 0.040 |
+/// | this one, kept (with its timeout) | 8,989 / 8,893 | 0.87 / 0.89 | 0.194 / 0.196 | 0.025 / 0.026 |
+///
+/// At the default threshold, the same three: 7,705 / 7,865, 6,882 / 6,529
+/// and 7,613 / 6,923 searches/s; generator 0.026 / 0.024, 0.042 / 0.044 and
+/// 0.027 / 0.029 ms per request.
+/// Not profiled; hyper's client hands each request to a connection task of
+/// its own and back, and reqwest parses a URL and builds a header map per
+/// request, where this one writes one line and reads the answer in place.
+struct LoadConnection {
     stream: BufReader<TcpStream>,
     line: String,
 }
 
-struct HttpResponse {
+struct LoadAnswer {
     status: u16,
     body: Vec<u8>,
     /// The server will close the connection after this answer.
     close: bool,
 }
 
-impl HttpConn {
-    async fn connect(addr: std::net::SocketAddr) -> Result<HttpConn, SearchBenchError> {
+impl LoadConnection {
+    async fn connect(addr: std::net::SocketAddr) -> Result<LoadConnection, SearchBenchError> {
         let stream = TcpStream::connect(addr).await?;
         // Requests are one small write each; Nagle would hold them back.
         stream.set_nodelay(true)?;
-        Ok(HttpConn {
+        Ok(LoadConnection {
             stream: BufReader::with_capacity(64 * 1024, stream),
             line: String::new(),
         })
     }
 
-    async fn get(&mut self, path: &str) -> Result<HttpResponse, SearchBenchError> {
+    async fn get(&mut self, path: &str) -> Result<LoadAnswer, SearchBenchError> {
         let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
         self.stream.get_mut().write_all(request.as_bytes()).await?;
         let status_line = self.read_line().await?;
@@ -903,10 +963,10 @@ impl HttpConn {
             if line.is_empty() {
                 break;
             }
-            let Some((name, value)) = line.split_once(':') else {
+            let Some((name, raw_value)) = line.split_once(':') else {
                 continue;
             };
-            let value = value.trim();
+            let value = raw_value.trim();
             match name.trim().to_ascii_lowercase().as_str() {
                 "content-length" => {
                     length = Some(value.parse::<usize>().map_err(|_| {
@@ -921,15 +981,15 @@ impl HttpConn {
         let body = if chunked {
             self.read_chunked().await?
         } else if let Some(n) = length {
-            let mut body = vec![0; n];
-            self.stream.read_exact(&mut body).await?;
-            body
+            let mut fixed = vec![0; n];
+            self.stream.read_exact(&mut fixed).await?;
+            fixed
         } else {
             return Err(SearchBenchError::Http(
                 "an answer with neither content-length nor chunked body".into(),
             ));
         };
-        Ok(HttpResponse {
+        Ok(LoadAnswer {
             status,
             body,
             close,
@@ -1053,6 +1113,7 @@ async fn measure_owner(
         owner_read_ms: None,
         mean_bytes: None,
         cpu_ms_per_search: None,
+        generator_cpu_ms_per_request: None,
     })
 }
 
@@ -1118,7 +1179,7 @@ async fn server_settings(client: &Client) -> Result<String, SearchBenchError> {
 
 fn progress_line(m: &Measured) -> String {
     format!(
-        "{}: {:.0} searches/s, p50 {:.2} ms, p99 {} ms, mean {:.2} ms, {} failed{}",
+        "{}: {:.0} searches/s, p50 {:.2} ms, p99 {} ms, mean {:.2} ms, {} failed{}{}",
         m.method,
         m.per_second(),
         m.p50_ms,
@@ -1126,7 +1187,10 @@ fn progress_line(m: &Measured) -> String {
         m.mean_ms,
         m.failed,
         m.cpu_ms_per_search
-            .map(|c| format!(", {c:.3} CPU ms per search"))
+            .map(|c| format!(", {c:.3} server CPU ms per search"))
+            .unwrap_or_default(),
+        m.generator_cpu_ms_per_request
+            .map(|c| format!(", {c:.3} load-generator CPU ms per request"))
             .unwrap_or_default()
     )
 }
@@ -1134,7 +1198,19 @@ fn progress_line(m: &Measured) -> String {
 /// User and system CPU time of this process so far (all threads), from
 /// `/proc/self/stat`; `None` off Linux.
 fn process_cpu() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    cpu_in_stat("/proc/self/stat")
+}
+
+/// User and system CPU time of the calling thread so far, from
+/// `/proc/thread-self/stat`; `None` off Linux.
+fn thread_cpu() -> Option<Duration> {
+    cpu_in_stat("/proc/thread-self/stat")
+}
+
+/// utime + stime of a `/proc/.../stat` file (the same layout for a process
+/// and a thread).
+fn cpu_in_stat(path: &str) -> Option<Duration> {
+    let stat = std::fs::read_to_string(path).ok()?;
     // The command name may hold spaces; the fields after it do not.
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
     // utime and stime are fields 14 and 15 of the whole line, in clock ticks
@@ -1222,15 +1298,15 @@ fn render(r: &Report) -> String {
     let _ = writeln!(s);
     let _ = writeln!(
         s,
-        "| method | clients | searches/s | p50 ms | p90 ms | p99 ms | max ms | mean ms | CPU ms/search | non-empty | failed | owner reads |"
+        "| method | clients | searches/s | p50 ms | p90 ms | p99 ms | max ms | mean ms | server CPU ms/search | load-gen CPU ms/request | non-empty | failed | owner reads |"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let opt =
         |v: Option<f64>, digits: usize| v.map_or("n/a".to_string(), |v| format!("{v:.digits$}"));
     for m in r.vacancy.iter().chain(std::iter::once(r.owner)) {
         let _ = writeln!(
             s,
-            "| {} | {} | {:.0} | {:.2} | {:.2} | {} | {} | {:.2} | {} | {} | {} | {} |",
+            "| {} | {} | {:.0} | {:.2} | {:.2} | {} | {} | {:.2} | {} | {} | {} | {} | {} |",
             m.method,
             m.clients,
             m.per_second(),
@@ -1240,6 +1316,7 @@ fn render(r: &Report) -> String {
             opt(m.max_ms, 1),
             m.mean_ms,
             opt(m.cpu_ms_per_search, 3),
+            opt(m.generator_cpu_ms_per_request, 3),
             m.non_empty
                 .map_or("n/a".into(), |v| format!("{:.1}%", v * 100.0)),
             m.failed,
