@@ -72,7 +72,7 @@ async fn sigterm_drains_requests_acknowledges_the_applied_lsn_and_exits_zero() {
 
     let addr = serve.addr;
     let search = tokio::spawn(async move {
-        vacancy_lab::simulator::http(
+        vacancy_lab::http_client::http(
             addr,
             "GET",
             "/v1/search?city=Lisbon&check_in=2030-01-02&check_out=2030-01-04&room=2&min_lsn=FFFFFFFF/0",

@@ -12,8 +12,9 @@ use chrono::NaiveDate;
 use serde_json::{Value, json};
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
+use vacancy_lab::http_client::HttpResponse;
 use vacancy_lab::ops;
-use vacancy_lab::simulator::{self, HttpResponse, SimOptions};
+use vacancy_lab::simulator::{self, SimOptions};
 use vacancy_service::App;
 use vacancy_service::QuoteKey;
 use vacancy_service::Settings;
@@ -71,13 +72,13 @@ async fn settled(app: &App, client: &Client) {
 }
 
 async fn get(app: &App, path: &str) -> HttpResponse {
-    simulator::http(app.addr, "GET", path, None, None, Duration::from_secs(10))
+    vacancy_lab::http_client::http(app.addr, "GET", path, None, None, Duration::from_secs(10))
         .await
         .unwrap_or_else(|e| panic!("GET {path}: {e}"))
 }
 
 async fn post(app: &App, bearer: Option<&str>, body: &[u8]) -> HttpResponse {
-    simulator::http(
+    vacancy_lab::http_client::http(
         app.addr,
         "POST",
         "/v1/take-outcomes",

@@ -20,14 +20,9 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use crate::http_client::HttpClient;
+use crate::http_client::{HttpClient, HttpError};
 use crate::ops::{self, HoldOutcome, HoldRequest};
 use vacancy_service::OwnerError;
-
-// The HTTP client lives in `http_client`; these names stay importable from
-// here for the callers that took them from the simulator (the fault bench,
-// tests/it/stale.rs and shutdown.rs).
-pub use crate::http_client::{HttpError, HttpResponse, http};
 
 #[derive(Debug, Clone)]
 pub struct SimOptions {

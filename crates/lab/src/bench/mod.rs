@@ -344,7 +344,7 @@ async fn read_shape(client: &Client) -> Result<Shape, BenchError> {
 /// hidden. Argument by argument: the service's redaction reads everything
 /// after a `?` as the URL's query, which on the whole line would swallow
 /// the arguments after it.
-fn redacted_command_line(args: &[String]) -> String {
+pub(crate) fn redacted_command_line(args: &[String]) -> String {
     args.iter()
         .map(|arg| redacted_url(arg))
         .collect::<Vec<_>>()

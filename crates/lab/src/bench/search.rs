@@ -1248,7 +1248,7 @@ fn render(r: &Report) -> String {
     let _ = writeln!(
         s,
         "- command: `{}`",
-        std::env::args().collect::<Vec<_>>().join(" ")
+        super::redacted_command_line(&std::env::args().collect::<Vec<_>>())
     );
     let _ = writeln!(s, "- machine: nproc {nproc}, CPU {cpu}");
     let _ = writeln!(

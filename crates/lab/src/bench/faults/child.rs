@@ -11,7 +11,7 @@ use serde_json::Value;
 use tokio::process::{Child, Command};
 
 use crate::bench::run_tool;
-use crate::simulator::http;
+use crate::http_client::http;
 use vacancy_service::Lsn;
 
 use super::compare::get_json;

@@ -8,7 +8,7 @@ use chrono::NaiveDate;
 use serde_json::Value;
 use tokio_postgres::Client;
 
-use crate::simulator::http;
+use crate::http_client::http;
 use vacancy_service::NightCounts;
 
 use super::{FaultBenchError, HTTP_TIMEOUT};

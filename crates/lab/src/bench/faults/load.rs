@@ -13,7 +13,7 @@ use rand_chacha::ChaCha8Rng;
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
-use crate::simulator::{self, http};
+use crate::http_client::{HttpClient, HttpError};
 
 use super::{HTTP_TIMEOUT, LoadCounts};
 
@@ -27,6 +27,17 @@ pub(super) async fn search_loop(
     stop: CancellationToken,
 ) {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    // One client, one pool, as a guest's browser keeps: a fault then costs
+    // what it costs a real client, not a connect per search.
+    let client = match HttpClient::new(addr, HTTP_TIMEOUT) {
+        Ok(client) => client,
+        Err(error) => {
+            let mut c = counts.lock().unwrap_or_else(|p| p.into_inner());
+            c.failed += 1;
+            *c.failures.entry(error.to_string()).or_default() += 1;
+            return;
+        }
+    };
     while !stop.is_cancelled() && !cities.is_empty() {
         let city = &cities[rng.random_range(0..cities.len())];
         let stay: i64 = rng.random_range(1..=3);
@@ -37,12 +48,12 @@ pub(super) async fn search_loop(
         let path = format!(
             "/v1/search?city={city}&check_in={check_in}&check_out={check_out}&room=2&limit=10"
         );
-        let kind = match http(addr, "GET", &path, None, None, HTTP_TIMEOUT).await {
+        let kind = match client.get(&path).await {
             Ok(r) if (200..300).contains(&r.status) => None,
             Ok(r) if r.status == 503 => Some(None),
             Ok(r) => Some(Some(r.status.to_string())),
-            Err(simulator::HttpError::Timeout(_)) => Some(Some("timeout".to_string())),
-            Err(simulator::HttpError::Io(e)) => Some(Some(format!("{:?}", e.kind()))),
+            Err(HttpError::Timeout(_)) => Some(Some("timeout".to_string())),
+            Err(HttpError::Io(e)) => Some(Some(format!("{:?}", e.kind()))),
             Err(e) => Some(Some(e.to_string())),
         };
         {

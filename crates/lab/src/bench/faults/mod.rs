@@ -309,7 +309,10 @@ pub async fn run(args: FaultArgs) -> Result<(), FaultBenchError> {
     }
     let args_line: Vec<String> = std::env::args().collect();
     println!("## vacancy bench faults\n");
-    println!("command:  {}", args_line.join(" "));
+    println!(
+        "command:  {}",
+        crate::bench::redacted_command_line(&args_line)
+    );
     println!(
         "data:     {} hotels x {} room types x {} nights = {} inventory rows (seed {}), embedded PostgreSQL, fsync on",
         report.hotels, args.room_types, args.nights, report.inventory_rows, args.seed
