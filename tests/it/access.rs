@@ -7,8 +7,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use vacancy_lab::http_client::{self, HttpResponse};
-use vacancy_service::App;
-use vacancy_service::Settings;
+use vacancy_service::{App, Settings};
 
 use crate::projector::{assert_converged, load_inventory, run_workload, test_seed};
 use crate::support::{TestOwner, wait_for};

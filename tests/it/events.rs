@@ -13,10 +13,8 @@ use serde_json::Value;
 use tokio_postgres::Client;
 use vacancy_lab::http_client::{self, HttpClient};
 use vacancy_lab::ops::{self, HoldOutcome, HoldRequest};
-use vacancy_service::App;
-use vacancy_service::Lsn;
-use vacancy_service::Settings;
 use vacancy_service::slot;
+use vacancy_service::{App, Lsn, Settings};
 
 use crate::support::{TestOwner, wait_for};
 

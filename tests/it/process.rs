@@ -13,9 +13,8 @@ use chrono::NaiveDate;
 use serde_json::Value;
 use tokio_postgres::Client;
 use tokio_postgres::types::PgLsn;
-use vacancy_service::Lsn;
-use vacancy_service::NightCounts;
 use vacancy_service::slot;
+use vacancy_service::{Lsn, NightCounts};
 
 use crate::api::get;
 use crate::projector::{Rows, load_inventory, owner_inventory, run_workload, test_seed};

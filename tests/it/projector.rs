@@ -15,11 +15,8 @@ use tokio_postgres::Client;
 use tokio_postgres::types::PgLsn;
 use vacancy_lab::cluster::{ClusterOptions, StopMode};
 use vacancy_lab::ops::{self, HoldRequest};
-use vacancy_service::App;
-use vacancy_service::Lsn;
-use vacancy_service::Settings;
 use vacancy_service::slot;
-use vacancy_service::{CalendarKey, NightCounts, ReadModel};
+use vacancy_service::{App, CalendarKey, Lsn, NightCounts, ReadModel, Settings};
 
 use crate::support::{TestOwner, create_publication, least_privilege_role, wait_for};
 

@@ -14,9 +14,8 @@ use serde_json::Value;
 use tokio_postgres::Client;
 use tokio_postgres::types::ToSql;
 use vacancy_lab::cluster::StopMode;
-use vacancy_service::App;
-use vacancy_service::Settings;
 use vacancy_service::slot;
+use vacancy_service::{App, Settings};
 
 use crate::api::get;
 use crate::support::{TestOwner, create_publication, least_privilege_role, wait_for};

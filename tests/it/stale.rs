@@ -15,11 +15,8 @@ use tokio_util::sync::CancellationToken;
 use vacancy_lab::http_client::HttpResponse;
 use vacancy_lab::ops;
 use vacancy_lab::simulator::{self, SimOptions};
-use vacancy_service::App;
-use vacancy_service::QuoteKey;
-use vacancy_service::Settings;
-use vacancy_service::Source;
 use vacancy_service::slot;
+use vacancy_service::{App, QuoteKey, Settings, Source};
 
 use crate::support::{TestOwner, wait_for};
 

@@ -16,10 +16,8 @@ use std::time::Duration;
 use chrono::NaiveDate;
 use tokio_postgres::Client;
 use vacancy_lab::cluster::ClusterOptions;
-use vacancy_service::App;
-use vacancy_service::CalendarKey;
-use vacancy_service::Settings;
 use vacancy_service::slot;
+use vacancy_service::{App, CalendarKey, Settings};
 
 use crate::support::{TestOwner, wait_for};
 

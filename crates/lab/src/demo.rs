@@ -37,11 +37,9 @@ use crate::owner_db::OwnerDb;
 use crate::readiness::{NotReady, wait_until};
 use crate::seed::{self, SeedError, SeedOptions};
 use crate::simulator::{self, SimError, SimOptions, SimSummary, pause};
-use vacancy_service::App;
-use vacancy_service::OwnerError;
-use vacancy_service::Settings;
 use vacancy_service::metrics;
 use vacancy_service::slot;
+use vacancy_service::{App, OwnerError, Settings};
 
 /// The demo's own slot, so it never takes over a `vacancy serve`'s slot on
 /// an attached owner.

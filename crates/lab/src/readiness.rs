@@ -4,9 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use vacancy_service::App;
-use vacancy_service::Lsn;
-use vacancy_service::StreamStatus;
+use vacancy_service::{App, Lsn, StreamStatus};
 
 /// How often `wait_ready` looks: the benches that call it time the run
 /// after the wait, not the wait itself.

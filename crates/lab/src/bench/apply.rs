@@ -9,13 +9,9 @@ use tokio::task::JoinHandle;
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
-use vacancy_service::Lsn;
-use vacancy_service::ReadModel;
-use vacancy_service::Refresh;
-use vacancy_service::Settings;
 use vacancy_service::metrics;
 use vacancy_service::slot;
-use vacancy_service::{Projector, StreamStatus};
+use vacancy_service::{Lsn, Projector, ReadModel, Refresh, Settings, StreamStatus};
 
 use super::{
     BenchError, CONNECT_TIMEOUT, LOAD_LIMIT, Owner, POLL, PUBLICATION, RECV_SLOT, VACANCY_SLOT,

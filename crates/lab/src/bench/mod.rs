@@ -41,12 +41,8 @@ use crate::cluster::{ClusterError, ClusterOptions, DEFAULT_BIN_DIR};
 use crate::owner_db::OwnerDb;
 use crate::readiness::NotReady;
 use crate::seed::{self, SeedError};
-use vacancy_service::AppError;
-use vacancy_service::Lsn;
-use vacancy_service::OwnerError;
-use vacancy_service::Settings;
-use vacancy_service::redacted_url;
 use vacancy_service::slot::{self, SlotError};
+use vacancy_service::{AppError, Lsn, OwnerError, Settings, redacted_url};
 
 /// vacancy's slot during a bench: its own name, so a bench never touches the
 /// slot of a `vacancy serve` attached to the same owner.

@@ -19,10 +19,8 @@ use crate::cluster::{ClusterError, ClusterOptions};
 use crate::owner_db::OwnerDb;
 use crate::readiness::{NotReady, wait_ready};
 use crate::simulator::{self, SimError, SimOptions, SimSummary};
-use vacancy_service::AppError;
-use vacancy_service::OwnerError;
-use vacancy_service::Settings;
 use vacancy_service::slot::{self, SlotError};
+use vacancy_service::{AppError, OwnerError, Settings};
 
 const SLOT: &str = "vacancy_stale_bench";
 const PUBLICATION: &str = "vacancy_stale_bench";
