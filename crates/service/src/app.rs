@@ -50,11 +50,9 @@ pub enum AppError {
     #[error(transparent)]
     Index(#[from] crate::index::IndexError),
     #[error(transparent)]
-    Stale(#[from] stale::StaleError),
+    SecretFile(#[from] crate::setting::SecretFileError),
     #[error(transparent)]
     Cors(#[from] http::access::CorsError),
-    #[error(transparent)]
-    Tokens(#[from] http::access::TokenFileError),
     #[error(transparent)]
     Owner(#[from] owner::EndpointError),
 }

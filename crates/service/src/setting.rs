@@ -23,6 +23,22 @@ impl InvalidSetting {
     }
 }
 
+/// A file named by a `*_file` setting (a quote key, bearer tokens) that
+/// cannot be used. Such files are read at startup, so a bad one stops the
+/// start, naming the setting; never their contents.
+#[derive(Debug, thiserror::Error)]
+pub enum SecretFileError {
+    #[error("cannot read {field} {path}: {source}")]
+    Read {
+        field: &'static str,
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{field}: {rule}")]
+    Invalid { field: &'static str, rule: String },
+}
+
 /// The shortest bearer token a setting may hold (booking service, admin):
 /// shorter ones are guessable.
 pub const MIN_BEARER_TOKEN_BYTES: usize = 16;

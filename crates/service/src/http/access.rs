@@ -33,7 +33,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::{AdminSettings, HttpSettings};
-use crate::setting::MIN_BEARER_TOKEN_BYTES;
+use crate::setting::{MIN_BEARER_TOKEN_BYTES, SecretFileError};
 use crate::stale::StaleSettings;
 
 /// Where one request comes from, as far as the limiter is concerned.
@@ -256,23 +256,9 @@ impl BearerTokens {
 /// Most tokens one file may list; more is a mistake, not a deployment.
 const MAX_TOKENS_PER_FILE: usize = 64;
 
-/// A token file that cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum TokenFileError {
-    #[error("cannot read {field} {path}: {source}")]
-    Read {
-        field: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{field}: {rule}")]
-    Invalid { field: &'static str, rule: String },
-}
-
 /// The booking service's tokens, from `stale.booking_tokens` and
 /// `stale.booking_tokens_file`.
-pub fn booking_tokens(stale: &StaleSettings) -> Result<BearerTokens, TokenFileError> {
+pub fn booking_tokens(stale: &StaleSettings) -> Result<BearerTokens, SecretFileError> {
     let from_file = load_tokens("stale.booking_tokens_file", &stale.booking_tokens_file)?;
     let tokens = BearerTokens::new(
         stale
@@ -288,7 +274,7 @@ pub fn booking_tokens(stale: &StaleSettings) -> Result<BearerTokens, TokenFileEr
 }
 
 /// Admin tokens from `admin.tokens` and `admin.tokens_file`.
-pub fn admin_tokens(admin: &AdminSettings) -> Result<BearerTokens, TokenFileError> {
+pub fn admin_tokens(admin: &AdminSettings) -> Result<BearerTokens, SecretFileError> {
     let from_file = load_tokens("admin.tokens_file", &admin.tokens_file)?;
     let tokens = BearerTokens::new(
         admin
@@ -306,15 +292,16 @@ pub fn admin_tokens(admin: &AdminSettings) -> Result<BearerTokens, TokenFileErro
 /// Bearer tokens from a file: one per line; blank lines and `#` comments
 /// skipped. `field` names the setting in errors (booking or admin tokens).
 /// The file is read at startup, so a bad one stops the start, naming it.
-fn load_tokens(field: &'static str, file: &str) -> Result<Vec<String>, TokenFileError> {
+fn load_tokens(field: &'static str, file: &str) -> Result<Vec<String>, SecretFileError> {
     if file.is_empty() {
         return Ok(Vec::new());
     }
-    let text = std::fs::read_to_string(Path::new(file)).map_err(|source| TokenFileError::Read {
-        field,
-        path: PathBuf::from(file),
-        source,
-    })?;
+    let text =
+        std::fs::read_to_string(Path::new(file)).map_err(|source| SecretFileError::Read {
+            field,
+            path: PathBuf::from(file),
+            source,
+        })?;
     let tokens: Vec<String> = text
         .lines()
         .map(str::trim)
@@ -322,13 +309,13 @@ fn load_tokens(field: &'static str, file: &str) -> Result<Vec<String>, TokenFile
         .map(str::to_string)
         .collect();
     if tokens.len() > MAX_TOKENS_PER_FILE {
-        return Err(TokenFileError::Invalid {
+        return Err(SecretFileError::Invalid {
             field,
             rule: format!("at most {MAX_TOKENS_PER_FILE} tokens"),
         });
     }
     if tokens.iter().any(|t| t.len() < MIN_BEARER_TOKEN_BYTES) {
-        return Err(TokenFileError::Invalid {
+        return Err(SecretFileError::Invalid {
             field,
             rule: format!("every token must be at least {MIN_BEARER_TOKEN_BYTES} bytes"),
         });

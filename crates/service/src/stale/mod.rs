@@ -34,25 +34,13 @@ use crate::metrics;
 use crate::model::Stay;
 use crate::model::{CalendarKey, ReadModel};
 use crate::owner::OwnerSettings;
+use crate::setting::SecretFileError;
 use crate::stream::{StreamSettings, StreamStatus};
 use audit::{Audit, AuditSettings, AuditStatus};
 use bypass::{Advice, Inputs, Policy};
 use outcomes::{Ledger, LedgerSettings, Totals};
 pub use settings::StaleSettings;
 use token::{MIN_KEY_BYTES, QuoteKey};
-
-#[derive(Debug, thiserror::Error)]
-pub enum StaleError {
-    #[error("cannot read {field} {path}: {source}")]
-    File {
-        field: &'static str,
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{field}: {rule}")]
-    Invalid { field: &'static str, rule: String },
-}
 
 /// The stale-read loop's shared state: the quote key, the ledger, the
 /// bypass policy and the audit, read by the API, search and the audit task.
@@ -116,7 +104,7 @@ impl StaleReadState {
         few_units_threshold: i32,
         model: Arc<ReadModel>,
         status: Arc<StreamStatus>,
-    ) -> Result<StaleReadState, StaleError> {
+    ) -> Result<StaleReadState, SecretFileError> {
         let key = match load_key(&s.quote_key, &s.quote_key_file)? {
             Some(bytes) => QuoteKey::new(&bytes),
             None => {
@@ -249,9 +237,9 @@ impl StaleReadState {
 
 /// The quote key: from the setting, or from a file (trailing newline
 /// dropped); `None` when neither is set.
-fn load_key(inline: &str, file: &str) -> Result<Option<Vec<u8>>, StaleError> {
+fn load_key(inline: &str, file: &str) -> Result<Option<Vec<u8>>, SecretFileError> {
     let bytes = if !file.is_empty() {
-        let mut bytes = std::fs::read(file).map_err(|source| StaleError::File {
+        let mut bytes = std::fs::read(file).map_err(|source| SecretFileError::Read {
             field: "stale.quote_key_file",
             path: PathBuf::from(file),
             source,
@@ -260,7 +248,7 @@ fn load_key(inline: &str, file: &str) -> Result<Option<Vec<u8>>, StaleError> {
             bytes.pop();
         }
         if bytes.len() < MIN_KEY_BYTES {
-            return Err(StaleError::Invalid {
+            return Err(SecretFileError::Invalid {
                 field: "stale.quote_key_file",
                 rule: format!("the key must be at least {MIN_KEY_BYTES} bytes"),
             });
