@@ -346,3 +346,31 @@ async fn a_million_row_transaction_converges_and_reports_peak_memory() {
         peak.saturating_sub(loaded_peak) as f64 / owner_rows as f64
     );
 }
+
+/// A log written to a file or a pipe (a supervisor's, `2>log`) is plain
+/// text: terminal colour codes only when stderr is a terminal.
+#[tokio::test]
+async fn a_log_written_to_a_file_carries_no_colour_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    // Nobody listens on port 1: the process starts, logs and retries, which
+    // is all this test needs of it.
+    let serve = Serve::start_with(
+        "postgresql://nobody@127.0.0.1:1/none",
+        dir.path(),
+        "text-log",
+        &[("VACANCY_LOG__FORMAT", "text")],
+    );
+    let log = wait_for(
+        "the listening line in the text log",
+        Duration::from_secs(30),
+        || async {
+            let text = std::fs::read_to_string(&serve.log).unwrap_or_default();
+            text.contains("listening").then_some(text)
+        },
+    )
+    .await;
+    assert!(
+        !log.contains('\u{1b}'),
+        "the log written to a file carries ANSI escape codes:\n{log}"
+    );
+}
