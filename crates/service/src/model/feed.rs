@@ -1,6 +1,6 @@
 //! The change feed: what each applied owner transaction changed in the
 //! nightly counts, in commit order, for whoever pushes changes to open pages
-//! (the SSE stream in `crate::events`).
+//! (the SSE stream in `crate::http::events`).
 //!
 //! `ReadModel` publishes one item per applied transaction, after its write
 //! lock is released. Publishing never waits: the live channel is a bounded
@@ -166,7 +166,7 @@ pub struct Feed {
     /// Cancelled when the service stops, so open streams end and the HTTP
     /// server can drain.
     closed: CancellationToken,
-    /// Streams open now (see `crate::events` for the bound).
+    /// Streams open now (see `crate::http::events` for the bound).
     pub open_streams: AtomicUsize,
 }
 

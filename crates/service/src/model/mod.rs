@@ -354,7 +354,7 @@ impl Freshness {
 pub struct ReadModel {
     tables: RwLock<Tables>,
     pub freshness: Freshness,
-    /// What each applied transaction changed, for pushers (`crate::events`);
+    /// What each applied transaction changed, for pushers (`crate::http::events`);
     /// published after the write lock is released, never waited on.
     pub feed: feed::Feed,
     /// The transactions applied, for owner reads that must see them all.
