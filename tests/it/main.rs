@@ -14,6 +14,7 @@ mod owner_security;
 mod page;
 mod process;
 mod projector;
+mod readiness;
 mod search;
 mod seed;
 mod shutdown;

@@ -101,6 +101,7 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
     let router = http::router(ApiState {
         model: model.clone(),
         search,
+        hotel_index: hotel_index.clone(),
         status: status.clone(),
         settings: Arc::new(ApiSettings {
             http: settings.http.clone(),

@@ -123,6 +123,11 @@ pub struct HotelIndex {
     fields: Fields,
     dirty: Mutex<HashSet<i64>>,
     rebuild: AtomicBool,
+    /// Copies swapped in so far (`mark_all`), and the newest of them whose
+    /// rebuild readers now see. Equal: every hotel of the loaded copy is
+    /// searchable (what `/readyz` waits for).
+    copies_loaded: AtomicU64,
+    copies_indexed: AtomicU64,
     synced: AtomicU64,
     /// Bumped after each reload of the reader: part of every cached
     /// answer's key, so no answer of an older reader outlives it.
@@ -168,6 +173,8 @@ impl HotelIndex {
             fields,
             dirty: Mutex::new(HashSet::new()),
             rebuild: AtomicBool::new(false),
+            copies_loaded: AtomicU64::new(0),
+            copies_indexed: AtomicU64::new(0),
             synced: AtomicU64::new(0),
             generation: AtomicU64::new(0),
             answers: moka::sync::Cache::builder()
@@ -201,9 +208,20 @@ impl HotelIndex {
         }
     }
 
-    /// Everything must be re-indexed (a new snapshot was loaded).
+    /// Everything must be re-indexed: a new copy was swapped into the model
+    /// (call it after the swap). Counted first, flagged second: a sync that
+    /// misses the flag has not counted this copy either, so the next sync
+    /// rebuilds and counts it.
     pub fn mark_all(&self) {
+        self.copies_loaded.fetch_add(1, Ordering::AcqRel);
         self.rebuild.store(true, Ordering::Release);
+    }
+
+    /// Whether every hotel of the copy in the model is in the reader that
+    /// answers searches: the last copy swapped in has been rebuilt, committed
+    /// and reloaded. (Hotels added to it since then follow within a batch.)
+    pub fn holds_current_copy(&self) -> bool {
+        self.copies_indexed.load(Ordering::Acquire) >= self.copies_loaded.load(Ordering::Acquire)
     }
 
     /// The model position the index fully reflects.
@@ -217,6 +235,9 @@ impl HotelIndex {
         // its hotels before it was applied, so they are in the set taken next.
         let at = model.freshness.applied();
         let rebuild = self.rebuild.swap(false, Ordering::AcqRel);
+        // After the flag, before the model is read: every copy counted here
+        // was swapped in before this count, so the read below sees it.
+        let copies_loaded = self.copies_loaded.load(Ordering::Acquire);
         let dirty: Vec<i64> =
             std::mem::take(&mut *self.dirty.lock().unwrap_or_else(|p| p.into_inner()))
                 .into_iter()
@@ -274,6 +295,10 @@ impl HotelIndex {
         drop(writer);
         self.reader.reload()?;
         self.generation.fetch_add(1, Ordering::AcqRel);
+        if rebuild {
+            self.copies_indexed
+                .fetch_max(copies_loaded, Ordering::AcqRel);
+        }
         metrics::INDEX_COMMIT_DURATION.observe(started.elapsed().as_secs_f64());
         let searcher = self.reader.searcher();
         metrics::INDEX_DOCUMENTS.set(searcher.num_docs() as i64);

@@ -38,6 +38,7 @@ use axum::routing::{get, post};
 pub use problem::Problem;
 pub use settings::{AdminSettings, HttpSettings};
 
+use crate::index::HotelIndex;
 use crate::model::ReadModel;
 use crate::search::{Search, SearchSettings};
 use crate::stale::StaleReadState;
@@ -49,6 +50,8 @@ use access::{BearerTokens, ClientLimiter, CorsError};
 pub struct ApiState {
     pub model: Arc<ReadModel>,
     pub search: Arc<Search>,
+    /// Readiness waits until it holds every hotel of the loaded copy.
+    pub hotel_index: Arc<HotelIndex>,
     pub status: Arc<StreamStatus>,
     pub settings: Arc<ApiSettings>,
     pub stale: Arc<StaleReadState>,

@@ -21,8 +21,9 @@ pub(super) async fn healthz() -> &'static str {
     "ok"
 }
 
-/// Ready once a snapshot is loaded, no resnapshot is under way, and the copy
-/// lags less than `http.ready_max_lag_ms`.
+/// Ready once a snapshot is loaded, no resnapshot is under way, every hotel
+/// of the loaded copy is in the search index, and the copy lags less than
+/// `http.ready_max_lag_ms`.
 fn readiness(state: &ApiState) -> Result<(), Problem> {
     let f = &state.model.freshness;
     if !f.is_loaded() {
@@ -39,6 +40,14 @@ fn readiness(state: &ApiState) -> Result<(), Problem> {
             reason: "the copy is being rebuilt from a new snapshot".into(),
         });
     }
+    if !state.hotel_index.holds_current_copy() {
+        // A loaded copy whose hotels are not yet in the index answers every
+        // search with nothing: behind a load balancer, a guest would be told
+        // nothing is free.
+        return Err(Problem::NotReady {
+            reason: "the search index is being built for the loaded copy".into(),
+        });
+    }
     let lag = f.lag_ms(Utc::now());
     if lag > state.settings.http.ready_max_lag_ms {
         return Err(Problem::NotReady {
@@ -50,7 +59,7 @@ fn readiness(state: &ApiState) -> Result<(), Problem> {
 
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses(
-        (status = 200, description = "ready: snapshot loaded and lag under the bound", body = String),
+        (status = 200, description = "ready: snapshot loaded, every hotel of it searchable, lag under the bound", body = String),
         (status = 503, description = "not ready", body = ProblemBody, content_type = "application/problem+json"),
     ))]
 pub(super) async fn readyz(State(state): State<ApiState>) -> Result<&'static str, Problem> {

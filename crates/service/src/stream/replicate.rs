@@ -119,6 +119,11 @@ impl StreamStatus {
         (requested > self.resnapshots_served.load(Ordering::SeqCst)).then_some(requested)
     }
 
+    /// How many operator asks the copies swapped in so far have answered.
+    pub fn resnapshots_served(&self) -> u64 {
+        self.resnapshots_served.load(Ordering::SeqCst)
+    }
+
     fn resnapshot_served(&self, asked: u64) {
         self.resnapshots_served.fetch_max(asked, Ordering::SeqCst);
     }
