@@ -5,6 +5,7 @@ mod support;
 
 mod access;
 mod api;
+mod atomicity;
 mod demo;
 mod events;
 mod faults;

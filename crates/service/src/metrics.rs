@@ -220,6 +220,19 @@ pub static INDEX_COMMIT_DURATION: LazyLock<Histogram> = LazyLock::new(|| {
     )
 });
 
+/// Readers never wait for apply (`model::ReadModel::read` is one atomic
+/// load); this shows it, with buckets fine enough to tell a pointer swap
+/// from a lock wait.
+pub static SEARCH_MODEL_WAIT: LazyLock<Histogram> = LazyLock::new(|| {
+    histogram(
+        "vacancy_search_model_wait_seconds",
+        "Time a search waited to get at the copy (one per read of the copy)",
+        vec![
+            1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2, 0.1,
+        ],
+    )
+});
+
 pub static SEARCH_RESULTS: LazyLock<Histogram> = LazyLock::new(|| {
     histogram(
         "vacancy_search_result_hotels",

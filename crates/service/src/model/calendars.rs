@@ -15,6 +15,7 @@
 //! `sell_limit`, set on few nights, lives in a sorted side list per block.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use chrono::NaiveDate;
 
@@ -279,23 +280,67 @@ impl Block {
     }
 }
 
-/// Every calendar of the copy. Fx hashing: the keys are our own integers,
-/// not attacker-chosen strings, and search looks up hundreds per answer.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// How many shards the hotels are spread over. A published copy is a
+/// vector of this many `Arc`s: publishing a transaction clones that vector
+/// (256 reference counts, about a microsecond) and the shards it changed,
+/// instead of a map of every hotel.
+const SHARDS: usize = 256;
+
+/// One shard: its hotels' blocks, each behind an `Arc` shared with every
+/// published copy that has not changed it.
+type Shard = HashMap<i64, Arc<Block>, rustc_hash::FxBuildHasher>;
+
+/// Every calendar of the copy, copy-on-write: cloning it shares every
+/// block, and a write copies only the block (and shard) it changes, so a
+/// reader's copy never changes under it and a writer never waits for one.
+///
+/// Sharded rather than a persistent map (`imbl`'s HAMT): search looks up
+/// hundreds of hotels per answer, and a lookup here stays one Fx probe in
+/// a small map plus one pointer, where a trie walks several nodes.
+/// Fx hashing: the keys are our own integers, not attacker-chosen strings.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Calendars {
-    hotels: HashMap<i64, Block, rustc_hash::FxBuildHasher>,
+    shards: Vec<Arc<Shard>>,
+}
+
+impl Default for Calendars {
+    fn default() -> Calendars {
+        Calendars {
+            shards: vec![Arc::default(); SHARDS],
+        }
+    }
+}
+
+/// The shard of a hotel: Fibonacci hashing of its id, since ids are
+/// often dense and a plain modulus would be as good as any, but a seed
+/// with a stride would pile onto a few shards.
+fn shard_of(hotel_id: i64) -> usize {
+    ((hotel_id as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as usize
 }
 
 impl Calendars {
+    fn block(&self, hotel_id: i64) -> Option<&Block> {
+        self.shards[shard_of(hotel_id)].get(&hotel_id).map(|b| &**b)
+    }
+
+    /// The shard of `hotel_id`, copied first if a published copy shares it.
+    fn shard_mut(&mut self, hotel_id: i64) -> &mut Shard {
+        Arc::make_mut(&mut self.shards[shard_of(hotel_id)])
+    }
+
+    fn blocks(&self) -> impl Iterator<Item = (&i64, &Block)> + '_ {
+        self.shards
+            .iter()
+            .flat_map(|shard| shard.iter().map(|(id, b)| (id, &**b)))
+    }
+
     pub fn get(&self, key: &CalendarKey) -> Option<CalendarView<'_>> {
-        self.hotels.get(&key.hotel_id)?.view(key.room_type_id)
+        self.block(key.hotel_id)?.view(key.room_type_id)
     }
 
     /// One hotel's calendars, for reading several of its room types.
     pub fn hotel(&self, hotel_id: i64) -> Option<HotelCalendars<'_>> {
-        self.hotels
-            .get(&hotel_id)
-            .map(|block| HotelCalendars { block })
+        self.block(hotel_id).map(|block| HotelCalendars { block })
     }
 
     /// Sets one night of one calendar.
@@ -307,21 +352,31 @@ impl Calendars {
     ) -> Result<(), UnstorableValue> {
         // Checked before anything changes, so a refused row leaves no column.
         let packed = Packed::pack(counts).ok_or(UnstorableValue(i32::MIN))?;
-        self.hotels.entry(key.hotel_id).or_default().set(
-            key.room_type_id,
-            day(night),
-            packed,
-            counts.sell_limit,
-        );
+        let block = self
+            .shard_mut(key.hotel_id)
+            .entry(key.hotel_id)
+            .or_default();
+        Arc::make_mut(block).set(key.room_type_id, day(night), packed, counts.sell_limit);
         Ok(())
     }
 
     /// Removes one night; a calendar left with none is gone.
     pub fn remove_night(&mut self, key: CalendarKey, night: NaiveDate) {
-        if let Some(block) = self.hotels.get_mut(&key.hotel_id) {
-            block.remove(key.room_type_id, day(night));
+        let d = day(night);
+        // Looked at through the shared copy first: a night that is not
+        // there costs no copy of its block.
+        let present = self
+            .get(&key)
+            .is_some_and(|view| view.block.night(view.col, d).is_some());
+        if !present {
+            return;
+        }
+        let shard = self.shard_mut(key.hotel_id);
+        if let Some(block) = shard.get_mut(&key.hotel_id) {
+            let block = Arc::make_mut(block);
+            block.remove(key.room_type_id, d);
             if block.types.is_empty() {
-                self.hotels.remove(&key.hotel_id);
+                shard.remove(&key.hotel_id);
             }
         }
     }
@@ -332,14 +387,15 @@ impl Calendars {
     pub fn insert_hotel(&mut self, hotel_id: i64, calendars: &mut [(i64, Calendar)]) {
         calendars.sort_unstable_by_key(|(id, _)| *id);
         let distinct = calendars.windows(2).all(|w| w[0].0 != w[1].0);
-        if distinct && !self.hotels.contains_key(&hotel_id) {
+        let shard = self.shard_mut(hotel_id);
+        if distinct && !shard.contains_key(&hotel_id) {
             let block = Block::from_calendars(calendars);
             if !block.types.is_empty() {
-                self.hotels.insert(hotel_id, block);
+                shard.insert(hotel_id, Arc::new(block));
             }
             return;
         }
-        let block = self.hotels.entry(hotel_id).or_default();
+        let block = Arc::make_mut(shard.entry(hotel_id).or_default());
         for (room_type_id, calendar) in calendars.iter() {
             for (night, counts) in calendar.iter() {
                 // A calendar holds only storable values, so this always packs.
@@ -349,21 +405,21 @@ impl Calendars {
             }
         }
         if block.types.is_empty() {
-            self.hotels.remove(&hotel_id);
+            shard.remove(&hotel_id);
         }
     }
 
     pub fn clear(&mut self) {
-        self.hotels.clear();
+        *self = Calendars::default();
     }
 
     /// Calendars (hotel × room type) with at least one night.
     pub fn len(&self) -> usize {
-        self.hotels.values().map(Block::width).sum()
+        self.blocks().map(|(_, b)| b.width()).sum()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.hotels.is_empty()
+        self.shards.iter().all(|shard| shard.is_empty())
     }
 
     pub fn keys(&self) -> impl Iterator<Item = CalendarKey> + '_ {
@@ -371,7 +427,7 @@ impl Calendars {
     }
 
     pub fn iter(&self) -> impl Iterator<Item = (CalendarKey, CalendarView<'_>)> + '_ {
-        self.hotels.iter().flat_map(|(&hotel_id, block)| {
+        self.blocks().flat_map(|(&hotel_id, block)| {
             block.types.iter().enumerate().map(move |(col, &id)| {
                 (
                     CalendarKey {
@@ -386,24 +442,44 @@ impl Calendars {
 
     /// Nights held, over all calendars.
     pub fn rows(&self) -> u64 {
-        self.hotels
-            .values()
-            .flat_map(|b| b.present.iter())
+        self.blocks()
+            .flat_map(|(_, b)| b.present.iter())
             .map(|&n| u64::from(n))
             .sum()
     }
 
     /// Heap bytes of the night data, for the memory figures.
     pub fn heap_bytes(&self) -> u64 {
-        self.hotels.values().map(|b| b.heap_bytes() as u64).sum()
+        self.blocks().map(|(_, b)| b.heap_bytes() as u64).sum()
     }
 
-    /// Releases spare capacity after a bulk load.
+    /// Releases spare capacity after a bulk load (when nothing shares it yet;
+    /// a shared block is left as it is rather than copied to shrink it).
     pub fn shrink(&mut self) {
-        for block in self.hotels.values_mut() {
-            block.shrink();
+        for shard in &mut self.shards {
+            if let Some(shard) = Arc::get_mut(shard) {
+                for block in shard.values_mut() {
+                    if let Some(block) = Arc::get_mut(block) {
+                        block.shrink();
+                    }
+                }
+                shard.shrink_to_fit();
+            }
         }
-        self.hotels.shrink_to_fit();
+    }
+
+    /// Blocks shared with `other` (the same allocation, not equal contents):
+    /// what a published copy and its successor have in common.
+    pub fn blocks_shared_with(&self, other: &Calendars) -> usize {
+        self.shards
+            .iter()
+            .zip(&other.shards)
+            .map(|(mine, theirs)| {
+                mine.iter()
+                    .filter(|(id, b)| theirs.get(id).is_some_and(|t| Arc::ptr_eq(b, t)))
+                    .count()
+            })
+            .sum()
     }
 }
 
@@ -571,7 +647,7 @@ mod tests {
                 c.set(key(7, rt), d(n), counts(rt as i32, 0, None)).unwrap();
             }
         }
-        let block = &c.hotels[&7];
+        let block = c.block(7).unwrap();
         assert_eq!(block.types, vec![1, 2, 3]);
         assert_eq!(block.cells.len(), 30);
         // Row 4 holds night 4 of every room type, side by side.
@@ -685,7 +761,7 @@ mod tests {
             prop_assert_eq!(got, want);
             let keys: std::collections::BTreeSet<CalendarKey> = map.keys().map(|(k, _)| *k).collect();
             prop_assert_eq!(cals.len(), keys.len());
-            for (h, block) in &cals.hotels {
+            for (h, block) in cals.blocks() {
                 // Tight: no empty column, no empty edge row.
                 prop_assert!(block.present.iter().all(|&p| p > 0), "hotel {} has an empty column", h);
                 prop_assert!(block.rows() == 0 || (!block.row_is_empty(0) && !block.row_is_empty(block.rows() - 1)));

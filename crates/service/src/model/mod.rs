@@ -1,11 +1,15 @@
 //! The read model: the copy of the owner's hotels, room types and nightly
 //! counts that search reads, and how fresh it is.
 //!
-//! Architecture invariant: only the stream's apply step writes here, one whole
-//! owner transaction under one write lock, so a reader never sees half a
-//! transaction (a three-night hold shows on all three nights or on none). The
-//! LSN a reader is told sits under the same lock as the data it describes.
-//! No function here awaits; the lock is never held across an `.await`.
+//! Architecture invariant: only the stream's apply step writes here, and a
+//! reader never sees half a transaction (a three-night hold shows on all
+//! three nights or on none, a transaction over several hotels on all of them
+//! or on none). The writer applies a whole owner transaction to a private
+//! successor of the published copy, copy-on-write per hotel block, then
+//! publishes it with one atomic pointer swap. A reader takes the published
+//! copy with one atomic load and never waits for a writer, however large
+//! the transaction. The LSN a reader is told is part of the copy it took.
+//! No function here awaits, and none holds a lock across an `.await`.
 
 pub mod calendar;
 pub mod calendars;
@@ -18,7 +22,9 @@ pub mod xids;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use arc_swap::ArcSwap;
 
 use chrono::{DateTime, NaiveDate, Utc};
 use serde::Serialize;
@@ -158,11 +164,19 @@ pub struct Transaction {
     pub changes: Vec<Change>,
 }
 
+/// The copy's hotels by id.
+pub type Hotels = HashMap<i64, Hotel, rustc_hash::FxBuildHasher>;
+
 /// The data a reader sees, always paired with the LSN it reflects.
+///
+/// Cloning shares everything (hotels and room types whole, calendars per
+/// hotel block); a write through the clone copies only what it changes.
+/// Hotels and room types change rarely, so they are copied whole when they
+/// do; calendars change with every booking, so they are copied per hotel.
 #[derive(Debug, Clone, Default)]
 pub struct Tables {
-    pub hotels: HashMap<i64, Hotel, rustc_hash::FxBuildHasher>,
-    pub room_types: RoomTypes,
+    pub hotels: Arc<Hotels>,
+    pub room_types: Arc<RoomTypes>,
     pub calendars: Calendars,
     /// Every owner transaction that committed before this position is applied.
     pub applied: Lsn,
@@ -211,10 +225,12 @@ impl Tables {
                         hotel.amenities.clone_from(&old.amenities);
                     }
                 }
-                self.hotels.insert(hotel.id, *hotel);
+                Arc::make_mut(&mut self.hotels).insert(hotel.id, *hotel);
             }
             Change::DeleteHotel { id } => {
-                self.hotels.remove(id);
+                if self.hotels.contains_key(id) {
+                    Arc::make_mut(&mut self.hotels).remove(id);
+                }
             }
             Change::UpsertRoomType {
                 room_type,
@@ -228,13 +244,16 @@ impl Tables {
                 if *name_unsent && let Some(old) = self.room_types.get(&key) {
                     room_type.name.clone_from(&old.name);
                 }
-                self.room_types.insert(key, *room_type);
+                Arc::make_mut(&mut self.room_types).insert(key, *room_type);
             }
             Change::DeleteRoomType { hotel_id, id } => {
-                self.room_types.remove(&CalendarKey {
+                let key = CalendarKey {
                     hotel_id: *hotel_id,
                     room_type_id: *id,
-                });
+                };
+                if self.room_types.contains_key(&key) {
+                    Arc::make_mut(&mut self.room_types).remove(&key);
+                }
             }
             Change::UpsertNight { key, night, counts } => {
                 self.calendars
@@ -252,8 +271,8 @@ impl Tables {
             Change::Truncate { tables } => {
                 for table in tables {
                     match table {
-                        Table::Hotels => self.hotels.clear(),
-                        Table::RoomTypes => self.room_types.clear(),
+                        Table::Hotels => self.hotels = Arc::default(),
+                        Table::RoomTypes => self.room_types = Arc::default(),
                         Table::Inventory => self.calendars.clear(),
                     }
                 }
@@ -349,13 +368,27 @@ impl Freshness {
     }
 }
 
+/// Whether a write's successor copy replaces the published one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Publish {
+    Yes,
+    /// Nothing changed, or the write failed: readers keep the copy they have.
+    No,
+}
+
 /// The copy. Cheap to share: wrap in `Arc`.
 #[derive(Debug, Default)]
 pub struct ReadModel {
-    tables: RwLock<Tables>,
+    /// The copy readers see: replaced whole, never changed in place.
+    published: ArcSwap<Tables>,
+    /// Held by the one writer at a time (apply, advance, merge, replace),
+    /// never by a reader. It holds the copy the last swap replaced, dropped
+    /// at the next swap: freeing a large transaction's superseded blocks is
+    /// then the writer's work, not whichever reader let go last.
+    writer: Mutex<Option<Arc<Tables>>>,
     pub freshness: Freshness,
     /// What each applied transaction changed, for pushers (`crate::http::events`);
-    /// published after the write lock is released, never waited on.
+    /// published after the swap, never waited on.
     pub feed: feed::Feed,
     /// The transactions applied, for owner reads that must see them all.
     pub xids: xids::AppliedXids,
@@ -366,11 +399,29 @@ impl ReadModel {
         Arc::new(ReadModel::default())
     }
 
-    /// A consistent view of the copy. Hold it briefly: the apply step waits for it.
-    pub fn read(&self) -> RwLockReadGuard<'_, Tables> {
-        self.tables
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// A consistent copy: one atomic load, never a wait. It does not change
+    /// while held; holding it long only keeps superseded blocks alive.
+    pub fn read(&self) -> Arc<Tables> {
+        self.published.load_full()
+    }
+
+    /// Runs `write` on a successor of the published copy and, when it says
+    /// so, publishes the successor with one swap, then the freshness that
+    /// describes it: a reader who sees the new applied position finds the
+    /// data of it. Writers are serialised; readers are not involved.
+    fn write<T>(&self, write: impl FnOnce(&mut Tables) -> (T, Publish)) -> T {
+        let mut retired = self.writer.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut next = Tables::clone(&self.published.load());
+        let (outcome, publish) = write(&mut next);
+        if publish == Publish::Yes {
+            let next = Arc::new(next);
+            let superseded = self.published.swap(Arc::clone(&next));
+            self.freshness.publish(&next);
+            // The copy before last: readers have long let go of it, so its
+            // blocks are freed here, by the writer.
+            *retired = Some(superseded);
+        }
+        outcome
     }
 
     /// Applies one committed owner transaction atomically. A transaction that
@@ -379,14 +430,12 @@ impl ReadModel {
     pub fn apply(&self, txn: &Transaction) -> Result<Applied, ApplyError> {
         // Before the change shows, so a reader's mark taken after includes it.
         self.xids.record(txn.xid);
-        let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
-        if txn.commit_lsn < tables.applied {
+        if txn.commit_lsn < self.published.load().applied {
             return Ok(Applied {
                 skipped: true,
                 ..Applied::default()
             });
         }
-        let mut applied = Applied::default();
         // Validate first so a bad row leaves the whole transaction unapplied.
         for change in &txn.changes {
             if let Change::UpsertNight { key, night, counts } = change
@@ -400,19 +449,35 @@ impl ReadModel {
                 });
             }
         }
-        for change in &txn.changes {
-            tables.apply_change(change)?;
-            match change.op() {
-                "upsert" => applied.upserts += 1,
-                "delete" => applied.deletes += 1,
-                _ => applied.truncates += 1,
+        let applied = self.write(|tables| {
+            // Checked again under the writer lock: the check above is only
+            // a shortcut that skips the validation.
+            if txn.commit_lsn < tables.applied {
+                let skipped = Applied {
+                    skipped: true,
+                    ..Applied::default()
+                };
+                return (Ok(skipped), Publish::No);
             }
-        }
-        tables.applied = txn.end_lsn;
-        tables.commit_time = Some(txn.commit_time);
-        self.freshness.publish(&tables);
-        drop(tables);
-        if let Some(item) = feed::FeedItem::from_transaction(txn) {
+            let mut applied = Applied::default();
+            for change in &txn.changes {
+                if let Err(error) = tables.apply_change(change) {
+                    // Nothing is published: the copy stays as it was.
+                    return (Err(error), Publish::No);
+                }
+                match change.op() {
+                    "upsert" => applied.upserts += 1,
+                    "delete" => applied.deletes += 1,
+                    _ => applied.truncates += 1,
+                }
+            }
+            tables.applied = txn.end_lsn;
+            tables.commit_time = Some(txn.commit_time);
+            (Ok(applied), Publish::Yes)
+        })?;
+        if !applied.skipped
+            && let Some(item) = feed::FeedItem::from_transaction(txn)
+        {
             self.feed.publish(item);
         }
         Ok(applied)
@@ -421,11 +486,16 @@ impl ReadModel {
     /// Advances the applied position without data: the server reported WAL
     /// past everything delivered, and nothing of ours is in flight.
     pub fn advance(&self, to: Lsn) {
-        let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
-        if to > tables.applied {
-            tables.applied = to;
-            self.freshness.publish(&tables);
+        if to <= self.published.load().applied {
+            return;
         }
+        self.write(|tables| {
+            if to <= tables.applied {
+                return ((), Publish::No);
+            }
+            tables.applied = to;
+            ((), Publish::Yes)
+        });
     }
 
     /// Merges calendars re-read from the owner (the TTL safety net): for the
@@ -447,58 +517,61 @@ impl ReadModel {
                 owner.entry(*key).or_default().insert(*night, *counts);
             }
         }
-        let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
-        let mut repaired = 0;
-        for (key, nights) in owner {
-            let copy: Vec<(NaiveDate, NightCounts)> = tables
-                .calendars
-                .get(&key)
-                .map(|c| c.iter().collect())
-                .unwrap_or_default();
-            for (night, _) in copy.iter().filter(|(n, _)| !nights.contains_key(n)) {
-                if !newer.contains(&(key, *night)) {
-                    let change = Change::DeleteNight { key, night: *night };
-                    let _ = tables.apply_change(&change);
+        let merged = self.write(|tables| {
+            let mut repaired = 0;
+            for (key, nights) in owner {
+                let copy: Vec<(NaiveDate, NightCounts)> = tables
+                    .calendars
+                    .get(&key)
+                    .map(|c| c.iter().collect())
+                    .unwrap_or_default();
+                for (night, _) in copy.iter().filter(|(n, _)| !nights.contains_key(n)) {
+                    if !newer.contains(&(key, *night)) {
+                        tables.calendars.remove_night(key, *night);
+                        repaired += 1;
+                    }
+                }
+                for (night, counts) in nights {
+                    if newer.contains(&(key, night))
+                        || tables.calendars.get(&key).and_then(|c| c.get(night)) == Some(counts)
+                    {
+                        continue;
+                    }
+                    // Storable was checked above, so this cannot fail.
+                    let _ = tables.calendars.set(key, night, counts);
                     repaired += 1;
                 }
             }
-            for (night, counts) in nights {
-                if newer.contains(&(key, night))
-                    || tables.calendars.get(&key).and_then(|c| c.get(night)) == Some(counts)
-                {
-                    continue;
-                }
-                // Storable was checked above, so this cannot fail.
-                let _ = tables.calendars.set(key, night, counts);
-                repaired += 1;
+            if repaired == 0 {
+                // Nothing differed: publish nothing, so readers keep their copy.
+                return (None, Publish::No);
             }
-        }
-        let at = tables.applied;
-        drop(tables);
-        if repaired > 0 {
-            // The stream did not deliver these values: open pages start over.
-            self.feed.reset(at);
-        }
+            (Some((repaired, tables.applied)), Publish::Yes)
+        });
+        let Some((repaired, at)) = merged else {
+            return 0;
+        };
+        // The stream did not deliver these values: open pages start over.
+        self.feed.reset(at);
         repaired
     }
 
     /// Swaps in a complete copy loaded from a snapshot at `tables.applied`.
     /// Until then the old copy keeps serving.
     pub fn replace(&self, fresh: Tables) {
-        let mut tables = self.tables.write().unwrap_or_else(|p| p.into_inner());
-        *tables = fresh;
-        // A resnapshot may land at a position before what a lost slot once
-        // reported, so reset rather than max.
+        let at = fresh.applied;
+        let commit_time_us = fresh.commit_time.map_or(0, |t| t.timestamp_micros());
+        // The swap publishes the applied position with a plain store: a
+        // resnapshot may land at a position before what a lost slot once
+        // reported, so it resets rather than maxes.
+        self.write(move |tables| {
+            *tables = fresh;
+            ((), Publish::Yes)
+        });
         self.freshness
-            .applied
-            .store(tables.applied.0, Ordering::Release);
-        self.freshness.commit_time_us.store(
-            tables.commit_time.map_or(0, |t| t.timestamp_micros()),
-            Ordering::Release,
-        );
+            .commit_time_us
+            .store(commit_time_us, Ordering::Release);
         self.freshness.loaded.store(true, Ordering::Release);
-        let at = tables.applied;
-        drop(tables);
         self.feed.reset(at);
     }
 }
@@ -506,6 +579,110 @@ impl ReadModel {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn night(n: u64) -> NaiveDate {
+        NaiveDate::from_ymd_opt(2027, 3, 1).unwrap() + chrono::Days::new(n)
+    }
+
+    fn upsert(hotel_id: i64, n: u64, taken: i32) -> Change {
+        Change::UpsertNight {
+            key: CalendarKey {
+                hotel_id,
+                room_type_id: 1,
+            },
+            night: night(n),
+            counts: NightCounts {
+                total: 10,
+                taken,
+                sell_limit: None,
+                price_cents: Some(100),
+            },
+        }
+    }
+
+    fn txn(lsn: u64, changes: Vec<Change>) -> Transaction {
+        Transaction {
+            xid: lsn as u32,
+            commit_lsn: Lsn(lsn),
+            end_lsn: Lsn(lsn + 1),
+            commit_time: DateTime::<Utc>::from_timestamp(1_800_000_000, 0).unwrap(),
+            changes,
+        }
+    }
+
+    fn taken(t: &Tables, hotel_id: i64, n: u64) -> Option<i32> {
+        let key = CalendarKey {
+            hotel_id,
+            room_type_id: 1,
+        };
+        t.calendars.get(&key)?.get(night(n)).map(|c| c.taken)
+    }
+
+    /// Three hotels with one night each, applied at LSN 10.
+    fn three_hotels() -> Arc<ReadModel> {
+        let model = ReadModel::new();
+        let mut tables = Tables::default();
+        for hotel_id in 1..=3 {
+            tables.apply_change(&upsert(hotel_id, 0, 0)).unwrap();
+        }
+        tables.applied = Lsn(10);
+        model.replace(tables);
+        model
+    }
+
+    /// What a reader holds never changes under it, and publishing a
+    /// transaction copies the blocks of the hotels it changed, no others.
+    #[test]
+    fn a_held_copy_stays_put_and_a_write_copies_only_what_it_changes() {
+        let model = three_hotels();
+        let held = model.read();
+        let applied = model
+            .apply(&txn(20, vec![upsert(1, 0, 4), upsert(2, 0, 4)]))
+            .unwrap();
+        assert_eq!(applied.upserts, 2);
+        let now = model.read();
+        assert_eq!((taken(&held, 1, 0), taken(&held, 2, 0)), (Some(0), Some(0)));
+        assert_eq!(held.applied, Lsn(10));
+        assert_eq!((taken(&now, 1, 0), taken(&now, 2, 0)), (Some(4), Some(4)));
+        assert_eq!(now.applied, Lsn(21));
+        assert_eq!(model.freshness.applied(), Lsn(21));
+        // Hotel 3 is the one block both copies share.
+        assert_eq!(now.calendars.blocks_shared_with(&held.calendars), 1);
+        assert!(Arc::ptr_eq(&now.hotels, &held.hotels));
+        assert!(Arc::ptr_eq(&now.room_types, &held.room_types));
+    }
+
+    /// A transaction with a row the copy cannot store leaves the copy as it
+    /// was: not one of its rows shows, and the very same copy is served.
+    #[test]
+    fn a_refused_transaction_publishes_nothing() {
+        let model = three_hotels();
+        let before = model.read();
+        let unstorable = Change::UpsertNight {
+            key: CalendarKey {
+                hotel_id: 3,
+                room_type_id: 1,
+            },
+            night: night(1),
+            counts: NightCounts {
+                total: i32::MIN,
+                taken: 0,
+                sell_limit: None,
+                price_cents: None,
+            },
+        };
+        let refused = model.apply(&txn(20, vec![upsert(1, 0, 7), unstorable]));
+        assert!(matches!(
+            refused,
+            Err(ApplyError::Unstorable { hotel_id: 3, .. })
+        ));
+        assert!(Arc::ptr_eq(&before, &model.read()));
+        assert_eq!(model.freshness.applied(), Lsn(10));
+        // A replay from before the copy's position is skipped, not applied.
+        let replay = model.apply(&txn(5, vec![upsert(2, 0, 9)])).unwrap();
+        assert!(replay.skipped);
+        assert_eq!(taken(&model.read(), 2, 0), Some(0));
+    }
 
     /// A streamed transaction holds every change until commit: a bulk
     /// update of millions of nights must not pay for the widest row.

@@ -5,22 +5,29 @@
 //! they are kept as a short id-sorted vector per hotel: one map lookup and
 //! one contiguous run, where a map keyed by (hotel, room type) cost a tree
 //! walk per hotel and a scan of every room type for a single hotel's page.
+//!
+//! Each hotel's vector sits behind an `Arc`: the copy is published whole
+//! after every transaction (`ReadModel`), and a clone must share the
+//! vectors, copying only the hotel whose room types a transaction changed.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use super::{CalendarKey, RoomType};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RoomTypes {
     /// Sorted by room type id; a hotel with none has no entry.
-    by_hotel: HashMap<i64, Vec<RoomType>, rustc_hash::FxBuildHasher>,
+    by_hotel: HashMap<i64, Arc<Vec<RoomType>>, rustc_hash::FxBuildHasher>,
     len: usize,
 }
 
 impl RoomTypes {
     /// One hotel's room types, in id order.
     pub fn of_hotel(&self, hotel_id: i64) -> &[RoomType] {
-        self.by_hotel.get(&hotel_id).map_or(&[], Vec::as_slice)
+        self.by_hotel
+            .get(&hotel_id)
+            .map_or(&[], |types| types.as_slice())
     }
 
     pub fn get(&self, key: &CalendarKey) -> Option<&RoomType> {
@@ -37,7 +44,7 @@ impl RoomTypes {
 
     /// Adds or replaces the room type at `key`; returns the one replaced.
     pub fn insert(&mut self, key: CalendarKey, room_type: RoomType) -> Option<RoomType> {
-        let types = self.by_hotel.entry(key.hotel_id).or_default();
+        let types = Arc::make_mut(self.by_hotel.entry(key.hotel_id).or_default());
         match types.binary_search_by_key(&key.room_type_id, |rt| rt.id) {
             Ok(at) => Some(std::mem::replace(&mut types[at], room_type)),
             Err(at) => {
@@ -49,10 +56,11 @@ impl RoomTypes {
     }
 
     pub fn remove(&mut self, key: &CalendarKey) -> Option<RoomType> {
-        let types = self.by_hotel.get_mut(&key.hotel_id)?;
-        let at = types
+        let shared = self.by_hotel.get_mut(&key.hotel_id)?;
+        let at = shared
             .binary_search_by_key(&key.room_type_id, |rt| rt.id)
             .ok()?;
+        let types = Arc::make_mut(shared);
         let removed = types.remove(at);
         if types.is_empty() {
             self.by_hotel.remove(&key.hotel_id);
@@ -76,7 +84,7 @@ impl RoomTypes {
 
     /// Every room type, hotel by hotel in no particular order.
     pub fn values(&self) -> impl Iterator<Item = &RoomType> {
-        self.by_hotel.values().flatten()
+        self.by_hotel.values().flat_map(|types| types.iter())
     }
 
     pub fn keys(&self) -> impl Iterator<Item = CalendarKey> + '_ {

@@ -31,6 +31,7 @@ use serde::Serialize;
 
 use crate::index::{HotelIndex, IndexError, Place};
 use crate::lsn::Lsn;
+use crate::metrics;
 use crate::model::calendars::HotelCalendars;
 use crate::model::{CalendarKey, Hotel, NightCounts, ReadModel, RoomType, Tables};
 pub use crate::model::{Source, Stay};
@@ -249,6 +250,15 @@ pub fn placeable_by(rooms: &[i16], free_for: impl Fn(i16) -> i64) -> bool {
 }
 
 impl Search {
+    /// The copy to answer from, timed: `vacancy_search_model_wait_seconds`
+    /// shows that a reader never waits for apply.
+    fn copy(&self) -> Arc<Tables> {
+        let asked = Instant::now();
+        let copy = self.model.read();
+        metrics::SEARCH_MODEL_WAIT.observe(asked.elapsed().as_secs_f64());
+        copy
+    }
+
     pub fn new(
         owner: &OwnerSettings,
         settings: &SearchSettings,
@@ -353,7 +363,7 @@ impl Search {
         reason: Reason,
         bypassed: &HashSet<i64>,
     ) -> (Copied, Lsn) {
-        let t = self.model.read();
+        let t = self.copy();
         let located = locate(&t, candidates, req);
         let trusted = reason == Reason::FewUnits && bypassed.is_empty();
         let copied = if trusted {
@@ -477,7 +487,7 @@ impl Search {
     /// known (attributes, not counts: a rename between the two reads shows
     /// the newer name).
     fn fill_names(&self, page: &mut [HotelResult]) {
-        let t = self.model.read();
+        let t = self.copy();
         for h in page {
             if let Some(hotel) = t.hotels.get(&h.hotel_id) {
                 h.name.clone_from(&hotel.name);
@@ -628,7 +638,7 @@ impl Search {
         let asked_at = Instant::now();
         let caught_up = self.reached(req.min_lsn).await;
         let (mut hotel, lsn) = {
-            let t = self.model.read();
+            let t = self.copy();
             let hotel = t
                 .hotels
                 .get(&hotel_id)
@@ -659,7 +669,7 @@ impl Search {
             .await;
         }
         let names: HashMap<i64, String> = {
-            let t = self.model.read();
+            let t = self.copy();
             t.room_types_of(hotel_id)
                 .map(|rt| (rt.id, rt.name.clone()))
                 .collect()

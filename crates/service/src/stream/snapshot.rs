@@ -7,6 +7,7 @@
 //! Rows come through binary COPY, the owner's cheapest way to hand them out.
 
 use std::pin::pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Instant;
 
@@ -218,7 +219,8 @@ async fn copy_hotels(
                 .flatten()
                 .collect(),
         };
-        tables.hotels.insert(hotel.id, hotel);
+        // The load's own copy: nothing shares it, so this never copies.
+        Arc::make_mut(&mut tables.hotels).insert(hotel.id, hotel);
         ticker.row(progress);
     }
     Ok(())
@@ -247,7 +249,7 @@ async fn copy_room_types(
             name: row.try_get(2)?,
             max_guests: row.try_get(3)?,
         };
-        tables.room_types.insert(
+        Arc::make_mut(&mut tables.room_types).insert(
             CalendarKey {
                 hotel_id: room_type.hotel_id,
                 room_type_id: room_type.id,
