@@ -25,7 +25,7 @@ fn proc_status_bytes(field: &str) -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-pub(super) async fn run(owner: &Owner) -> Result<(), BenchError> {
+pub(super) async fn run(owner: &Owner, update_nights: u32) -> Result<(), BenchError> {
     let client = vacancy_service::connect(owner.url(), CONNECT_TIMEOUT).await?;
     print_header("memory", owner, &client).await?;
     slot::drop_slot(&client, VACANCY_SLOT).await?;
@@ -56,16 +56,23 @@ pub(super) async fn run(owner: &Owner) -> Result<(), BenchError> {
             tables.room_types.len(),
         )
     };
-    app.stop(Duration::from_secs(10)).await;
     if rows == 0 {
+        app.stop(Duration::from_secs(10)).await;
         return Err(BenchError::NoData);
     }
+    let repriced = if update_nights > 0 {
+        Some(reprice_every_hotel(owner, &client, &app, update_nights).await?)
+    } else {
+        None
+    };
+    app.stop(Duration::from_secs(10)).await;
     let loaded = after.saturating_sub(before);
     let mut out = String::new();
     let _ = writeln!(
         out,
         "method:   VmRSS of this process before starting vacancy and 2 s after the snapshot is \
-         swapped in (same process, glibc malloc); payload = Tables::inventory_bytes()"
+         swapped in (same process, mimalloc, no transparent huge pages); payload = \
+         Tables::inventory_bytes()"
     );
     let _ = writeln!(out);
     let _ = writeln!(out, "| | bytes | per inventory row |");
@@ -99,6 +106,78 @@ pub(super) async fn run(owner: &Owner) -> Result<(), BenchError> {
         out,
         "rows {rows}, calendars {calendars}, hotels {hotels}, room types {room_types}"
     );
+    if let Some(peak) = repriced {
+        let copy = after.saturating_sub(before);
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "a transaction over every hotel: {}, {} rows; applied {:.1} s after its commit",
+            peak.sql,
+            peak.rows,
+            peak.applied_after.as_secs_f64()
+        );
+        let _ = writeln!(out, "| | bytes | × the loaded copy |");
+        let _ = writeln!(out, "|---|---:|---:|");
+        let _ = writeln!(
+            out,
+            "| peak RSS growth while it was received and applied (VmHWM - before) | {} ({:.0} MiB) | {:.2} |",
+            peak.peak.saturating_sub(before),
+            mib(peak.peak.saturating_sub(before)),
+            peak.peak.saturating_sub(before) as f64 / copy.max(1) as f64
+        );
+        let _ = writeln!(
+            out,
+            "| bound: 2 × the copy + the held transaction (60 B per changed row) | {} ({:.0} MiB) | {:.2} |",
+            2 * copy + 60 * peak.rows,
+            mib(2 * copy + 60 * peak.rows),
+            (2 * copy + 60 * peak.rows) as f64 / copy.max(1) as f64
+        );
+    }
     print!("{out}");
     Ok(())
+}
+
+/// The peak while one owner transaction repriced every hotel.
+struct Repriced {
+    sql: String,
+    rows: u64,
+    peak: u64,
+    applied_after: Duration,
+}
+
+/// Reprices the first `nights` nights of every hotel in one transaction and
+/// returns the process's peak RSS from before it until the copy applied it.
+async fn reprice_every_hotel(
+    owner: &Owner,
+    client: &tokio_postgres::Client,
+    app: &vacancy_service::App,
+    nights: u32,
+) -> Result<Repriced, BenchError> {
+    // Writing 5 resets VmHWM to the current RSS (proc(5), clear_refs).
+    std::fs::write("/proc/self/clear_refs", "5")?;
+    let sql = format!(
+        "UPDATE inventory SET price_cents = coalesce(price_cents, 0) + 1 WHERE night < DATE '{}' + {nights}",
+        owner.shape.first_night
+    );
+    let rows = client.execute(&sql, &[]).await?;
+    let committed = std::time::Instant::now();
+    let target = slot::current_wal_lsn(client).await?;
+    let model = app.model.clone();
+    wait_until(
+        "the copy to apply the transaction",
+        LOAD_LIMIT,
+        POLL,
+        &app.status,
+        || model.freshness.applied() >= target,
+    )
+    .await?;
+    let applied_after = committed.elapsed();
+    // Superseded blocks are freed by the next swap or when readers let go.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    Ok(Repriced {
+        sql,
+        rows,
+        peak: proc_status_bytes("VmHWM"),
+        applied_after,
+    })
 }

@@ -29,6 +29,7 @@ mod memory;
 pub mod search;
 mod snapshot;
 pub mod stale;
+mod wait;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -105,6 +106,27 @@ pub enum BenchCommand {
     Memory {
         #[command(flatten)]
         owner: OwnerArgs,
+        /// Then reprice this many nights of every hotel in one owner
+        /// transaction and report the peak while it applies (0: skip).
+        #[arg(long, default_value_t = 0)]
+        update_nights: u32,
+    },
+    /// How long searches wait to get at the copy (in process) and what
+    /// clients see, before and during the apply of one large owner
+    /// transaction that reprices every hotel. Writes to the owner.
+    Wait {
+        #[command(flatten)]
+        owner: OwnerArgs,
+        /// Nights of every hotel the transaction reprices (30 at 2,000 hotels
+        /// × 20 room types is 1.2M rows).
+        #[arg(long, default_value_t = 30)]
+        update_nights: u32,
+        /// Concurrent search clients.
+        #[arg(long, default_value_t = 4)]
+        clients: u32,
+        /// Seconds of load before the transaction.
+        #[arg(long, default_value_t = 10)]
+        before_secs: u64,
     },
     /// The convergence workload once per fault (walsender, owner restarts,
     /// SIGKILL, slot dropped or invalidated, owner unreachable, failing
@@ -206,9 +228,26 @@ pub async fn run(command: BenchCommand) -> Result<(), BenchError> {
             let owner = Owner::prepare(&owner).await?;
             owner.guarded(snapshot::run(&owner)).await
         }
-        BenchCommand::Memory { owner } => {
+        BenchCommand::Memory {
+            owner,
+            update_nights,
+        } => {
             let owner = Owner::prepare(&owner).await?;
-            owner.guarded(memory::run(&owner)).await
+            owner.guarded(memory::run(&owner, update_nights)).await
+        }
+        BenchCommand::Wait {
+            owner,
+            update_nights,
+            clients,
+            before_secs,
+        } => {
+            let owner = Owner::prepare(&owner).await?;
+            let options = wait::WaitOptions {
+                update_nights: update_nights.max(1),
+                clients: clients.max(1),
+                before: Duration::from_secs(before_secs),
+            };
+            owner.guarded(wait::run(&owner, &options)).await
         }
         BenchCommand::Faults(args) => Ok(crate::bench::faults::run(args).await?),
         BenchCommand::Search(args) => Ok(crate::bench::search::run(args).await?),
