@@ -547,7 +547,7 @@ async fn the_page_searches_opens_a_hotel_and_shows_a_hold_live() {
 }
 
 /// On a phone the results and a hotel's calendar fit the screen, with every
-/// source's badge inside it.
+/// source, `confirmed` included, labelled and styled as its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_fits_a_phone_with_every_source() {
     if chromium_missing() {
@@ -595,6 +595,46 @@ async fn the_page_fits_a_phone_with_every_source() {
     let browser = &mut run.browser;
     browser.screenshot("phone-results").await;
     assert_fits(browser, PHONE, "phone results").await;
+    let offers = browser
+        .eval(
+            "Array.from(document.querySelectorAll('.offer')).map((o) => {
+                const b = o.querySelector('.badge');
+                return {rt: o.dataset.roomTypeId, label: b.innerText, title: b.title,
+                        background: getComputedStyle(b).backgroundColor};
+            }).sort((a, b) => a.rt - b.rt)",
+        )
+        .await;
+    let offers = offers.as_array().expect("offers");
+    let labels: Vec<&str> = offers
+        .iter()
+        .map(|o| o["label"].as_str().unwrap())
+        .collect();
+    assert_eq!(labels, ["copy", "owner", "copy_fallback", "confirmed"]);
+    let lsn = browser
+        .eval("document.getElementById('freshness').dataset.lsn")
+        .await;
+    let confirmed_title = offers[3]["title"].as_str().unwrap();
+    assert!(
+        confirmed_title.contains(&format!("lsn {}", lsn.as_str().unwrap())),
+        "a confirmed room type says the owner position it was confirmed at: {confirmed_title}"
+    );
+    // Each source has its own colour, so a guest (and whoever watches the
+    // demo) tells them apart at a glance.
+    let mut backgrounds: Vec<&str> = offers
+        .iter()
+        .map(|o| o["background"].as_str().unwrap())
+        .collect();
+    backgrounds.sort_unstable();
+    backgrounds.dedup();
+    assert_eq!(backgrounds.len(), 4, "one colour per source: {offers:?}");
+    let titles: Vec<&str> = offers
+        .iter()
+        .map(|o| o["title"].as_str().unwrap())
+        .collect();
+    let mut distinct = titles.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 4, "each source explains itself: {titles:?}");
 
     run.open_hotel(1).await;
     let browser = &mut run.browser;
