@@ -468,6 +468,13 @@ async fn the_page_searches_opens_a_hotel_and_shows_a_hold_live() {
     assert!(text.contains("6 free"), "free units shown: {text}");
     assert!(text.contains("€240.00"), "the stay's price: {text}");
     assert!(text.contains("copy"), "the source of the numbers: {text}");
+    let count = browser
+        .eval("document.getElementById('search-status').innerText")
+        .await;
+    assert!(
+        count.as_str().unwrap().starts_with("1 hotel can host you"),
+        "{count}"
+    );
     let badge = browser
         .eval("document.getElementById('freshness').innerText")
         .await;

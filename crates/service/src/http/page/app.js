@@ -108,7 +108,8 @@ async function runSearch(p) {
   const stay = `from=${p.get("check_in")}&to=${addDays(p.get("check_in"), 14)}`;
   const items = answer.results.map((h) => renderHotel(h, stay));
   $("results").replaceChildren(...items);
-  status(node, `${answer.total_hotels} hotels can host you · numbers as of lsn ${answer.lsn}, ${answer.lag_ms} ms behind the owner`);
+  const hotels = answer.total_hotels === 1 ? "1 hotel can" : `${answer.total_hotels} hotels can`;
+  status(node, `${hotels} host you · numbers as of lsn ${answer.lsn}, ${answer.lag_ms} ms behind the owner`);
   document.body.dataset.searchState = "done";
 }
 
