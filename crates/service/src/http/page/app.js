@@ -108,8 +108,27 @@ async function runSearch(p) {
   const stay = `from=${p.get("check_in")}&to=${addDays(p.get("check_in"), 14)}`;
   const items = answer.results.map((h) => renderHotel(h, stay));
   $("results").replaceChildren(...items);
-  status(node, `${answer.total_hotels} hotels can host you · numbers as of lsn ${answer.lsn}, ${answer.lag_ms} ms behind the owner`);
+  const hotels = answer.total_hotels === 1 ? "1 hotel can" : `${answer.total_hotels} hotels can`;
+  status(node, `${hotels} host you · numbers as of lsn ${answer.lsn}, ${answer.lag_ms} ms behind the owner`);
   document.body.dataset.searchState = "done";
+}
+
+// Each room type's source as a badge: labelled with the API's own word
+// (what the README and /v1/stale-reads count by), coloured per source in
+// style.css, and explained in its title. An unknown source still shows,
+// by its name, in the plain badge colour.
+const SOURCES = {
+  copy: () => "from the read copy, as of the answer's lsn",
+  owner: () => "read from the owner while answering (few units left, or min_lsn)",
+  copy_fallback: () => "from the read copy: the owner should have been read but did not answer in time",
+  confirmed: (t) => "from the read copy, after it caught up with the owner's position"
+    + (t.confirmed_lsn ? ` at lsn ${t.confirmed_lsn}` : ""),
+};
+
+function sourceBadge(t) {
+  const explain = SOURCES[t.source];
+  const title = explain ? explain(t) : "where this room type's numbers came from";
+  return el("span", { class: "badge " + t.source, title }, t.source);
 }
 
 function renderHotel(h, stay) {
@@ -119,7 +138,7 @@ function renderHotel(h, stay) {
       el("span", { class: "name" }, `${t.name} (up to ${t.max_guests})`),
       el("span", { class: "free" + (t.low_availability ? " low" : "") }, `${t.free_units} free`),
       el("span", { class: "price" }, money(t.price_cents)),
-      el("span", { class: "badge " + t.source, title: "where this room type's numbers came from" }, t.source)));
+      sourceBadge(t)));
   return el("li", { class: "result", "data-hotel-id": h.hotel_id },
     el("h2", {}, el("a", { href: `#/hotels/${h.hotel_id}?${stay}` }, h.name)),
     el("div", { class: "meta" }, `${h.city}${stars} · from ${money(h.price_cents)} for the stay`),
