@@ -15,6 +15,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
+use base64::Engine as _;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -175,7 +176,9 @@ impl Browser {
                 json!({"format": "png", "captureBeyondViewport": true}),
             )
             .await;
-        let png = base64_decode(shot["data"].as_str().expect("screenshot data"));
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(shot["data"].as_str().expect("screenshot data"))
+            .expect("DevTools sends screenshots in standard base64");
         let path = Path::new(&dir).join(format!("{name}.png"));
         std::fs::write(&path, png).unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
         eprintln!("screenshot: {}", path.display());
@@ -252,31 +255,6 @@ const PHONE: Screen = Screen {
     scale: 3.0,
     mobile: true,
 };
-
-/// Standard base64 (what DevTools sends screenshots in); the crate has no
-/// base64 dependency for the tests.
-fn base64_decode(text: &str) -> Vec<u8> {
-    let mut out = Vec::with_capacity(text.len() / 4 * 3);
-    let (mut acc, mut bits) = (0u32, 0);
-    for c in text.bytes() {
-        let v = match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            b'=' => break,
-            _ => panic!("not base64: {c:#x}"),
-        };
-        acc = (acc << 6) | u32::from(v);
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-        }
-    }
-    out
-}
 
 /// Asserts, from the layout Chromium measured, that the page as shown on
 /// `screen` fits it: the layout viewport is the screen's width at scale 1
