@@ -349,7 +349,7 @@ impl HotelStream {
             .push_back(json_event("change", item.lsn, &body));
     }
 
-    /// Reads the hotel's state under one read lock and queues it.
+    /// Reads the hotel's state from one published copy and queues it.
     fn push_state(&mut self, reason: &'static str) {
         let body = {
             let t = self.model.read();

@@ -2,8 +2,8 @@
 //! nightly counts, in commit order, for whoever pushes changes to open pages
 //! (the SSE stream in `crate::http::events`).
 //!
-//! `ReadModel` publishes one item per applied transaction, after its write
-//! lock is released. Publishing never waits: the live channel is a bounded
+//! `ReadModel` publishes one item per applied transaction, after its
+//! copy is swapped in. Publishing never waits: the live channel is a bounded
 //! `tokio::sync::broadcast` (a receiver that falls behind is told it lagged
 //! and must start over from a full state), and a bounded ring keeps the
 //! recent items for clients that reconnect with `Last-Event-ID`.

@@ -296,7 +296,7 @@ impl Tables {
     }
 }
 
-/// Where the copy stands relative to the owner, readable without the lock.
+/// Where the copy stands relative to the owner, readable without taking the copy.
 #[derive(Debug, Default)]
 pub struct Freshness {
     /// The owner's WAL position as last seen (keepalive or pg_current_wal_lsn()).

@@ -351,7 +351,7 @@ impl Search {
     }
 
     /// What the answer needs of the candidates, copied out of the read model
-    /// under one read lock, and the LSN the copy stood at. When the copy is
+    /// from one published copy, and the LSN the copy stood at. When the copy is
     /// trusted for every candidate (the common case), every candidate is
     /// ranked straight from the calendars, and only the hotels a page may
     /// show are copied out. Otherwise the candidates are copied out whole,

@@ -453,7 +453,7 @@ fn copy_value(t: &Tables, key: &CalendarKey, night: NaiveDate) -> Option<NightCo
 
 /// Up to `n` distinct rows of the copy: every row when there are at most
 /// `n`, otherwise random calendars and a random night of each. Runs under
-/// the read lock, so it allocates one pointer per calendar and no more.
+/// one copy of the model, so it allocates one pointer per calendar and no more.
 pub fn sample(t: &Tables, n: usize, rng: &mut impl RngExt) -> Vec<Key> {
     if n == 0 {
         return Vec::new();

@@ -165,7 +165,7 @@ impl StaleReadState {
         self.model.freshness.is_loaded() && !self.status.resnapshotting.load(Ordering::Acquire)
     }
 
-    /// The advice for one take, from the copy under one read lock.
+    /// The advice for one take, from one published copy.
     pub fn advise(&self, q: &BypassQuestion) -> Advice {
         let ready = self.ready();
         let lag_ms = self.model.freshness.lag_ms(Utc::now());
