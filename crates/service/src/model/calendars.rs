@@ -22,19 +22,40 @@ use chrono::NaiveDate;
 use super::CalendarKey;
 use super::calendar::{ABSENT, Calendar, NightCounts, Packed, UnstorableValue, date, day};
 
+/// Rows (days) per page. A write copies the one page it changes, not its
+/// hotel's whole block: 16 rows of 20 room types are 3.8 KB, where a block
+/// of two years is 175 KB and copying it cost a one-row transaction more
+/// than the rest of its apply.
+const PAGE_ROWS: i32 = 16;
+
 /// One hotel's calendars.
+///
+/// Rows are days; each page holds `PAGE_ROWS` consecutive rows, row by row,
+/// and sits behind an `Arc` shared with every published copy that has not
+/// changed it. Pages are aligned to absolute days (`base` is a multiple of
+/// `PAGE_ROWS`), so growing or trimming the span never moves a row to
+/// another page.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Block {
     /// Room type ids, sorted: one column each.
     types: Vec<i64>,
     /// Nights with a row, per column; a column leaves when it reaches 0.
     present: Vec<u32>,
-    /// Day (since 1970-01-01) of row 0.
+    /// Day (since 1970-01-01) of page 0's first row.
+    base: i32,
+    /// The days with at least one night: `[first, end)`.
     first: i32,
-    /// `rows × types.len()` nights, one row per day.
-    cells: Vec<Packed>,
-    /// `(day, column, sell_limit)` of the nights whose limit is set, sorted.
-    limits: Vec<(i32, u32, i32)>,
+    end: i32,
+    /// `PAGE_ROWS × types.len()` nights each.
+    pages: Vec<Arc<[Packed]>>,
+    /// `(day, column, sell_limit)` of the nights whose limit is set, sorted;
+    /// shared like the pages, copied only when a limit changes.
+    limits: Arc<Vec<(i32, u32, i32)>>,
+}
+
+/// The first day of the page that holds day `d`.
+fn page_start(d: i32) -> i32 {
+    d.div_euclid(PAGE_ROWS) * PAGE_ROWS
 }
 
 impl Block {
@@ -42,17 +63,41 @@ impl Block {
         self.types.len()
     }
 
+    /// Days spanned, `end - first`.
     fn rows(&self) -> usize {
-        self.cells.len().checked_div(self.width()).unwrap_or(0)
+        usize::try_from(self.end - self.first).unwrap_or(0)
     }
 
-    fn row_of(&self, d: i32) -> Option<usize> {
-        let r = usize::try_from(i64::from(d) - i64::from(self.first)).ok()?;
-        (r < self.rows()).then_some(r)
+    fn empty_page(width: usize) -> Arc<[Packed]> {
+        Arc::from(vec![Packed::EMPTY; PAGE_ROWS as usize * width])
+    }
+
+    /// Page and first cell of day `d`'s row, when `d` is in the span.
+    fn locate(&self, d: i32) -> Option<(usize, usize)> {
+        if d < self.first || d >= self.end {
+            return None;
+        }
+        let r = usize::try_from(i64::from(d) - i64::from(self.base)).ok()?;
+        let rows = PAGE_ROWS as usize;
+        Some((r / rows, (r % rows) * self.width()))
+    }
+
+    /// Day `d`'s row: one night per column.
+    fn row(&self, d: i32) -> Option<&[Packed]> {
+        let (page, at) = self.locate(d)?;
+        Some(&self.pages[page][at..at + self.width()])
+    }
+
+    /// Day `d`'s row to write, its page copied first if a published copy
+    /// shares it. `d` must be in the span.
+    fn row_mut(&mut self, d: i32) -> Option<&mut [Packed]> {
+        let (page, at) = self.locate(d)?;
+        let w = self.width();
+        Some(&mut Arc::make_mut(&mut self.pages[page])[at..at + w])
     }
 
     fn night(&self, col: usize, d: i32) -> Option<NightCounts> {
-        let p = self.cells[self.row_of(d)? * self.width() + col];
+        let p = self.row(d)?[col];
         if p.total == ABSENT {
             return None;
         }
@@ -100,96 +145,121 @@ impl Block {
             .limits
             .binary_search_by_key(&(d, col as u32), |(d, c, _)| (*d, *c));
         match (found, limit) {
-            (Ok(at), Some(l)) => self.limits[at].2 = l,
-            (Ok(at), None) => {
-                self.limits.remove(at);
+            (Ok(at), Some(l)) if self.limits[at].2 != l => {
+                Arc::make_mut(&mut self.limits)[at].2 = l
             }
-            (Err(at), Some(l)) => self.limits.insert(at, (d, col as u32, l)),
-            (Err(_), None) => {}
+            (Ok(at), None) => {
+                Arc::make_mut(&mut self.limits).remove(at);
+            }
+            (Err(at), Some(l)) => Arc::make_mut(&mut self.limits).insert(at, (d, col as u32, l)),
+            _ => {}
         }
     }
 
-    /// A new, empty column at `at`: every row is rewritten once.
+    /// Every page rebuilt with a cell per row for each column that `keep`
+    /// maps from the old layout (`None`: a new, empty column). Columns come
+    /// and go rarely (a room type's first and last night), so this is fine.
+    fn relayout(&mut self, new_width: usize, keep: impl Fn(usize) -> Option<usize>) {
+        let old_width = self.width();
+        let rows = PAGE_ROWS as usize;
+        self.pages = self
+            .pages
+            .iter()
+            .map(|page| {
+                let mut cells = Vec::with_capacity(rows * new_width);
+                for r in 0..rows {
+                    cells.extend((0..new_width).map(|col| {
+                        keep(col).map_or(Packed::EMPTY, |old| page[r * old_width + old])
+                    }));
+                }
+                Arc::from(cells)
+            })
+            .collect();
+    }
+
+    /// A new, empty column at `at`: every page is rewritten once.
     fn insert_column(&mut self, at: usize, room_type_id: i64) {
-        let (w, rows) = (self.width(), self.rows());
-        let mut cells = Vec::with_capacity(rows * (w + 1));
-        for row in self.cells.chunks_exact(w.max(1)).take(rows) {
-            cells.extend_from_slice(&row[..at]);
-            cells.push(Packed::EMPTY);
-            cells.extend_from_slice(&row[at..]);
-        }
-        self.cells = cells;
+        let width = self.width() + 1;
+        self.relayout(width, |col| match col.cmp(&at) {
+            std::cmp::Ordering::Less => Some(col),
+            std::cmp::Ordering::Equal => None,
+            std::cmp::Ordering::Greater => Some(col - 1),
+        });
         self.types.insert(at, room_type_id);
         self.present.insert(at, 0);
-        for l in self.limits.iter_mut().filter(|l| l.1 as usize >= at) {
-            l.1 += 1;
+        if self.limits.iter().any(|l| l.1 as usize >= at) {
+            for l in Arc::make_mut(&mut self.limits)
+                .iter_mut()
+                .filter(|l| l.1 as usize >= at)
+            {
+                l.1 += 1;
+            }
         }
     }
 
     fn remove_column(&mut self, at: usize) {
-        let w = self.width();
-        let mut cells = Vec::with_capacity(self.rows() * (w - 1));
-        for row in self.cells.chunks_exact(w) {
-            cells.extend_from_slice(&row[..at]);
-            cells.extend_from_slice(&row[at + 1..]);
-        }
-        self.cells = cells;
+        let width = self.width() - 1;
+        self.relayout(width, |col| Some(if col < at { col } else { col + 1 }));
         self.types.remove(at);
         self.present.remove(at);
-        self.limits.retain(|l| l.1 as usize != at);
-        for l in self.limits.iter_mut().filter(|l| l.1 as usize > at) {
-            l.1 -= 1;
+        if self.limits.iter().any(|l| l.1 as usize >= at) {
+            let limits = Arc::make_mut(&mut self.limits);
+            limits.retain(|l| l.1 as usize != at);
+            for l in limits.iter_mut().filter(|l| l.1 as usize > at) {
+                l.1 -= 1;
+            }
         }
         self.trim();
     }
 
-    /// The row for day `d`, adding rows at either end as needed. Needs a column.
-    fn ensure_row(&mut self, d: i32) -> usize {
+    /// Widens the span to hold day `d`, adding pages at either end. Needs a column.
+    fn ensure_day(&mut self, d: i32) {
         let w = self.width();
-        if self.cells.is_empty() {
-            self.first = d;
-        }
-        if d < self.first {
-            let grow = (self.first - d) as usize;
-            self.cells
-                .splice(0..0, std::iter::repeat_n(Packed::EMPTY, grow * w));
-            self.first = d;
-        }
-        let row = (d - self.first) as usize;
-        if row >= self.rows() {
-            self.cells.resize((row + 1) * w, Packed::EMPTY);
-        }
-        row
-    }
-
-    fn row_is_empty(&self, row: usize) -> bool {
-        let w = self.width();
-        self.cells[row * w..(row + 1) * w]
-            .iter()
-            .all(|p| p.total == ABSENT)
-    }
-
-    /// Drops empty rows at both ends, so a calendar spans what it holds.
-    fn trim(&mut self) {
-        let w = self.width();
-        if w == 0 {
-            self.cells.clear();
-            self.first = 0;
+        if self.pages.is_empty() {
+            self.base = page_start(d);
+            self.pages.push(Block::empty_page(w));
+            (self.first, self.end) = (d, d + 1);
             return;
         }
-        let lead = (0..self.rows())
-            .take_while(|&r| self.row_is_empty(r))
-            .count();
-        if lead > 0 {
-            self.cells.drain(..lead * w);
-            self.first += lead as i32;
+        if d < self.base {
+            let added = ((self.base - page_start(d)) / PAGE_ROWS) as usize;
+            self.pages.splice(
+                0..0,
+                std::iter::repeat_with(|| Block::empty_page(w)).take(added),
+            );
+            self.base = page_start(d);
         }
-        while self.rows() > 0 && self.row_is_empty(self.rows() - 1) {
-            self.cells.truncate(self.cells.len() - w);
+        while d >= self.base + self.pages.len() as i32 * PAGE_ROWS {
+            self.pages.push(Block::empty_page(w));
         }
-        if self.cells.is_empty() {
-            self.first = 0;
+        self.first = self.first.min(d);
+        self.end = self.end.max(d + 1);
+    }
+
+    fn day_is_empty(&self, d: i32) -> bool {
+        self.row(d)
+            .is_none_or(|row| row.iter().all(|p| p.total == ABSENT))
+    }
+
+    /// Narrows the span to the days with nights and drops pages outside it,
+    /// so a calendar spans what it holds.
+    fn trim(&mut self) {
+        while self.first < self.end && self.day_is_empty(self.first) {
+            self.first += 1;
         }
+        while self.end > self.first && self.day_is_empty(self.end - 1) {
+            self.end -= 1;
+        }
+        if self.width() == 0 || self.first == self.end {
+            self.pages.clear();
+            (self.base, self.first, self.end) = (0, 0, 0);
+            return;
+        }
+        let keep_from = ((page_start(self.first) - self.base) / PAGE_ROWS) as usize;
+        let keep_to = ((page_start(self.end - 1) - self.base) / PAGE_ROWS) as usize + 1;
+        self.pages.truncate(keep_to);
+        self.pages.drain(..keep_from);
+        self.base = page_start(self.first);
     }
 
     fn set(&mut self, room_type_id: i64, d: i32, packed: Packed, limit: Option<i32>) {
@@ -200,11 +270,16 @@ impl Block {
                 at
             }
         };
-        let at = self.ensure_row(d) * self.width() + col;
-        if self.cells[at].total == ABSENT {
+        self.ensure_day(d);
+        let Some(row) = self.row_mut(d) else {
+            debug_assert!(false, "day {d} is in the span it was just widened to");
+            return;
+        };
+        let was_absent = row[col].total == ABSENT;
+        row[col] = packed;
+        if was_absent {
             self.present[col] += 1;
         }
-        self.cells[at] = packed;
         self.set_limit(d, col, limit);
     }
 
@@ -212,12 +287,12 @@ impl Block {
         let Ok(col) = self.types.binary_search(&room_type_id) else {
             return;
         };
-        let Some(row) = self.row_of(d) else { return };
-        let at = row * self.width() + col;
-        if self.cells[at].total == ABSENT {
+        if self.row(d).is_none_or(|row| row[col].total == ABSENT) {
             return;
         }
-        self.cells[at] = Packed::EMPTY;
+        if let Some(row) = self.row_mut(d) {
+            row[col] = Packed::EMPTY;
+        }
         self.present[col] -= 1;
         self.set_limit(d, col, None);
         if self.present[col] == 0 {
@@ -233,37 +308,41 @@ impl Block {
     }
 
     fn heap_bytes(&self) -> usize {
-        self.cells.capacity() * std::mem::size_of::<Packed>()
+        self.pages.len() * PAGE_ROWS as usize * self.width() * std::mem::size_of::<Packed>()
+            + self.pages.capacity() * std::mem::size_of::<Arc<[Packed]>>()
             + self.limits.capacity() * std::mem::size_of::<(i32, u32, i32)>()
             + self.types.capacity() * std::mem::size_of::<i64>()
             + self.present.capacity() * std::mem::size_of::<u32>()
     }
 
     fn shrink(&mut self) {
-        self.cells.shrink_to_fit();
-        self.limits.shrink_to_fit();
+        self.pages.shrink_to_fit();
+        if let Some(limits) = Arc::get_mut(&mut self.limits) {
+            limits.shrink_to_fit();
+        }
         self.types.shrink_to_fit();
         self.present.shrink_to_fit();
     }
 
     /// A block laid out at once from whole calendars with distinct, sorted
-    /// room types, in exactly the memory it needs.
+    /// room types, in exactly the pages it needs.
     fn from_calendars(calendars: &[(i64, Calendar)]) -> Block {
-        let spans = calendars
+        let kept: Vec<&(i64, Calendar)> = calendars.iter().filter(|(_, c)| !c.is_empty()).collect();
+        let spans = kept
             .iter()
-            .filter(|(_, c)| !c.is_empty())
             .map(|(_, c)| (c.first_day(), c.first_day() + c.nights().len() as i32));
         let (Some(first), Some(end)) = (spans.clone().map(|s| s.0).min(), spans.map(|s| s.1).max())
         else {
             return Block::default();
         };
-        let kept: Vec<&(i64, Calendar)> = calendars.iter().filter(|(_, c)| !c.is_empty()).collect();
         let w = kept.len();
-        let rows = (end - first) as usize;
-        let mut cells = vec![Packed::EMPTY; rows * w];
+        let base = page_start(first);
+        let page_count = ((page_start(end - 1) - base) / PAGE_ROWS + 1) as usize;
+        let page_cells = PAGE_ROWS as usize * w;
+        let mut cells = vec![Packed::EMPTY; page_count * page_cells];
         let mut limits = Vec::new();
         for (col, (_, c)) in kept.iter().enumerate() {
-            let offset = (c.first_day() - first) as usize;
+            let offset = (c.first_day() - base) as usize;
             for (i, p) in c.nights().iter().enumerate() {
                 cells[(offset + i) * w + col] = *p;
             }
@@ -273,18 +352,20 @@ impl Block {
         Block {
             types: kept.iter().map(|(id, _)| *id).collect(),
             present: kept.iter().map(|(_, c)| c.len() as u32).collect(),
+            base,
             first,
-            cells,
-            limits,
+            end,
+            pages: cells.chunks_exact(page_cells).map(Arc::from).collect(),
+            limits: Arc::new(limits),
         }
     }
 }
 
 /// How many shards the hotels are spread over. A published copy is a
 /// vector of this many `Arc`s: publishing a transaction clones that vector
-/// (256 reference counts, about a microsecond) and the shards it changed,
+/// (64 reference counts, well under a microsecond) and the shards it changed,
 /// instead of a map of every hotel.
-const SHARDS: usize = 256;
+const SHARDS: usize = 64;
 
 /// One shard: its hotels' blocks, each behind an `Arc` shared with every
 /// published copy that has not changed it.
@@ -315,7 +396,7 @@ impl Default for Calendars {
 /// often dense and a plain modulus would be as good as any, but a seed
 /// with a stride would pile onto a few shards.
 fn shard_of(hotel_id: i64) -> usize {
-    ((hotel_id as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as usize
+    ((hotel_id as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize
 }
 
 impl Calendars {
@@ -537,9 +618,9 @@ impl<'a> HotelCalendars<'a> {
         for i in 0..nights {
             let row = start
                 .checked_add(i as i32)
-                .and_then(|d| Some((d, b.row_of(d)?)));
+                .and_then(|d| Some((d, b.row(d)?)));
             match row {
-                Some((d, r)) => {
+                Some((d, cells)) => {
                     while b.limits.get(next_limit).is_some_and(|l| l.0 < d) {
                         next_limit += 1;
                     }
@@ -549,9 +630,7 @@ impl<'a> HotelCalendars<'a> {
                         .iter()
                         .take_while(|l| l.0 == d)
                         .peekable();
-                    for (col, (a, p)) in
-                        acc.iter_mut().zip(&b.cells[r * w..(r + 1) * w]).enumerate()
-                    {
+                    for (col, (a, p)) in acc.iter_mut().zip(cells).enumerate() {
                         let limit = limits.next_if(|l| l.1 as usize == col).map(|l| l.2);
                         step(a, p.unpack(limit));
                     }
@@ -586,10 +665,7 @@ impl<'a> CalendarView<'a> {
     /// Every night with a row, in date order.
     pub fn iter(&self) -> impl Iterator<Item = (NaiveDate, NightCounts)> + use<'a> {
         let (block, col) = (self.block, self.col);
-        (0..block.rows()).filter_map(move |r| {
-            let d = block.first + r as i32;
-            Some((date(d), block.night(col, d)?))
-        })
+        (block.first..block.end).filter_map(move |d| Some((date(d), block.night(col, d)?)))
     }
 
     /// The `nights` nights from `check_in` on, each `None` when it has no
@@ -649,15 +725,57 @@ mod tests {
         }
         let block = c.block(7).unwrap();
         assert_eq!(block.types, vec![1, 2, 3]);
-        assert_eq!(block.cells.len(), 30);
-        // Row 4 holds night 4 of every room type, side by side.
-        let row: Vec<i32> = block.cells[12..15].iter().map(|p| p.total).collect();
+        assert_eq!(block.rows(), 10);
+        // Night 4's row holds every room type, side by side.
+        let row: Vec<i32> = block
+            .row(day(d(4)))
+            .unwrap()
+            .iter()
+            .map(|p| p.total)
+            .collect();
         assert_eq!(row, vec![1, 2, 3]);
         let stay: Vec<_> = c.get(&key(7, 2)).unwrap().stay(d(8), 3).collect();
         assert_eq!(
             stay,
             vec![Some(counts(2, 0, None)), Some(counts(2, 0, None)), None]
         );
+    }
+
+    /// A copy shares every page; a write to the copy copies the one page
+    /// it changes, so a one-night booking does not copy its hotel's year.
+    #[test]
+    fn a_write_copies_one_page_of_one_hotel() {
+        let mut original = Calendars::default();
+        for hotel in 1..=2 {
+            for rt in 1..=3 {
+                for n in 0..100 {
+                    original
+                        .set(key(hotel, rt), d(n), counts(5, 0, None))
+                        .unwrap();
+                }
+            }
+        }
+        let mut copy = original.clone();
+        copy.set(key(1, 2), d(40), counts(5, 1, None)).unwrap();
+        let (mine, theirs) = (copy.block(1).unwrap(), original.block(1).unwrap());
+        let shared = mine
+            .pages
+            .iter()
+            .zip(&theirs.pages)
+            .filter(|(a, b)| Arc::ptr_eq(a, b))
+            .count();
+        assert_eq!(mine.pages.len(), theirs.pages.len());
+        assert_eq!(shared, mine.pages.len() - 1);
+        assert_eq!(
+            copy.blocks_shared_with(&original),
+            1,
+            "hotel 2 is untouched"
+        );
+        assert_eq!(
+            original.get(&key(1, 2)).unwrap().get(d(40)).unwrap().taken,
+            0
+        );
+        assert_eq!(copy.get(&key(1, 2)).unwrap().get(d(40)).unwrap().taken, 1);
     }
 
     #[test]
@@ -764,7 +882,10 @@ mod tests {
             for (h, block) in cals.blocks() {
                 // Tight: no empty column, no empty edge row.
                 prop_assert!(block.present.iter().all(|&p| p > 0), "hotel {} has an empty column", h);
-                prop_assert!(block.rows() == 0 || (!block.row_is_empty(0) && !block.row_is_empty(block.rows() - 1)));
+                prop_assert!(block.rows() > 0 && !block.day_is_empty(block.first) && !block.day_is_empty(block.end - 1));
+                // Exactly the pages the span needs, aligned to absolute days.
+                prop_assert_eq!(block.base, page_start(block.first));
+                prop_assert_eq!(block.pages.len() as i32, (page_start(block.end - 1) - block.base) / PAGE_ROWS + 1);
                 let hotel = cals.hotel(*h).unwrap();
                 for (from, nights) in [(5, 7), (-3, 5), (0, 1), (18, 3), (36, 10)] {
                     let folded = hotel.fold_stay(d(from), nights, Vec::new(), |v: &mut Vec<Option<NightCounts>>, n| v.push(n));
