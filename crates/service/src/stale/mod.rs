@@ -125,6 +125,7 @@ impl StaleReadState {
                 sample: s.audit_sample,
                 wait: Duration::from_millis(s.audit_wait_ms),
                 interval: Duration::from_millis(s.audit_interval_ms),
+                diverging_for: Duration::from_secs(s.window_secs),
             },
             model.clone(),
             status.clone(),
