@@ -4,6 +4,7 @@
 mod support;
 
 mod access;
+mod confirmed;
 mod api;
 mod demo;
 mod events;
