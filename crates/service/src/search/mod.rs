@@ -3,7 +3,9 @@
 //! Candidates come from the hotel index (where, stars, amenities); their
 //! room types and nightly counts come from the read model under one read
 //! lock, so an answer reflects exactly one LSN. Room types that show few
-//! free units are then read from the owner (`owner_read`), and the answer
+//! free units are then made owner-fresh: confirmed (`confirm`: the copy
+//! read again once it has applied an owner WAL position taken after the
+//! search began) or read from the owner (`owner_read`), and the answer
 //! says, per room type, whose numbers it shows.
 //!
 //! Every room type shown carries a `quote`: a signed token of what was shown
