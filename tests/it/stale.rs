@@ -653,6 +653,29 @@ async fn divergence_audit_sees_a_missed_change_until_the_ttl_repairs_it() {
     seen.sort();
     assert_eq!(seen, vec![(1, 2, day(0)), (2, 1, day(4))]);
 
+    // A confirmed read trusts the copy: the hotels found diverging are read
+    // from the owner (bypass reason diverging), every room type of them.
+    assert_eq!(
+        audit.diverging_hotels([1, 2, 3].into_iter()),
+        std::collections::HashSet::from([1, 2])
+    );
+    assert!(
+        reasons(&advice(&app, 2, 2, 1).await).contains(&"diverging".to_string()),
+        "hotel 2 is diverging"
+    );
+    let r = get(
+        &app,
+        &format!("/v1/search?hotel_ids=1,2&room=1&{}", stay_query()),
+    )
+    .await;
+    let results = r.json()["results"].as_array().unwrap().clone();
+    assert_eq!(results.len(), 2, "{}", r.json());
+    for h in &results {
+        for t in h["room_types"].as_array().unwrap() {
+            assert_eq!(t["source"], "owner", "hotel {}: {t}", h["hotel_id"]);
+        }
+    }
+
     // The TTL safety net re-reads the calendars; a fresh pass finds nothing.
     let clean = wait_for(
         "the TTL re-read to repair the copy",

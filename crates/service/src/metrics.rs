@@ -341,7 +341,7 @@ pub static CONFLICT_SHOW_LAG: LazyLock<Histogram> = LazyLock::new(|| {
 pub static BYPASS_ADVICE: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter_vec(
         "vacancy_bypass_advice_total",
-        "Bypass advice given, by reason (few_units, lagging, not_ready, hotel_conflicts; none when the copy may be trusted)",
+        "Bypass advice given, by reason (few_units, lagging, not_ready, hotel_conflicts, diverging; none when the copy may be trusted)",
         &["reason"],
     )
 });
@@ -483,6 +483,7 @@ pub fn init() {
         "lagging",
         "not_ready",
         "hotel_conflicts",
+        "diverging",
         "none",
     ] {
         BYPASS_ADVICE.with_label_values(&[reason]);

@@ -304,7 +304,7 @@ impl Search {
     }
 
     /// The hotels among `hotel_ids` the stale-read policy says to read from the owner.
-    fn bypassed(&self, hotel_ids: impl Iterator<Item = i64>) -> HashSet<i64> {
+    fn bypassed(&self, hotel_ids: impl Iterator<Item = i64> + Clone) -> HashSet<i64> {
         match &self.stale {
             Some(s) => s.bypassed_hotels(hotel_ids),
             None => Default::default(),

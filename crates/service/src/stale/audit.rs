@@ -34,7 +34,7 @@
 //! copy, so the audit never slows a take.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -141,6 +141,9 @@ pub struct Audit {
     last: Mutex<LastPass>,
     /// Hotels with a mismatch, and when it was last found.
     diverging: Mutex<HashMap<i64, Instant>>,
+    /// Some hotel has a mark (maybe expired): every search asks, and on a
+    /// healthy stream this spares it the lock.
+    any_diverging: AtomicBool,
 }
 
 /// The latest pass's result and when it ran, and the latest error.
@@ -171,6 +174,7 @@ impl Audit {
             skipped: AtomicU64::new(0),
             last: Mutex::new(LastPass::default()),
             diverging: Mutex::new(HashMap::new()),
+            any_diverging: AtomicBool::new(false),
         }
     }
 
@@ -178,6 +182,9 @@ impl Audit {
     /// `diverging_for`. A confirmed read trusts the copy, so it cannot show
     /// such a hotel's rows right; search reads them from the owner instead.
     pub fn diverging_hotels(&self, ids: impl Iterator<Item = i64>) -> HashSet<i64> {
+        if !self.any_diverging.load(Ordering::Acquire) {
+            return HashSet::new();
+        }
         let marks = self.diverging.lock().unwrap_or_else(|p| p.into_inner());
         if marks.is_empty() {
             return HashSet::new();
@@ -206,6 +213,8 @@ impl Audit {
             };
             marks.remove(&oldest);
         }
+        self.any_diverging
+            .store(!marks.is_empty(), Ordering::Release);
     }
 
     pub fn status(&self) -> AuditStatus {
