@@ -122,9 +122,8 @@ impl HeldStream {
         HeldStream { pid }
     }
 
-    fn release(self) {
-        // Drop continues it.
-    }
+    /// Continues the walsender (as dropping does, also when a test fails).
+    fn release(self) {}
 }
 
 impl Drop for HeldStream {
@@ -214,6 +213,29 @@ async fn a_confirmed_answer_shows_a_write_the_stream_was_holding_back() {
         .expect("a quote this app signed");
     assert_eq!(q.source, vacancy_service::Source::Confirmed);
     assert_eq!(q.lsn, confirmed);
+
+    // A hotel's availability confirms the same way.
+    let (code, _, body) = get(
+        app.addr,
+        &format!(
+            "/v1/hotels/1/availability?check_in={}&check_out={}&room=1",
+            day(2),
+            day(5)
+        ),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let t = v["room_types"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["room_type_id"] == 1)
+        .unwrap()
+        .clone();
+    assert_eq!(t["source"], "confirmed", "{v}");
+    assert_eq!(t["free_units"], 1, "{v}");
+    assert!(lsn_of(&v["confirmed_lsn"]) >= after_write, "{v}");
     app.stop(Duration::from_secs(5)).await;
 }
 
@@ -250,9 +272,11 @@ async fn a_confirmed_read_does_not_wait_for_a_heartbeat_while_an_unrelated_trans
         .await
         .unwrap();
     let after_write = insert_lsn(&client).await;
-    wait_for("the copy to apply the take", Duration::from_secs(20), || async {
-        (app.model.freshness.applied() >= after_write).then_some(())
-    })
+    wait_for(
+        "the copy to apply the take",
+        Duration::from_secs(20),
+        || async { (app.model.freshness.applied() >= after_write).then_some(()) },
+    )
     .await;
     let unrelated = owner.client().await;
     unrelated

@@ -4,8 +4,8 @@
 mod support;
 
 mod access;
-mod confirmed;
 mod api;
+mod confirmed;
 mod demo;
 mod events;
 mod faults;

@@ -79,6 +79,9 @@ mod tests {
     async fn a_position_never_reached_times_out() {
         let watch = AppliedWatch::default();
         watch.publish(Lsn(5));
-        assert_eq!(watch.wait_for(Lsn(6), Duration::from_millis(50)).await, None);
+        assert_eq!(
+            watch.wait_for(Lsn(6), Duration::from_millis(50)).await,
+            None
+        );
     }
 }

@@ -134,7 +134,12 @@ impl<T: Clone + Send + Sync + 'static> Coalescer<T> {
     /// sent after `began`; `None` when `deadline` passed first. `read`
     /// starts a new read; it runs in its own task and must end by itself
     /// (give it a timeout).
-    pub async fn get<F, Fut>(&self, began: Instant, deadline: tokio::time::Instant, read: F) -> Option<T>
+    pub async fn get<F, Fut>(
+        &self,
+        began: Instant,
+        deadline: tokio::time::Instant,
+        read: F,
+    ) -> Option<T>
     where
         F: Fn() -> Fut,
         Fut: Future<Output = T> + Send + 'static,
@@ -316,7 +321,9 @@ mod tests {
             })
         }
 
-        fn read(self: &Arc<Self>) -> impl Fn() -> std::pin::Pin<Box<dyn Future<Output = u64> + Send>> + use<> {
+        fn read(
+            self: &Arc<Self>,
+        ) -> impl Fn() -> std::pin::Pin<Box<dyn Future<Output = u64> + Send>> + use<> {
             let reads = self.clone();
             move || {
                 let reads = reads.clone();
@@ -358,13 +365,25 @@ mod tests {
             tokio::spawn(async move { c.get(began_b, far(), read).await })
         };
         settle().await;
-        assert_eq!(reads.sent.load(Ordering::SeqCst), 1, "one read in flight at a time");
+        assert_eq!(
+            reads.sent.load(Ordering::SeqCst),
+            1,
+            "one read in flight at a time"
+        );
         reads.release.notify_one();
         assert_eq!(a.await.unwrap(), Some(1));
         settle().await;
-        assert_eq!(reads.sent.load(Ordering::SeqCst), 2, "B sent read 2 once read 1 ended");
+        assert_eq!(
+            reads.sent.load(Ordering::SeqCst),
+            2,
+            "B sent read 2 once read 1 ended"
+        );
         reads.release.notify_one();
-        assert_eq!(b.await.unwrap(), Some(2), "B got the read sent after it began");
+        assert_eq!(
+            b.await.unwrap(),
+            Some(2),
+            "B got the read sent after it began"
+        );
     }
 
     #[tokio::test]
@@ -433,6 +452,10 @@ mod tests {
         reads.release.notify_one();
         settle().await;
         reads.release.notify_one();
-        assert_eq!(next.await.unwrap(), Some(2), "not the read sent before it began");
+        assert_eq!(
+            next.await.unwrap(),
+            Some(2),
+            "not the read sent before it began"
+        );
     }
 }

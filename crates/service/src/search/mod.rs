@@ -565,7 +565,9 @@ impl Search {
             Ok(at) => {
                 *confirmed = Some(at);
                 metrics::CONFIRMED_READS.inc();
-                Some(OwnerNights::Confirmed(Arc::new(self.copy_nights(&keys, stay))))
+                Some(OwnerNights::Confirmed(Arc::new(
+                    self.copy_nights(&keys, stay),
+                )))
             }
             Err(e) => {
                 metrics::CONFIRMED_READ_FALLBACKS
