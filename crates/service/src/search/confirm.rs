@@ -31,7 +31,10 @@
 //!   wait for the next heartbeat.
 //! - A non-transactional message is sent as soon as it is decoded, but in
 //!   PostgreSQL 15 it is not flushed (the `flush` argument came in 17), and
-//!   a transaction without an xid only asks the WAL writer to flush later.
+//!   a transaction without an xid only asks the WAL writer to flush later:
+//!   on an idle 15.20 owner (`wal_writer_delay` 200 ms) its flush position
+//!   passed the message 30 to 155 ms after it was written (8 tries, most
+//!   near 75 ms), against at most 1 ms for a transactional one.
 //! - A transactional message gives its transaction an xid, so its commit
 //!   flushes at once (forced `local`, so a synchronous standby is not
 //!   waited for), which wakes the walsender. Its commit is decoded in WAL
