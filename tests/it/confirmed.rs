@@ -93,6 +93,13 @@ fn room_type(v: &Value, rt: i64) -> Value {
         .clone()
 }
 
+/// GET `path`, which must answer 200 with JSON.
+async fn get_json(addr: std::net::SocketAddr, path: &str) -> Value {
+    let (code, _, body) = get(addr, path).await;
+    assert_eq!(code, 200, "{path}: {body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
+}
+
 fn lsn_of(v: &Value) -> Lsn {
     v.as_str()
         .unwrap_or_else(|| panic!("not an LSN: {v}"))
@@ -153,12 +160,10 @@ async fn a_confirmed_answer_shows_a_write_the_stream_was_holding_back() {
         s.search.owner_read_timeout_ms = 8000;
     })
     .await;
-    let (code, _, body) = get(app.addr, &search_path()).await;
-    assert_eq!(code, 200, "{body}");
-    let v: Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(room_type(&v, 1)["source"], "confirmed", "{v}");
-    assert_eq!(room_type(&v, 1)["free_units"], 2, "{v}");
-    assert_eq!(room_type(&v, 2)["source"], "copy", "{v}");
+    let before = get_json(app.addr, &search_path()).await;
+    assert_eq!(room_type(&before, 1)["source"], "confirmed", "{before}");
+    assert_eq!(room_type(&before, 1)["free_units"], 2, "{before}");
+    assert_eq!(room_type(&before, 2)["source"], "copy", "{before}");
 
     let held = HeldStream::hold(&client).await;
     client
@@ -178,20 +183,18 @@ async fn a_confirmed_answer_shows_a_write_the_stream_was_holding_back() {
 
     let addr = app.addr;
     let asked = Instant::now();
-    let search = tokio::spawn(async move { get(addr, &search_path()).await });
+    let search = tokio::spawn(async move { get_json(addr, &search_path()).await });
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert!(
         !search.is_finished(),
         "the search must wait for the copy to confirm, not answer from it"
     );
     held.release();
-    let (code, _, body) = tokio::time::timeout(Duration::from_secs(10), search)
+    let v = tokio::time::timeout(Duration::from_secs(10), search)
         .await
         .expect("the search to end once the stream moves")
         .unwrap();
     let waited = asked.elapsed();
-    assert_eq!(code, 200, "{body}");
-    let v: Value = serde_json::from_str(&body).unwrap();
     let t = room_type(&v, 1);
     assert_eq!(t["source"], "confirmed", "{v}");
     assert_eq!(t["free_units"], 1, "the write is in the answer: {v}");
@@ -215,7 +218,7 @@ async fn a_confirmed_answer_shows_a_write_the_stream_was_holding_back() {
     assert_eq!(q.lsn, confirmed);
 
     // A hotel's availability confirms the same way.
-    let (code, _, body) = get(
+    let availability = get_json(
         app.addr,
         &format!(
             "/v1/hotels/1/availability?check_in={}&check_out={}&room=1",
@@ -224,18 +227,19 @@ async fn a_confirmed_answer_shows_a_write_the_stream_was_holding_back() {
         ),
     )
     .await;
-    assert_eq!(code, 200, "{body}");
-    let v: Value = serde_json::from_str(&body).unwrap();
-    let t = v["room_types"]
+    let listed = availability["room_types"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|t| t["room_type_id"] == 1)
+        .find(|r| r["room_type_id"] == 1)
         .unwrap()
         .clone();
-    assert_eq!(t["source"], "confirmed", "{v}");
-    assert_eq!(t["free_units"], 1, "{v}");
-    assert!(lsn_of(&v["confirmed_lsn"]) >= after_write, "{v}");
+    assert_eq!(listed["source"], "confirmed", "{availability}");
+    assert_eq!(listed["free_units"], 1, "{availability}");
+    assert!(
+        lsn_of(&availability["confirmed_lsn"]) >= after_write,
+        "{availability}"
+    );
     app.stop(Duration::from_secs(5)).await;
 }
 
@@ -311,10 +315,8 @@ async fn a_confirmed_read_does_not_wait_for_a_heartbeat_while_an_unrelated_trans
     );
 
     let asked = Instant::now();
-    let (code, _, body) = get(app.addr, &search_path()).await;
+    let v = get_json(app.addr, &search_path()).await;
     let took = asked.elapsed();
-    assert_eq!(code, 200, "{body}");
-    let v: Value = serde_json::from_str(&body).unwrap();
     let t = room_type(&v, 1);
     assert_eq!(t["source"], "confirmed", "{v}");
     assert_eq!(t["free_units"], 1, "{v}");

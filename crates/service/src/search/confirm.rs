@@ -327,12 +327,12 @@ mod tests {
         fn read(
             self: &Arc<Self>,
         ) -> impl Fn() -> std::pin::Pin<Box<dyn Future<Output = u64> + Send>> + use<> {
-            let reads = self.clone();
+            let all = self.clone();
             move || {
-                let reads = reads.clone();
-                let n = reads.sent.fetch_add(1, Ordering::SeqCst) + 1;
+                let this_read = all.clone();
+                let n = this_read.sent.fetch_add(1, Ordering::SeqCst) + 1;
                 Box::pin(async move {
-                    reads.release.notified().await;
+                    this_read.release.notified().await;
                     n
                 })
             }
@@ -356,16 +356,16 @@ mod tests {
         let reads = Reads::new();
         let began_a = Instant::now();
         let a = {
-            let (c, read) = (c.clone(), reads.read());
-            tokio::spawn(async move { c.get(began_a, far(), read).await })
+            let (shared, read) = (c.clone(), reads.read());
+            tokio::spawn(async move { shared.get(began_a, far(), read).await })
         };
         settle().await;
         assert_eq!(reads.sent.load(Ordering::SeqCst), 1, "A sent read 1");
         // B begins after read 1 was sent: it must not share it.
         let began_b = Instant::now();
         let b = {
-            let (c, read) = (c.clone(), reads.read());
-            tokio::spawn(async move { c.get(began_b, far(), read).await })
+            let (shared, read) = (c.clone(), reads.read());
+            tokio::spawn(async move { shared.get(began_b, far(), read).await })
         };
         settle().await;
         assert_eq!(
@@ -397,8 +397,10 @@ mod tests {
         let began = Instant::now();
         let mut waiters = Vec::new();
         for _ in 0..5 {
-            let (c, read) = (c.clone(), reads.read());
-            waiters.push(tokio::spawn(async move { c.get(began, far(), read).await }));
+            let (shared, read) = (c.clone(), reads.read());
+            waiters.push(tokio::spawn(
+                async move { shared.get(began, far(), read).await },
+            ));
         }
         settle().await;
         assert_eq!(reads.sent.load(Ordering::SeqCst), 1);
@@ -413,9 +415,9 @@ mod tests {
         let c = Arc::new(Coalescer::<u64>::default());
         let reads = Reads::new();
         let first = {
-            let (c, read) = (c.clone(), reads.read());
+            let (shared, read) = (c.clone(), reads.read());
             let began = Instant::now();
-            tokio::spawn(async move { c.get(began, far(), read).await })
+            tokio::spawn(async move { shared.get(began, far(), read).await })
         };
         settle().await;
         // Two callers begin while read 1 is in flight; both outwait it, and
@@ -423,8 +425,8 @@ mod tests {
         let began = Instant::now();
         let late: Vec<_> = (0..2)
             .map(|_| {
-                let (c, read) = (c.clone(), reads.read());
-                tokio::spawn(async move { c.get(began, far(), read).await })
+                let (shared, read) = (c.clone(), reads.read());
+                tokio::spawn(async move { shared.get(began, far(), read).await })
             })
             .collect();
         settle().await;
@@ -448,8 +450,8 @@ mod tests {
         // began: that caller outwaits it and takes the read after.
         let began = Instant::now();
         let next = {
-            let (c, read) = (c.clone(), reads.read());
-            tokio::spawn(async move { c.get(began, far(), read).await })
+            let (shared, read) = (c.clone(), reads.read());
+            tokio::spawn(async move { shared.get(began, far(), read).await })
         };
         settle().await;
         reads.release.notify_one();

@@ -578,9 +578,9 @@ impl Search {
                 match tokio::time::timeout_at(budget_end, rows).await {
                     Ok(read) => read,
                     Err(_) => {
-                        let mut keys = keys;
-                        keys.sort_unstable();
-                        Some(OwnerNights::Failed(keys))
+                        let mut failed = keys;
+                        failed.sort_unstable();
+                        Some(OwnerNights::Failed(failed))
                     }
                 }
             }
@@ -608,11 +608,11 @@ impl Search {
 
     /// The stay's nights of `keys` from the copy, under one read lock.
     fn copy_nights(&self, keys: &[CalendarKey], stay: Stay) -> OwnerCalendars {
-        let mut keys = keys.to_vec();
-        keys.sort_unstable();
-        keys.dedup();
+        let mut sorted = keys.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
         let t = self.model.read();
-        let rows: Vec<(CalendarKey, NaiveDate, NightCounts)> = keys
+        let rows: Vec<(CalendarKey, NaiveDate, NightCounts)> = sorted
             .iter()
             .filter_map(|k| Some((*k, t.calendars.get(k)?)))
             .flat_map(|(k, c)| {
@@ -621,7 +621,7 @@ impl Search {
             })
             .collect();
         drop(t);
-        OwnerCalendars::new(&keys, stay, Instant::now(), rows.into_iter())
+        OwnerCalendars::new(&sorted, stay, Instant::now(), rows.into_iter())
     }
 
     /// The hotels among `hotel_ids` the divergence audit found diverging.
