@@ -133,7 +133,7 @@ def stale():
                                      {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
                                      {"id": "custom.fillOpacity", "value": 0}]}])
     b.add("timeseries", "Conflicts after shown available, by source",
-          "Takes refused with 409 although the answer showed the room free, per second, by where the shown numbers came from: copy (the read copy), owner (read from the owner while answering: guests racing each other), copy_fallback (owner read timed out; copy shown, flagged), none (take without a quote token).",
+          "Takes refused with 409 although the answer showed the room free, per second, by where the shown numbers came from: copy (the read copy), owner (read from the owner while answering: guests racing each other), copy_fallback (owner read timed out; copy shown, flagged), confirmed (the copy once past an owner position taken after the search began: guests racing each other, as with owner), none (take without a quote token).",
           "ops", [(f"sum by (source) (rate(vacancy_conflicts_after_shown_available_total{sel()}{RI}))", "{{source}}")],
           w=12)
     b.add("timeseries", "Takes by outcome and source",

@@ -6,6 +6,7 @@ mod support;
 mod access;
 mod api;
 mod atomicity;
+mod confirmed;
 mod demo;
 mod events;
 mod faults;

@@ -900,14 +900,15 @@ async fn observability_every_metric_in_dashboards_and_rules_is_exported() {
         let (got, _, body) = get(addr, &path).await;
         assert_eq!(got, code, "{path}: {body}");
     }
-    // Few units: the answer reads the owner.
+    // Few units: the answer is confirmed against the owner's position.
     let (code, _, body) = get(addr, &format!("/v1/search?city=lisbon&{stay}&room=2")).await;
     assert_eq!(code, 200, "{body}");
     let v: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(
-        v["results"][0]["room_types"][0]["source"], "owner",
+        v["results"][0]["room_types"][0]["source"], "confirmed",
         "{body}"
     );
+    assert!(v["confirmed_lsn"].is_string(), "{body}");
     // Many units: the copy's numbers, and a quote to report a take with.
     let (code, _, body) = get(addr, &format!("/v1/search?city=porto&{stay}&room=2")).await;
     assert_eq!(code, 200, "{body}");

@@ -159,13 +159,19 @@ async fn quotes_are_signed_and_take_outcomes_refuse_forgeries_and_count_retries_
             i64::from(q.free_units),
             offer["free_units"].as_i64().unwrap()
         );
-        assert_eq!(q.lsn.to_string(), r.json()["lsn"].as_str().unwrap());
         let want = if *rt == 1 {
             Source::Copy
         } else {
-            Source::Owner
+            Source::Confirmed
         };
-        assert_eq!(q.source, want, "few units are read from the owner");
+        assert_eq!(q.source, want, "few units are confirmed against the owner");
+        // A confirmed quote carries the position its numbers were confirmed at.
+        let lsn_field = if want == Source::Confirmed {
+            "confirmed_lsn"
+        } else {
+            "lsn"
+        };
+        assert_eq!(q.lsn.to_string(), r.json()[lsn_field].as_str().unwrap());
     }
     let r = get(
         &app,
@@ -180,7 +186,7 @@ async fn quotes_are_signed_and_take_outcomes_refuse_forgeries_and_count_retries_
     }
 
     let copy_quote = shown[&1]["quote"].as_str().unwrap().to_string();
-    let owner_quote = shown[&2]["quote"].as_str().unwrap().to_string();
+    let confirmed_quote = shown[&2]["quote"].as_str().unwrap().to_string();
     let conflict = report("attempt-1", Some(&copy_quote), 1, "conflict").to_string();
 
     // Without the booking service's token: 401, and nothing is counted.
@@ -272,14 +278,14 @@ async fn quotes_are_signed_and_take_outcomes_refuse_forgeries_and_count_retries_
     )
     .await;
     assert_problem(&r, 409, "/problems/attempt-id-reused", Some("attempt_id"));
-    // A take of a room type shown from the owner, and one without a quote.
-    let mut taken = report("attempt-2", Some(&owner_quote), 2, "taken");
+    // A take of a room type shown confirmed, and one without a quote.
+    let mut taken = report("attempt-2", Some(&confirmed_quote), 2, "taken");
     taken["commit_lsn"] = json!("0/10");
     let r = post(&app, Some(TOKEN), taken.to_string().as_bytes()).await;
     assert_eq!(r.status, 200);
     assert_eq!(
         (r.json()["source"].clone(), r.json()["stale_read"].clone()),
-        (json!("owner"), json!(false))
+        (json!("confirmed"), json!(false))
     );
     let r = post(
         &app,
@@ -438,8 +444,10 @@ async fn each_bypass_reason_is_triggered() {
     for h in r.json()["results"].as_array().unwrap() {
         for t in h["room_types"].as_array().unwrap() {
             let free = t["free_units"].as_i64().unwrap();
-            let want = if h["hotel_id"] == 2 || free <= 2 {
+            let want = if h["hotel_id"] == 2 {
                 "owner"
+            } else if free <= 2 {
+                "confirmed"
             } else {
                 "copy"
             };
@@ -644,6 +652,29 @@ async fn divergence_audit_sees_a_missed_change_until_the_ttl_repairs_it() {
         .collect();
     seen.sort();
     assert_eq!(seen, vec![(1, 2, day(0)), (2, 1, day(4))]);
+
+    // A confirmed read trusts the copy: the hotels found diverging are read
+    // from the owner (bypass reason diverging), every room type of them.
+    assert_eq!(
+        audit.diverging_hotels([1, 2, 3].into_iter()),
+        std::collections::HashSet::from([1, 2])
+    );
+    assert!(
+        reasons(&advice(&app, 2, 2, 1).await).contains(&"diverging".to_string()),
+        "hotel 2 is diverging"
+    );
+    let r = get(
+        &app,
+        &format!("/v1/search?hotel_ids=1,2&room=1&{}", stay_query()),
+    )
+    .await;
+    let results = r.json()["results"].as_array().unwrap().clone();
+    assert_eq!(results.len(), 2, "{}", r.json());
+    for h in &results {
+        for t in h["room_types"].as_array().unwrap() {
+            assert_eq!(t["source"], "owner", "hotel {}: {t}", h["hotel_id"]);
+        }
+    }
 
     // The TTL safety net re-reads the calendars; a fresh pass finds nothing.
     let clean = wait_for(

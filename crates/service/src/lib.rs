@@ -12,8 +12,9 @@
 //! - [`model`]: the in-memory read model of hotels, room types and nightly
 //!   counts, applied one whole transaction at a time, with its freshness.
 //! - [`index`]: hotels and room types in tantivy, re-indexed in batches.
-//! - [`search`]: which hotels fit the party on every night; owner reads for few
-//!   units; a signed quote on every room type shown.
+//! - [`search`]: which hotels fit the party on every night; few units
+//!   confirmed against the owner's WAL position (or read from the owner); a
+//!   signed quote on every room type shown.
 //! - [`stale`]: the stale-read loop: quote tokens, take outcomes and the
 //!   409-after-shown-available share, bypass advice, the divergence audit.
 //! - [`http`]: the HTTP surface: guest search, the events stream and page,
@@ -52,7 +53,7 @@ pub use lsn::{Lsn, ParseLsnError};
 pub use model::{CalendarKey, NightCounts, ReadModel, Source};
 pub use owner::endpoint::{PasswordSources, redacted_url};
 pub use owner::{Endpoint, EndpointError, OwnerError, SslMode, connect};
-pub use search::WhenLagging;
+pub use search::{FreshReads, WhenLagging};
 pub use stale::token::QuoteKey;
 pub use stream::refresh::Refresh;
 pub use stream::slot;

@@ -246,7 +246,7 @@ pub static SEARCH_RESULTS: LazyLock<Histogram> = LazyLock::new(|| {
 pub static OWNER_READS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter_vec(
         "vacancy_owner_reads_total",
-        "Direct reads of the owner database, by reason",
+        "Direct reads of the owner database, by reason (few_units, min_lsn, bypass: rows for search; position: a confirmed read's WAL position; ttl, audit)",
         &["reason"],
     )
 });
@@ -270,6 +270,28 @@ pub static OWNER_READ_DURATION: LazyLock<prometheus::HistogramVec> = LazyLock::n
             &["reason"],
         )
         .expect("valid metric"),
+    )
+});
+pub static CONFIRMED_READS: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "vacancy_confirmed_reads_total",
+        "Few-unit reads answered from the copy once it had applied an owner WAL position taken after the search began (search.fresh_reads = confirmed); the position reads themselves count in vacancy_owner_reads_total{reason=\"position\"}",
+    )
+});
+pub static CONFIRMED_READ_WAIT: LazyLock<Histogram> = LazyLock::new(|| {
+    histogram(
+        "vacancy_confirmed_read_wait_seconds",
+        "From the start of a confirmed read's owner position read to the copy having applied that position",
+        vec![
+            0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0,
+        ],
+    )
+});
+pub static CONFIRMED_READ_FALLBACKS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "vacancy_confirmed_read_fallbacks_total",
+        "Confirmed reads that fell back to reading the owner's rows, by cause (position_timeout, position_failed, apply_timeout)",
+        &["cause"],
     )
 });
 pub static CACHE_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
@@ -303,7 +325,7 @@ pub fn removal_cause(cause: moka::notification::RemovalCause) -> &'static str {
 pub static TAKES: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter_vec(
         "vacancy_takes_total",
-        "Takes reported by the booking service, by outcome (taken, conflict, error) and by where the numbers the guest saw came from (copy, owner, copy_fallback, none)",
+        "Takes reported by the booking service, by outcome (taken, conflict, error) and by where the numbers the guest saw came from (copy, owner, copy_fallback, confirmed, none)",
         &["outcome", "source"],
     )
 });
@@ -332,7 +354,7 @@ pub static CONFLICT_SHOW_LAG: LazyLock<Histogram> = LazyLock::new(|| {
 pub static BYPASS_ADVICE: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter_vec(
         "vacancy_bypass_advice_total",
-        "Bypass advice given, by reason (few_units, lagging, not_ready, hotel_conflicts; none when the copy may be trusted)",
+        "Bypass advice given, by reason (few_units, lagging, not_ready, hotel_conflicts, diverging; none when the copy may be trusted)",
         &["reason"],
     )
 });
@@ -443,7 +465,12 @@ pub fn init() {
             CACHE_EVICTIONS.with_label_values(&[cache, cause]);
         }
     }
-    for reason in ["few_units", "min_lsn", "bypass"] {
+    LazyLock::force(&CONFIRMED_READS);
+    LazyLock::force(&CONFIRMED_READ_WAIT);
+    for cause in ["position_timeout", "position_failed", "apply_timeout"] {
+        CONFIRMED_READ_FALLBACKS.with_label_values(&[cause]);
+    }
+    for reason in ["few_units", "min_lsn", "bypass", "position"] {
         OWNER_READS.with_label_values(&[reason]);
         OWNER_READ_ERRORS.with_label_values(&[reason]);
         OWNER_READ_DURATION.with_label_values(&[reason]);
@@ -457,11 +484,11 @@ pub fn init() {
     OWNER_READS.with_label_values(&["audit"]);
     OWNER_READ_ERRORS.with_label_values(&["audit"]);
     for outcome in ["taken", "conflict", "error"] {
-        for source in ["copy", "owner", "copy_fallback", "none"] {
+        for source in ["copy", "owner", "copy_fallback", "confirmed", "none"] {
             TAKES.with_label_values(&[outcome, source]);
         }
     }
-    for source in ["copy", "owner", "copy_fallback", "none"] {
+    for source in ["copy", "owner", "copy_fallback", "confirmed", "none"] {
         CONFLICTS_AFTER_SHOWN.with_label_values(&[source]);
     }
     for reason in [
@@ -469,6 +496,7 @@ pub fn init() {
         "lagging",
         "not_ready",
         "hotel_conflicts",
+        "diverging",
         "none",
     ] {
         BYPASS_ADVICE.with_label_values(&[reason]);

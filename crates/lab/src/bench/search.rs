@@ -116,7 +116,52 @@ pub struct SearchBenchArgs {
     /// first plans), the same for every method.
     #[arg(long, default_value_t = 3)]
     pub warmup_seconds: u32,
+    /// How the few-unit room types are made owner-fresh (`search.fresh_reads`):
+    /// confirmed (an owner WAL position, the copy waits for it) or rows.
+    /// Default: the service's default.
+    #[arg(long, value_enum)]
+    pub fresh_reads: Option<FreshReadsArg>,
 }
+
+/// Confirmed reads, their fallbacks, and their waits (sum, count) so far.
+fn confirmed_reads() -> (u64, u64, (f64, u64)) {
+    let fallbacks = ["position_timeout", "position_failed", "apply_timeout"]
+        .iter()
+        .map(|cause| {
+            metrics::CONFIRMED_READ_FALLBACKS
+                .with_label_values(&[cause])
+                .get()
+        })
+        .sum();
+    (
+        metrics::CONFIRMED_READS.get(),
+        fallbacks,
+        (
+            metrics::CONFIRMED_READ_WAIT.get_sample_sum(),
+            metrics::CONFIRMED_READ_WAIT.get_sample_count(),
+        ),
+    )
+}
+
+/// `--fresh-reads`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FreshReadsArg {
+    Confirmed,
+    Rows,
+}
+
+impl FreshReadsArg {
+    fn setting(self) -> vacancy_service::FreshReads {
+        match self {
+            FreshReadsArg::Confirmed => vacancy_service::FreshReads::Confirmed,
+            FreshReadsArg::Rows => vacancy_service::FreshReads::Rows,
+        }
+    }
+}
+
+/// The owner queries a search makes for its few-unit room types: row reads,
+/// and a confirmed read's position reads (the metric's reasons).
+const FRESH_READ_REASONS: [&str; 2] = ["few_units", "position"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum SearchBenchError {
@@ -599,6 +644,10 @@ async fn measure_vacancy(
     settings.stream.slot = SLOT.to_string();
     settings.stream.publication = PUBLICATION.to_string();
     settings.search.few_units_threshold = threshold;
+    if let Some(fresh) = args.fresh_reads {
+        settings.search.fresh_reads = fresh.setting();
+    }
+    let fresh_reads = settings.search.fresh_reads;
     let target = slot::current_wal_lsn(client).await?;
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     eprintln!("starting vacancy (few_units_threshold = {threshold}); loading the snapshot");
@@ -611,7 +660,7 @@ async fn measure_vacancy(
                 "copy and index ready in {:.1}s",
                 started.elapsed().as_secs_f64()
             );
-            drive_vacancy(args, &app, client, data, threshold).await
+            drive_vacancy(args, &app, client, data, threshold, fresh_reads).await
         }
         Err(e) => Err(e.into()),
     };
@@ -639,6 +688,7 @@ async fn drive_vacancy(
     client: &Client,
     data: &Data,
     threshold: i32,
+    fresh_reads: vacancy_service::FreshReads,
 ) -> Result<(Measured, Agreement), SearchBenchError> {
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     let api = HttpClient::new(app.addr, REQUEST_TIMEOUT)?;
@@ -673,20 +723,29 @@ async fn drive_vacancy(
     }
     drop(api);
 
+    // Row reads and position reads alike: each is one owner query.
     let reads = || {
-        let duration = metrics::OWNER_READ_DURATION.with_label_values(&["few_units"]);
-        (
-            metrics::OWNER_READS.with_label_values(&["few_units"]).get(),
-            metrics::OWNER_READ_ERRORS
-                .with_label_values(&["few_units"])
-                .get(),
-            (duration.get_sample_sum(), duration.get_sample_count()),
-        )
+        FRESH_READ_REASONS
+            .iter()
+            .fold((0, 0, (0.0, 0)), |(n, e, (sum, count)), reason| {
+                let duration = metrics::OWNER_READ_DURATION.with_label_values(&[reason]);
+                (
+                    n + metrics::OWNER_READS.with_label_values(&[reason]).get(),
+                    e + metrics::OWNER_READ_ERRORS
+                        .with_label_values(&[reason])
+                        .get(),
+                    (
+                        sum + duration.get_sample_sum(),
+                        count + duration.get_sample_count(),
+                    ),
+                )
+            })
     };
     if args.warmup_seconds > 0 {
         load_http(app.addr, data, args.clients, args.warmup_seconds, 1).await?;
     }
     let (reads_before, errors_before, timed_before) = reads();
+    let confirmed_before = confirmed_reads();
     let cpu_before = process_cpu();
     let tally = load_http(app.addr, data, args.clients, args.seconds, 2).await?;
     let process_cpu_used = process_cpu()
@@ -695,8 +754,25 @@ async fn drive_vacancy(
     let generator_cpu = tally.generator_cpu;
     let requests = tally.latencies.len() as u64;
     let (reads_after, errors_after, timed_after) = reads();
+    let confirmed_after = confirmed_reads();
+    if threshold > 0 {
+        let (n, fallbacks, (wait_sum, wait_count)) = confirmed_after;
+        let waits = wait_count - confirmed_before.2.1;
+        eprintln!(
+            "confirmed reads: {} (fallbacks {}), position read to applied: mean {:.2} ms over {waits}",
+            n - confirmed_before.0,
+            fallbacks - confirmed_before.1,
+            (wait_sum - confirmed_before.2.0) * 1e3 / waits.max(1) as f64,
+        );
+    }
     let method = if threshold > 0 {
-        format!("vacancy /v1/search (few_units_threshold = {threshold}, default)")
+        format!(
+            "vacancy /v1/search (few_units_threshold = {threshold}, fresh_reads = {}, default)",
+            match fresh_reads {
+                vacancy_service::FreshReads::Confirmed => "confirmed",
+                vacancy_service::FreshReads::Rows => "rows",
+            }
+        )
     } else {
         "vacancy /v1/search (few_units_threshold = 0: no owner reads)".to_string()
     };
@@ -1298,7 +1374,7 @@ fn render(r: &Report) -> String {
     let _ = writeln!(s);
     let _ = writeln!(
         s,
-        "| method | clients | searches/s | p50 ms | p90 ms | p99 ms | max ms | mean ms | server CPU ms/search | load-gen CPU ms/request | non-empty | failed | owner reads |"
+        "| method | clients | searches/s | p50 ms | p90 ms | p99 ms | max ms | mean ms | server CPU ms/search | load-gen CPU ms/request | non-empty | failed | owner queries (row reads + positions) |"
     );
     let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let opt =

@@ -11,6 +11,7 @@
 //! the transaction. The LSN a reader is told is part of the copy it took.
 //! No function here awaits, and none holds a lock across an `.await`.
 
+mod applied_watch;
 pub mod calendar;
 pub mod calendars;
 pub mod feed;
@@ -309,11 +310,20 @@ pub struct Freshness {
     last_message_us: AtomicI64,
     /// A snapshot has been loaded: the copy is complete as of `applied`.
     loaded: AtomicBool,
+    /// `applied` again, for waiters (confirmed reads) that sleep until it
+    /// reaches a position instead of polling.
+    watch: applied_watch::AppliedWatch,
 }
 
 impl Freshness {
     pub fn applied(&self) -> Lsn {
         Lsn(self.applied.load(Ordering::Acquire))
+    }
+
+    /// Waits, at most `timeout`, until the copy has applied `target`; the
+    /// applied position then, or `None` on timeout.
+    pub async fn wait_applied(&self, target: Lsn, timeout: std::time::Duration) -> Option<Lsn> {
+        self.watch.wait_for(target, timeout).await
     }
 
     pub fn server_wal_end(&self) -> Lsn {
@@ -365,6 +375,7 @@ impl Freshness {
             self.commit_time_us
                 .store(t.timestamp_micros(), Ordering::Release);
         }
+        self.watch.publish(tables.applied);
     }
 }
 

@@ -1,5 +1,5 @@
-//! Whose numbers a room type shows: the copy's, or the owner's read while
-//! answering. Search sets it, quotes sign it and the stale-read loop counts
+//! Whose numbers a room type shows: the copy's, the copy's once confirmed
+//! against the owner's WAL position, or the owner's read while answering. Search sets it, quotes sign it and the stale-read loop counts
 //! by it, so it lives with the model they all read.
 
 use serde::Serialize;
@@ -14,4 +14,26 @@ pub enum Source {
     Owner,
     /// The owner should have been read but did not answer in time.
     CopyFallback,
+    /// The copy, read again once it had applied an owner WAL position taken
+    /// after the search began (the answer's `confirmed_lsn`): everything
+    /// committed on the owner before the search began is in these numbers.
+    Confirmed,
+}
+
+impl Source {
+    /// The label metrics and the take-outcome ledger use.
+    pub fn label(self) -> &'static str {
+        match self {
+            Source::Copy => "copy",
+            Source::Owner => "owner",
+            Source::CopyFallback => "copy_fallback",
+            Source::Confirmed => "confirmed",
+        }
+    }
+
+    /// Numbers the copy showed without confirming them against the owner:
+    /// the only ones a conflict can blame on the copy.
+    pub fn unconfirmed_copy(self) -> bool {
+        matches!(self, Source::Copy | Source::CopyFallback)
+    }
 }

@@ -3,7 +3,9 @@
 //! Candidates come from the hotel index (where, stars, amenities); their
 //! room types and nightly counts come from the read model under one read
 //! lock, so an answer reflects exactly one LSN. Room types that show few
-//! free units are then read from the owner (`owner_read`), and the answer
+//! free units are then made owner-fresh: confirmed (`confirm`: the copy
+//! read again once it has applied an owner WAL position taken after the
+//! search began) or read from the owner (`owner_read`), and the answer
 //! says, per room type, whose numbers it shows.
 //!
 //! Every room type shown carries a `quote`: a signed token of what was shown
@@ -18,6 +20,7 @@
 //! requested room can be placed in an offered room type with room to spare on
 //! every night (two rooms may share a type with two units free).
 
+pub mod confirm;
 pub mod owner_read;
 pub mod params;
 mod settings;
@@ -38,9 +41,10 @@ pub use crate::model::{Source, Stay};
 use crate::owner::OwnerSettings;
 use crate::stale::StaleReadState;
 use crate::stale::token::{Quote, QuoteKey};
+use confirm::{ConfirmError, Confirmer};
 use owner_read::{OwnerCalendars, OwnerReader, Reason};
 use params::{AvailabilityRequest, Cursor, SearchRequest, Sort};
-pub use settings::{SearchSettings, WhenLagging};
+pub use settings::{FreshReads, SearchSettings, WhenLagging};
 
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct RoomOffer {
@@ -91,6 +95,12 @@ pub struct SearchAnswer {
     #[schema(value_type = String, example = "0/16B3748")]
     pub lsn: Lsn,
     pub lag_ms: u64,
+    /// The owner WAL position the `confirmed` room types were read at or
+    /// past: taken on the owner after this search began, so every owner
+    /// commit made before the search began is in their numbers. Null when
+    /// no room type shown is `confirmed`.
+    #[schema(value_type = Option<String>, example = "0/16B37A0")]
+    pub confirmed_lsn: Option<Lsn>,
     pub total_hotels: usize,
     pub results: Vec<HotelResult>,
     pub next_cursor: Option<String>,
@@ -109,6 +119,12 @@ pub struct Search {
     pub model: Arc<ReadModel>,
     pub index: Arc<HotelIndex>,
     pub owner: OwnerReader,
+    /// Owner positions for confirmed reads.
+    confirmer: Confirmer,
+    fresh_reads: FreshReads,
+    /// `owner_read_timeout_ms`: one budget for a confirmed read and its
+    /// fallback row read together.
+    owner_budget: Duration,
     few_units: i32,
     min_lsn_wait: Duration,
     /// Signs the quotes. A random key until `with_stale` gives the app's.
@@ -122,12 +138,18 @@ pub struct Search {
 struct QuoteContext {
     stay: Stay,
     lsn: Lsn,
+    /// The position `confirmed` room types were read at or past.
+    confirmed: Option<Lsn>,
     shown_at: DateTime<Utc>,
     lag_ms: u64,
 }
 
 impl QuoteContext {
     fn sign(&self, key: &QuoteKey, k: CalendarKey, free_units: i32, source: Source) -> String {
+        let lsn = match (source, self.confirmed) {
+            (Source::Confirmed, Some(at)) => at,
+            _ => self.lsn,
+        };
         let quote = Quote {
             source,
             hotel_id: k.hotel_id,
@@ -135,7 +157,7 @@ impl QuoteContext {
             check_in: self.stay.check_in,
             check_out: self.stay.check_out,
             free_units,
-            lsn: self.lsn,
+            lsn,
             shown_at: self.shown_at,
             lag_ms: u32::try_from(self.lag_ms).unwrap_or(u32::MAX),
         };
@@ -148,6 +170,9 @@ impl QuoteContext {
 /// What one owner read gave for some calendars.
 enum OwnerNights {
     Read(Arc<OwnerCalendars>),
+    /// The copy's nights, read once it had applied an owner position taken
+    /// after the search began.
+    Confirmed(Arc<OwnerCalendars>),
     /// The read failed; the calendars asked for, sorted.
     Failed(Vec<CalendarKey>),
 }
@@ -269,6 +294,9 @@ impl Search {
             model,
             index,
             owner: OwnerReader::new(owner, settings),
+            confirmer: Confirmer::new(owner),
+            fresh_reads: settings.fresh_reads,
+            owner_budget: Duration::from_millis(settings.owner_read_timeout_ms),
             few_units: settings.few_units_threshold,
             min_lsn_wait: Duration::from_millis(settings.min_lsn_wait_ms),
             quotes: QuoteKey::random(),
@@ -285,7 +313,7 @@ impl Search {
     }
 
     /// The hotels among `hotel_ids` the stale-read policy says to read from the owner.
-    fn bypassed(&self, hotel_ids: impl Iterator<Item = i64>) -> HashSet<i64> {
+    fn bypassed(&self, hotel_ids: impl Iterator<Item = i64> + Clone) -> HashSet<i64> {
         match &self.stale {
             Some(s) => s.bypassed_hotels(hotel_ids),
             None => Default::default(),
@@ -331,11 +359,22 @@ impl Search {
                     .await
             }
         };
-        let mut page = self.fill_page(ranked.from_offset, req, asked_at).await;
+        let mut confirmed = None;
+        let mut page = self
+            .fill_page(ranked.from_offset, req, asked_at, &mut confirmed)
+            .await;
         self.fill_names(&mut page.results);
+        // Only a position some room type shown was read at.
+        let confirmed = confirmed.filter(|_| {
+            page.results
+                .iter()
+                .flat_map(|h| &h.room_types)
+                .any(|o| o.source == Source::Confirmed)
+        });
         let quotes = QuoteContext {
             stay: req.stay,
             lsn,
+            confirmed,
             shown_at: Utc::now(),
             lag_ms: self.model.freshness.lag_ms(Utc::now()),
         };
@@ -343,6 +382,7 @@ impl Search {
         Ok(SearchAnswer {
             lsn,
             lag_ms: quotes.lag_ms,
+            confirmed_lsn: confirmed,
             // The copy's count, less the hotels the owner's numbers ruled out here.
             total_hotels: ranked.total - page.ruled_out,
             next_cursor: (page.next < ranked.total).then(|| Cursor::encode(req, page.next)),
@@ -408,6 +448,7 @@ impl Search {
         from_offset: Vec<(Rank, HotelNights)>,
         req: &SearchRequest,
         asked_at: Instant,
+        confirmed: &mut Option<Lsn>,
     ) -> Page {
         let mut results: Vec<HotelResult> = Vec::with_capacity(req.limit);
         let mut rest = from_offset.into_iter();
@@ -423,7 +464,8 @@ impl Search {
                 break;
             }
             next += taken.len();
-            self.read_few_units(&mut taken, req, asked_at).await;
+            self.read_few_units(&mut taken, req, asked_at, confirmed)
+                .await;
             let before = results.len();
             results.extend(
                 taken
@@ -442,12 +484,13 @@ impl Search {
     }
 
     /// Every hotel taken matched in the copy; its shown room types with few
-    /// units left are read from the owner before it is built.
+    /// units left are made owner-fresh (`fresh_nights`) before it is built.
     async fn read_few_units(
         &self,
         taken: &mut [HotelNights],
         req: &SearchRequest,
         asked_at: Instant,
+        confirmed: &mut Option<Lsn>,
     ) {
         let smallest = smallest_room(&req.rooms);
         let few: Vec<CalendarKey> = taken
@@ -460,11 +503,141 @@ impl Search {
             })
             .map(|t| t.key)
             .collect();
-        if let Some(read) = self
-            .owner_nights(few, req.stay, Reason::FewUnits, asked_at)
+        for read in self
+            .fresh_nights(few, req.stay, asked_at, confirmed)
             .await
+            .into_iter()
+            .flatten()
         {
             apply_owner_nights(taken, &read);
+        }
+    }
+
+    /// Owner-fresh nights for few-unit room types: with `fresh_reads =
+    /// "confirmed"`, the copy's once it has applied an owner position taken
+    /// after the search began (`confirmed` keeps it for the page's later
+    /// rounds, which then need no wait); the owner's rows for hotels the
+    /// divergence audit found diverging (a confirmed read trusts the copy),
+    /// with `fresh_reads = "rows"`, and as the fallback. The confirmed read
+    /// and its fallback share `owner_read_timeout_ms`.
+    async fn fresh_nights(
+        &self,
+        keys: Vec<CalendarKey>,
+        stay: Stay,
+        asked_at: Instant,
+        confirmed: &mut Option<Lsn>,
+    ) -> [Option<OwnerNights>; 2] {
+        if keys.is_empty() {
+            return [None, None];
+        }
+        if self.fresh_reads == FreshReads::Rows {
+            return [
+                self.owner_nights(keys, stay, Reason::FewUnits, asked_at)
+                    .await,
+                None,
+            ];
+        }
+        let diverging = self.diverging(keys.iter().map(|k| k.hotel_id));
+        let (rows, trusted): (Vec<CalendarKey>, Vec<CalendarKey>) = keys
+            .into_iter()
+            .partition(|k| diverging.contains(&k.hotel_id));
+        let (by_rows, by_confirmed) = futures_util::future::join(
+            self.owner_nights(rows, stay, Reason::FewUnits, asked_at),
+            self.confirmed_nights(trusted, stay, asked_at, confirmed),
+        )
+        .await;
+        [by_rows, by_confirmed]
+    }
+
+    /// A confirmed read of `keys` (see `confirm`), falling back to the
+    /// owner's rows within what is left of the one budget: the confirmed
+    /// read may take the first half of `owner_read_timeout_ms`, so a
+    /// fallback always has the other half.
+    async fn confirmed_nights(
+        &self,
+        keys: Vec<CalendarKey>,
+        stay: Stay,
+        asked_at: Instant,
+        confirmed: &mut Option<Lsn>,
+    ) -> Option<OwnerNights> {
+        if keys.is_empty() {
+            return None;
+        }
+        let started = tokio::time::Instant::now();
+        let budget_end = started + self.owner_budget;
+        let confirm_end = started + self.owner_budget / 2;
+        let reached = match *confirmed {
+            Some(at) => Ok(at),
+            None => self.confirm(asked_at, confirm_end).await,
+        };
+        match reached {
+            Ok(at) => {
+                *confirmed = Some(at);
+                metrics::CONFIRMED_READS.inc();
+                Some(OwnerNights::Confirmed(Arc::new(
+                    self.copy_nights(&keys, stay),
+                )))
+            }
+            Err(e) => {
+                metrics::CONFIRMED_READ_FALLBACKS
+                    .with_label_values(&[e.cause()])
+                    .inc();
+                tracing::debug!(error = %e, "confirmed read fell back to owner rows");
+                let rows = self.owner_nights(keys.clone(), stay, Reason::FewUnits, asked_at);
+                match tokio::time::timeout_at(budget_end, rows).await {
+                    Ok(read) => read,
+                    Err(_) => {
+                        let mut failed = keys;
+                        failed.sort_unstable();
+                        Some(OwnerNights::Failed(failed))
+                    }
+                }
+            }
+        }
+    }
+
+    /// An owner position taken after `asked_at`, once the copy has applied
+    /// it, by `deadline`; the wait is observed from the start of the
+    /// position read to the copy reaching it.
+    async fn confirm(
+        &self,
+        asked_at: Instant,
+        deadline: tokio::time::Instant,
+    ) -> Result<Lsn, ConfirmError> {
+        let started = Instant::now();
+        let at = self.confirmer.position(asked_at, deadline).await?;
+        self.model
+            .freshness
+            .wait_applied(at, confirm::left(deadline))
+            .await
+            .ok_or(ConfirmError::ApplyTimeout(at))?;
+        metrics::CONFIRMED_READ_WAIT.observe(started.elapsed().as_secs_f64());
+        Ok(at)
+    }
+
+    /// The stay's nights of `keys` from the copy, from one published copy.
+    fn copy_nights(&self, keys: &[CalendarKey], stay: Stay) -> OwnerCalendars {
+        let mut sorted = keys.to_vec();
+        sorted.sort_unstable();
+        sorted.dedup();
+        let t = self.model.read();
+        let rows: Vec<(CalendarKey, NaiveDate, NightCounts)> = sorted
+            .iter()
+            .filter_map(|k| Some((*k, t.calendars.get(k)?)))
+            .flat_map(|(k, c)| {
+                stay.nights()
+                    .filter_map(move |night| Some((k, night, c.get(night)?)))
+            })
+            .collect();
+        drop(t);
+        OwnerCalendars::new(&sorted, stay, Instant::now(), rows.into_iter())
+    }
+
+    /// The hotels among `hotel_ids` the divergence audit found diverging.
+    fn diverging(&self, hotel_ids: impl Iterator<Item = i64>) -> HashSet<i64> {
+        match &self.stale {
+            Some(s) => s.audit.diverging_hotels(hotel_ids),
+            None => Default::default(),
         }
     }
 
@@ -648,6 +821,7 @@ impl Search {
         };
         let reason = owner_read_reason(lagging, caught_up);
         let bypassed = self.bypassed(std::iter::once(hotel_id));
+        let mut confirmed = None;
         if reason == Reason::FewUnits && !bypassed.contains(&hotel_id) {
             let few: Vec<CalendarKey> = hotel
                 .types
@@ -655,7 +829,12 @@ impl Search {
                 .filter(|t| t.offer.is_some_and(|(free, _)| free <= self.few_units))
                 .map(|t| t.key)
                 .collect();
-            if let Some(read) = self.owner_nights(few, req.stay, reason, asked_at).await {
+            for read in self
+                .fresh_nights(few, req.stay, asked_at, &mut confirmed)
+                .await
+                .into_iter()
+                .flatten()
+            {
                 apply_owner_nights(std::slice::from_mut(&mut hotel), &read);
             }
         } else {
@@ -674,9 +853,12 @@ impl Search {
                 .map(|rt| (rt.id, rt.name.clone()))
                 .collect()
         };
+        let confirmed =
+            confirmed.filter(|_| hotel.types.iter().any(|t| t.source == Source::Confirmed));
         let quotes = QuoteContext {
             stay: req.stay,
             lsn,
+            confirmed,
             shown_at: Utc::now(),
             lag_ms: self.model.freshness.lag_ms(Utc::now()),
         };
@@ -715,6 +897,7 @@ impl Search {
             hotel_id,
             lsn,
             lag_ms: quotes.lag_ms,
+            confirmed_lsn: confirmed,
             hotel_fits,
             room_types,
         })
@@ -727,6 +910,10 @@ pub struct Availability {
     #[schema(value_type = String, example = "0/16B3748")]
     pub lsn: Lsn,
     pub lag_ms: u64,
+    /// As in a search answer: the owner position the `confirmed` room types
+    /// were read at or past; null when none is `confirmed`.
+    #[schema(value_type = Option<String>, example = "0/16B37A0")]
+    pub confirmed_lsn: Option<Lsn>,
     /// Every requested room can be placed on every night.
     pub hotel_fits: bool,
     pub room_types: Vec<RoomAvailability>,
@@ -756,16 +943,20 @@ pub struct NightAvailability {
     pub price_cents: Option<i32>,
 }
 
-/// Puts the owner's rows over the copy's for the calendars read; when the
-/// read failed, flags them as showing the copy's numbers instead.
+/// Puts the owner's rows (or the confirmed copy's) over the copy's for the
+/// calendars read; when the read failed, flags them as showing the copy's
+/// numbers instead.
 fn apply_owner_nights(hotels: &mut [HotelNights], read: &OwnerNights) {
     for t in hotels.iter_mut().flat_map(|h| h.types.iter_mut()) {
         match read {
-            OwnerNights::Read(calendars) => {
+            OwnerNights::Read(calendars) | OwnerNights::Confirmed(calendars) => {
                 if let Some(nights) = calendars.nights(&t.key) {
                     t.nights = nights.to_vec();
                     t.offer = offer(&t.nights);
-                    t.source = Source::Owner;
+                    t.source = match read {
+                        OwnerNights::Confirmed(_) => Source::Confirmed,
+                        _ => Source::Owner,
+                    };
                 }
             }
             OwnerNights::Failed(keys) => {

@@ -72,7 +72,8 @@ pub struct OwnerCalendars {
 
 impl OwnerCalendars {
     /// Places `rows` on the nights of `stay`; `keys` are sorted and unique.
-    fn new(
+    /// Also holds the copy's nights of a confirmed read (`Search::copy_nights`).
+    pub(super) fn new(
         keys: &[CalendarKey],
         stay: Stay,
         read_at: Instant,

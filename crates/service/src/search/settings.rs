@@ -1,5 +1,5 @@
-//! The `[search]` settings: when to read the owner, how long to wait for
-//! it, and the limits of a question.
+//! The `[search]` settings: when to read the owner (and how: confirmed
+//! reads or rows), how long to wait for it, and the limits of a question.
 
 use serde::Deserialize;
 
@@ -17,6 +17,19 @@ pub struct SearchSettings {
     pub max_stay_nights: u32,
     pub min_lsn_wait_ms: u64,
     pub when_lagging: WhenLagging,
+    pub fresh_reads: FreshReads,
+}
+
+/// How a search makes its few-unit room types owner-fresh.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum FreshReads {
+    /// Take an owner WAL position after the search began, wait for the copy
+    /// to apply it, and answer from the copy (`source: confirmed`). Rows
+    /// stay the fallback, within the same `owner_read_timeout_ms`.
+    Confirmed,
+    /// Read the room types' rows from the owner (`source: owner`).
+    Rows,
 }
 
 /// What a search does when the copy lags past `search.max_lag_ms`.

@@ -33,10 +33,10 @@
 //! Neither lock nor transaction is held on the owner while waiting for the
 //! copy, so the audit never slows a take.
 
-use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, NaiveDate, Utc};
 use rand::RngExt;
@@ -117,7 +117,15 @@ pub struct AuditSettings {
     pub sample: usize,
     pub wait: Duration,
     pub interval: Duration,
+    /// How long a hotel stays marked diverging after a pass found one of
+    /// its rows wrong (search gives it row reads, not confirmed ones).
+    pub diverging_for: Duration,
 }
+
+/// Most hotels remembered as diverging; past it the oldest marks go first.
+/// A healthy stream has none, so the bound only matters when the copy is
+/// badly broken, and then the stale-read share says so too.
+const MAX_DIVERGING_HOTELS: usize = 10_000;
 
 pub struct Audit {
     settings: AuditSettings,
@@ -131,6 +139,11 @@ pub struct Audit {
     mismatches: AtomicU64,
     skipped: AtomicU64,
     last: Mutex<LastPass>,
+    /// Hotels with a mismatch, and when it was last found.
+    diverging: Mutex<HashMap<i64, Instant>>,
+    /// Some hotel has a mark (maybe expired): every search asks, and on a
+    /// healthy stream this spares it the lock.
+    any_diverging: AtomicBool,
 }
 
 /// The latest pass's result and when it ran, and the latest error.
@@ -160,7 +173,48 @@ impl Audit {
             mismatches: AtomicU64::new(0),
             skipped: AtomicU64::new(0),
             last: Mutex::new(LastPass::default()),
+            diverging: Mutex::new(HashMap::new()),
+            any_diverging: AtomicBool::new(false),
         }
+    }
+
+    /// The hotels among `ids` a pass found diverging within
+    /// `diverging_for`. A confirmed read trusts the copy, so it cannot show
+    /// such a hotel's rows right; search reads them from the owner instead.
+    pub fn diverging_hotels(&self, ids: impl Iterator<Item = i64>) -> HashSet<i64> {
+        if !self.any_diverging.load(Ordering::Acquire) {
+            return HashSet::new();
+        }
+        let marks = self.diverging.lock().unwrap_or_else(|p| p.into_inner());
+        if marks.is_empty() {
+            return HashSet::new();
+        }
+        let now = Instant::now();
+        ids.filter(|id| {
+            marks
+                .get(id)
+                .is_some_and(|at| now.duration_since(*at) < self.settings.diverging_for)
+        })
+        .collect()
+    }
+
+    /// Marks `hotels` as diverging now, forgetting expired marks (and, past
+    /// the bound, the oldest).
+    fn mark_diverging(&self, hotels: impl Iterator<Item = i64>) {
+        let now = Instant::now();
+        let mut marks = self.diverging.lock().unwrap_or_else(|p| p.into_inner());
+        marks.retain(|_, at| now.duration_since(*at) < self.settings.diverging_for);
+        for id in hotels {
+            marks.insert(id, now);
+        }
+        while marks.len() > MAX_DIVERGING_HOTELS {
+            let Some(oldest) = marks.iter().min_by_key(|(_, at)| **at).map(|(id, _)| *id) else {
+                break;
+            };
+            marks.remove(&oldest);
+        }
+        self.any_diverging
+            .store(!marks.is_empty(), Ordering::Release);
     }
 
     pub fn status(&self) -> AuditStatus {
@@ -264,11 +318,13 @@ impl Audit {
             let again_keys: Vec<Key> = suspects.iter().map(|i| keys[*i]).collect();
             match self.reread_rows(&client, &again_keys, applied).await? {
                 Some(again) => {
+                    let mut diverging = Vec::new();
                     for (i, now) in suspects.iter().zip(&again) {
                         // Same version (same xmin and values), or still no
                         // row: the owner did not write it since the first read.
                         if first[*i] == *now {
                             report.mismatches += 1;
+                            diverging.push(keys[*i].0.hotel_id);
                             if report.examples.len() < 10 {
                                 let (key, night) = keys[*i];
                                 report.examples.push(MismatchKey {
@@ -281,6 +337,7 @@ impl Audit {
                             report.skipped += 1;
                         }
                     }
+                    self.mark_diverging(diverging.into_iter());
                 }
                 // The owner kept hiding a commit the copy had: judged next time.
                 None => report.skipped += suspects.len() as u64,

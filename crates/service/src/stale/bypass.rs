@@ -16,9 +16,20 @@
 //!   them were stale reads. Only stale reads count (conflicts after the copy
 //!   showed enough units), not conflicts after owner reads: reading the owner
 //!   is the remedy for the first and does nothing for guests racing each
-//!   other. While the hotel is read from the owner it makes no new stale
-//!   reads, so its share falls as takes go on and old buckets leave the
-//!   window, and the hotel returns to the copy by itself.
+//!   other. Conflicts after `confirmed` numbers do not count either: the copy
+//!   had then applied an owner position taken after the search began, so it
+//!   was as fresh as the owner (a race no read could have avoided). While the
+//!   hotel is read from the owner it makes no new stale reads, so its share
+//!   falls as takes go on and old buckets leave the window, and the hotel
+//!   returns to the copy by itself.
+//! - `diverging`: within `stale.window_secs`, the divergence audit found a row
+//!   of this hotel that the copy shows differently from the owner although it
+//!   was past the owner's read. Confirming the copy's position cannot help
+//!   there (a confirmed read trusts the copy), so the hotel is read from the
+//!   owner until the mark expires.
+//!
+//! Nothing else decides: 409s after `owner` or `confirmed` showings, and the
+//! raw 409-after-shown share, are reported by source but never flag a hotel.
 
 use serde::Serialize;
 
@@ -32,14 +43,16 @@ pub enum Reason {
     Lagging,
     NotReady,
     HotelConflicts,
+    Diverging,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 4] = [
+    pub const ALL: [Reason; 5] = [
         Reason::FewUnits,
         Reason::Lagging,
         Reason::NotReady,
         Reason::HotelConflicts,
+        Reason::Diverging,
     ];
 
     pub fn label(self) -> &'static str {
@@ -48,6 +61,7 @@ impl Reason {
             Reason::Lagging => "lagging",
             Reason::NotReady => "not_ready",
             Reason::HotelConflicts => "hotel_conflicts",
+            Reason::Diverging => "diverging",
         }
     }
 }
@@ -70,6 +84,8 @@ pub struct Inputs {
     pub free_units: Option<i32>,
     pub rooms: i32,
     pub hotel: Counts,
+    /// The divergence audit found this hotel diverging (recently).
+    pub diverging: bool,
 }
 
 /// The answer of `GET /v1/bypass`.
@@ -107,6 +123,9 @@ impl Policy {
         if self.hotel_flagged(&i.hotel) {
             reasons.push(Reason::HotelConflicts);
         }
+        if i.diverging {
+            reasons.push(Reason::Diverging);
+        }
         reasons
     }
 }
@@ -129,6 +148,7 @@ mod tests {
             free_units: Some(9),
             rooms: 1,
             hotel: Counts::default(),
+            diverging: false,
         }
     }
 
@@ -205,10 +225,25 @@ mod tests {
                 stale: 10,
                 errors: 0,
             },
+            diverging: true,
         });
         assert_eq!(
             r,
-            vec![Reason::Lagging, Reason::FewUnits, Reason::HotelConflicts]
+            vec![
+                Reason::Lagging,
+                Reason::FewUnits,
+                Reason::HotelConflicts,
+                Reason::Diverging
+            ]
         );
+    }
+
+    #[test]
+    fn a_diverging_hotel_is_read_from_the_owner_whatever_its_share() {
+        let r = P.reasons(&Inputs {
+            diverging: true,
+            ..inputs()
+        });
+        assert_eq!(r, vec![Reason::Diverging]);
     }
 }

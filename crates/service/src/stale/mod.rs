@@ -125,6 +125,7 @@ impl StaleReadState {
                 sample: s.audit_sample,
                 wait: Duration::from_millis(s.audit_wait_ms),
                 interval: Duration::from_millis(s.audit_interval_ms),
+                diverging_for: Duration::from_secs(s.window_secs),
             },
             model.clone(),
             status.clone(),
@@ -152,13 +153,18 @@ impl StaleReadState {
         })
     }
 
-    /// The hotels among `ids` that search should read from the owner now.
+    /// The hotels among `ids` that search should read from the owner now:
+    /// those with a stale share past the bound (stale reads only: conflicts
+    /// after unconfirmed copy numbers) and those the audit found diverging.
     pub fn bypassed_hotels(
         &self,
-        ids: impl Iterator<Item = i64>,
+        ids: impl Iterator<Item = i64> + Clone,
     ) -> std::collections::HashSet<i64> {
-        self.ledger
-            .hotels_where(ids, |c| self.policy.hotel_flagged(c))
+        let mut flagged = self
+            .ledger
+            .hotels_where(ids.clone(), |c| self.policy.hotel_flagged(c));
+        flagged.extend(self.audit.diverging_hotels(ids));
+        flagged
     }
 
     fn ready(&self) -> bool {
@@ -188,6 +194,10 @@ impl StaleReadState {
             free_units,
             rooms: q.rooms,
             hotel: self.ledger.hotel(q.key.hotel_id),
+            diverging: !self
+                .audit
+                .diverging_hotels(std::iter::once(q.key.hotel_id))
+                .is_empty(),
         });
         if reasons.is_empty() {
             metrics::BYPASS_ADVICE.with_label_values(&["none"]).inc();
@@ -216,7 +226,11 @@ impl StaleReadState {
                 conflicts: h.counts.conflicts,
                 stale_reads: h.counts.stale,
                 share: h.counts.share(),
-                bypassed: self.policy.hotel_flagged(&h.counts),
+                bypassed: self.policy.hotel_flagged(&h.counts)
+                    || !self
+                        .audit
+                        .diverging_hotels(std::iter::once(h.hotel_id))
+                        .is_empty(),
             })
             .collect();
         StaleReadsBody {

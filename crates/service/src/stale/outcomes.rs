@@ -52,12 +52,7 @@ impl Outcome {
 
 /// The metric label for where the shown numbers came from; `none` without a quote.
 pub fn source_label(source: Option<Source>) -> &'static str {
-    match source {
-        None => "none",
-        Some(Source::Copy) => "copy",
-        Some(Source::Owner) => "owner",
-        Some(Source::CopyFallback) => "copy_fallback",
-    }
+    source.map_or("none", Source::label)
 }
 
 /// The body of `POST /v1/take-outcomes`, as sent. Every field is optional
@@ -266,12 +261,16 @@ impl TakeReport {
         self.quote.is_some_and(|q| q.free_units >= self.rooms)
     }
 
-    /// A conflict after the copy's own numbers (not the owner's) showed
-    /// enough units free: the stale read this loop exists to count.
+    /// A conflict after the copy's own unconfirmed numbers (not the
+    /// owner's, not a confirmed read's) showed enough units free: the stale
+    /// read this loop exists to count, and the only conflicts the bypass
+    /// policy acts on. After `owner` or `confirmed` numbers the copy was as
+    /// fresh as the owner when the search began, so a conflict is a race
+    /// between guests that no read could have avoided.
     pub fn stale_read(&self) -> bool {
         self.outcome == Outcome::Conflict
             && self.shown_available()
-            && matches!(self.source(), Some(Source::Copy | Source::CopyFallback))
+            && self.source().is_some_and(Source::unconfirmed_copy)
     }
 
     fn counts(&self) -> Counts {
@@ -308,11 +307,12 @@ impl TakeReport {
 pub struct Recorded {
     pub attempt_id: String,
     pub outcome: Outcome,
-    /// copy | owner | copy_fallback | none
+    /// copy | owner | copy_fallback | confirmed | none
     pub source: &'static str,
     /// The quote showed at least `rooms` units free.
     pub shown_available: bool,
-    /// Counted as a stale read: a conflict after the copy showed enough units.
+    /// Counted as a stale read: a conflict after the copy's unconfirmed
+    /// numbers (copy, copy_fallback) showed enough units.
     pub stale_read: bool,
 }
 
@@ -335,7 +335,7 @@ pub struct Totals {
     pub stale_reads: u64,
     /// Reports that repeated an attempt id and were not counted again.
     pub replays: u64,
-    /// Conflicts by the source of the quote: copy, owner, copy_fallback, none.
+    /// Conflicts by the source of the quote: copy, owner, copy_fallback, confirmed, none.
     pub conflicts_by_source: std::collections::BTreeMap<String, u64>,
     pub takes_by_source: std::collections::BTreeMap<String, u64>,
 }
@@ -568,6 +568,14 @@ mod tests {
             .check(&key)
             .unwrap();
         assert!(r.shown_available() && !r.stale_read(), "owner numbers");
+        let r = body(&key, Source::Confirmed, 2, Outcome::Conflict)
+            .check(&key)
+            .unwrap();
+        assert!(
+            r.shown_available() && !r.stale_read(),
+            "confirmed numbers: a race, not a stale read"
+        );
+        assert_eq!(source_label(r.source()), "confirmed");
         let mut b = body(&key, Source::Copy, 1, Outcome::Conflict);
         b.rooms = Some(2);
         let r = b.check(&key).unwrap();

@@ -56,7 +56,9 @@ pub struct Quote {
     /// The fewest free units shown over the stay (0 when the room type was
     /// listed but not offered, as `/availability` does).
     pub free_units: i32,
-    /// The LSN the answer reflects. For `source = owner` the numbers are newer.
+    /// The LSN the answer reflects. For `source = owner` the numbers are
+    /// newer; for `source = confirmed` it is the confirmed position (the
+    /// answer's `confirmed_lsn`), which the numbers are at or past.
     pub lsn: Lsn,
     /// When the answer was made (ms precision).
     pub shown_at: DateTime<Utc>,
@@ -176,6 +178,7 @@ fn decode_payload(p: &[u8]) -> Result<Quote, QuoteError> {
         0 => Source::Copy,
         1 => Source::Owner,
         2 => Source::CopyFallback,
+        3 => Source::Confirmed,
         _ => return Err(QuoteError::BadField),
     };
     let hotel_id = i64::from_be_bytes(r.take()?);
@@ -209,6 +212,7 @@ fn source_byte(s: Source) -> u8 {
         Source::Copy => 0,
         Source::Owner => 1,
         Source::CopyFallback => 2,
+        Source::Confirmed => 3,
     }
 }
 
@@ -364,11 +368,11 @@ mod tests {
             hotel in any::<i64>(), rt in any::<i64>(), free in any::<i32>(),
             lsn in any::<u64>(), lag in any::<u32>(), nights in 1u64..=400,
             start in 0u64..100_000, ms in 0i64..4_000_000_000_000,
-            src in 0u8..3,
+            src in 0u8..4,
         ) {
             let check_in = NaiveDate::from_ymd_opt(2000, 1, 1).unwrap() + chrono::Days::new(start);
             let q = Quote {
-                source: [Source::Copy, Source::Owner, Source::CopyFallback][usize::from(src)],
+                source: [Source::Copy, Source::Owner, Source::CopyFallback, Source::Confirmed][usize::from(src)],
                 hotel_id: hotel,
                 room_type_id: rt,
                 check_in,

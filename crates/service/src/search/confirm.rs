@@ -1,0 +1,466 @@
+//! Confirmed reads: the owner's WAL position instead of its rows (Raft's
+//! ReadIndex, Materialize's real-time recency).
+//!
+//! A search that must show owner-fresh numbers takes a position `P` from
+//! the owner, after the search began, waits until the copy has applied `P`,
+//! then answers from the copy. Every transaction committed on the owner
+//! before the search began inserted its commit record before `P` was taken,
+//! and the copy at or past `P` has applied every commit below it (the
+//! projector's invariant), so that transaction is in the answer.
+//!
+//! # Which position
+//!
+//! `P` is the end of a *transactional* logical message the position read
+//! writes itself, `pg_logical_emit_message(true, 'vacancy.confirm', '')`,
+//! on a session with `synchronous_commit = local`. Not a bare
+//! `pg_current_wal_insert_lsn()`, and not a non-transactional message,
+//! because of how PostgreSQL 15 moves the copy's applied position:
+//!
+//! - The applied position moves at commits, and at keepalives only while no
+//!   transaction is held (`stream::replicate`). A logical walsender decodes
+//!   only WAL that is flushed (`WalSndWaitForWal` waits for the flush
+//!   position), and it pings (a keepalive with its `sentPtr`) only when it
+//!   has caught up with the flush and our reported flush is behind, or once
+//!   per `wal_sender_timeout / 2`.
+//! - So an insert position is reached promptly only if something after it
+//!   is flushed and decoded. WAL of an unrelated transaction still open is
+//!   inserted but not flushed until the WAL writer gets to it
+//!   (`wal_writer_delay`, longer once it hibernates) or some commit flushes
+//!   it; and while a large open transaction is streamed to us in progress,
+//!   no keepalive may advance the copy at all. Either way the copy would
+//!   wait for the next heartbeat.
+//! - A non-transactional message is sent as soon as it is decoded, but in
+//!   PostgreSQL 15 it is not flushed (the `flush` argument came in 17), and
+//!   a transaction without an xid only asks the WAL writer to flush later:
+//!   on an idle 15.20 owner (`wal_writer_delay` 200 ms) its flush position
+//!   passed the message 30 to 155 ms after it was written (8 tries, most
+//!   near 75 ms), against at most 1 ms for a transactional one.
+//! - A transactional message gives its transaction an xid, so its commit
+//!   flushes at once (forced `local`, so a synchronous standby is not
+//!   waited for), which wakes the walsender. Its commit is decoded in WAL
+//!   order, after every earlier commit, and applied like any other commit
+//!   (held in-progress transactions or not), moving the applied position
+//!   past `P`. No heartbeat, no keepalive is needed.
+//!
+//! Cost to the owner: one xid, a ~100-byte WAL record and one local flush
+//! per position read, no row read. Position reads are coalesced: one in
+//! flight at a time serves every search that began before it was sent.
+//!
+//! # Coalescing
+//!
+//! A position read serves a search only if it was sent after that search
+//! began: an older one may predate a commit the guest already saw. A search
+//! joins the read in flight when that read was sent after it began;
+//! otherwise it waits for that read to end and joins or starts the next
+//! one (`Coalescer`). The query runs in its own task, so a search that gives
+//! up (its budget, its request's timeout) never strands the others.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tokio_postgres::Client;
+use tokio_postgres::types::PgLsn;
+
+use crate::lsn::Lsn;
+use crate::metrics;
+use crate::owner::{self, OwnerSettings};
+
+/// Written by each position read; its end is the position. The prefix is
+/// ours (`stream::MESSAGE_PREFIX`), so the stream knows it and ignores it.
+const POSITION_SQL: &str = "SELECT pg_logical_emit_message(true, 'vacancy.confirm', '')";
+
+/// Why a confirmed read gave up (the fallback metric's `cause`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfirmError {
+    #[error("the owner's position did not come within the budget")]
+    PositionTimeout,
+    #[error("the owner's position could not be read: {0}")]
+    PositionFailed(String),
+    #[error("the copy did not apply {0} within the budget")]
+    ApplyTimeout(Lsn),
+}
+
+impl ConfirmError {
+    pub fn cause(&self) -> &'static str {
+        match self {
+            ConfirmError::PositionTimeout => "position_timeout",
+            ConfirmError::PositionFailed(_) => "position_failed",
+            ConfirmError::ApplyTimeout(_) => "apply_timeout",
+        }
+    }
+}
+
+/// One position read, in flight or done.
+struct Round<T> {
+    id: u64,
+    /// Taken before the query is sent: the owner runs it after this.
+    sent_at: Instant,
+    done: watch::Receiver<Option<T>>,
+}
+
+struct Rounds<T> {
+    in_flight: Option<Round<T>>,
+    next_id: u64,
+}
+
+/// At most one read in flight; a caller joins it only if it was sent after
+/// the caller began.
+pub struct Coalescer<T> {
+    rounds: Arc<Mutex<Rounds<T>>>,
+}
+
+impl<T> Default for Coalescer<T> {
+    fn default() -> Self {
+        Coalescer {
+            rounds: Arc::new(Mutex::new(Rounds {
+                in_flight: None,
+                next_id: 0,
+            })),
+        }
+    }
+}
+
+/// What a caller does next, decided under the lock.
+enum Step<T> {
+    /// Wait for this round's result: it was sent after the caller began.
+    Join(watch::Receiver<Option<T>>),
+    /// This round was sent before the caller began: wait for it to end, then look again.
+    Outwait(watch::Receiver<Option<T>>),
+    /// No round in flight: this caller sends one.
+    Send(u64, watch::Sender<Option<T>>, watch::Receiver<Option<T>>),
+}
+
+impl<T: Clone + Send + Sync + 'static> Coalescer<T> {
+    /// A result read after `began`, sharing the read in flight when it was
+    /// sent after `began`; `None` when `deadline` passed first. `read`
+    /// starts a new read; it runs in its own task and must end by itself
+    /// (give it a timeout).
+    pub async fn get<F, Fut>(
+        &self,
+        began: Instant,
+        deadline: tokio::time::Instant,
+        read: F,
+    ) -> Option<T>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = T> + Send + 'static,
+    {
+        loop {
+            let step = {
+                let mut rounds = self.rounds.lock().unwrap_or_else(|p| p.into_inner());
+                match &rounds.in_flight {
+                    Some(r) if r.sent_at >= began => Step::Join(r.done.clone()),
+                    Some(r) => Step::Outwait(r.done.clone()),
+                    None => {
+                        let id = rounds.next_id;
+                        rounds.next_id += 1;
+                        let (tx, rx) = watch::channel(None);
+                        rounds.in_flight = Some(Round {
+                            id,
+                            sent_at: Instant::now(),
+                            done: rx.clone(),
+                        });
+                        Step::Send(id, tx, rx)
+                    }
+                }
+            };
+            match step {
+                Step::Join(rx) => return wait_done(rx, deadline).await,
+                Step::Outwait(rx) => {
+                    wait_done(rx, deadline).await?;
+                }
+                Step::Send(id, tx, rx) => {
+                    let query = read();
+                    let rounds = self.rounds.clone();
+                    tokio::spawn(async move {
+                        let result = query.await;
+                        // Off the books before anyone hears of the result, so
+                        // a caller woken by it never finds this round again.
+                        {
+                            let mut r = rounds.lock().unwrap_or_else(|p| p.into_inner());
+                            if r.in_flight.as_ref().is_some_and(|f| f.id == id) {
+                                r.in_flight = None;
+                            }
+                        }
+                        tx.send_replace(Some(result));
+                    });
+                    return wait_done(rx, deadline).await;
+                }
+            }
+        }
+    }
+}
+
+/// The round's result, or `None` when `deadline` passes first (or the
+/// round's task died without one).
+async fn wait_done<T: Clone>(
+    mut rx: watch::Receiver<Option<T>>,
+    deadline: tokio::time::Instant,
+) -> Option<T> {
+    let done = async {
+        rx.wait_for(Option::is_some)
+            .await
+            .ok()
+            .and_then(|v| v.clone())
+    };
+    tokio::time::timeout_at(deadline, done).await.ok().flatten()
+}
+
+/// The owner's position for confirmed reads, coalesced, on one connection.
+pub struct Confirmer {
+    owner: OwnerSettings,
+    rounds: Coalescer<Result<Lsn, String>>,
+    client: Arc<Mutex<Option<Arc<Client>>>>,
+}
+
+impl Confirmer {
+    pub fn new(owner: &OwnerSettings) -> Confirmer {
+        Confirmer {
+            owner: owner.clone(),
+            rounds: Coalescer::default(),
+            client: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// An owner position taken after `began`, by `deadline`.
+    pub async fn position(
+        &self,
+        began: Instant,
+        deadline: tokio::time::Instant,
+    ) -> Result<Lsn, ConfirmError> {
+        let read = || {
+            let owner = self.owner.clone();
+            let client = self.client.clone();
+            async move { read_position(&owner, &client).await }
+        };
+        match self.rounds.get(began, deadline, read).await {
+            Some(Ok(lsn)) => Ok(lsn),
+            Some(Err(e)) => Err(ConfirmError::PositionFailed(e)),
+            None => Err(ConfirmError::PositionTimeout),
+        }
+    }
+}
+
+/// One position read, counted like every owner read (`reason="position"`),
+/// bounded by the owner's query timeout so its round always ends.
+async fn read_position(
+    owner: &OwnerSettings,
+    slot: &Mutex<Option<Arc<Client>>>,
+) -> Result<Lsn, String> {
+    metrics::OWNER_READS.with_label_values(&["position"]).inc();
+    let started = Instant::now();
+    let limit = owner.query_timeout();
+    let result = match tokio::time::timeout(limit, query_position(owner, slot)).await {
+        Ok(r) => r,
+        Err(_) => Err(format!("no answer within {limit:?}")),
+    };
+    metrics::OWNER_READ_DURATION
+        .with_label_values(&["position"])
+        .observe(started.elapsed().as_secs_f64());
+    if result.is_err() {
+        metrics::OWNER_READ_ERRORS
+            .with_label_values(&["position"])
+            .inc();
+        // A connection that failed or hung is not trusted again.
+        *slot.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
+    result
+}
+
+async fn query_position(
+    owner: &OwnerSettings,
+    slot: &Mutex<Option<Arc<Client>>>,
+) -> Result<Lsn, String> {
+    let existing = slot.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let client = match existing.filter(|c| !c.is_closed()) {
+        Some(c) => c,
+        None => {
+            let c = owner::connect_configured(owner, owner.connect_timeout())
+                .await
+                .map_err(|e| e.to_string())?;
+            // Flushed locally at commit whatever the owner's default: an
+            // asynchronous commit would leave the walsender waiting for the
+            // WAL writer, a synchronous standby would add its round trip.
+            c.batch_execute("SET synchronous_commit = local")
+                .await
+                .map_err(|e| e.to_string())?;
+            let c = Arc::new(c);
+            *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(c.clone());
+            c
+        }
+    };
+    let row = client
+        .query_one(POSITION_SQL, &[])
+        .await
+        .map_err(|e| e.to_string())?;
+    let lsn: PgLsn = row.try_get(0).map_err(|e| e.to_string())?;
+    Ok(lsn.into())
+}
+
+/// Time left of a budget that ends at `deadline`.
+pub fn left(deadline: tokio::time::Instant) -> Duration {
+    deadline.saturating_duration_since(tokio::time::Instant::now())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tokio::sync::Notify;
+
+    /// A read the test releases by hand; each read returns its own number.
+    struct Reads {
+        sent: AtomicU64,
+        release: Notify,
+    }
+
+    impl Reads {
+        fn new() -> Arc<Reads> {
+            Arc::new(Reads {
+                sent: AtomicU64::new(0),
+                release: Notify::new(),
+            })
+        }
+
+        fn read(
+            self: &Arc<Self>,
+        ) -> impl Fn() -> std::pin::Pin<Box<dyn Future<Output = u64> + Send>> + use<> {
+            let all = self.clone();
+            move || {
+                let this_read = all.clone();
+                let n = this_read.sent.fetch_add(1, Ordering::SeqCst) + 1;
+                Box::pin(async move {
+                    this_read.release.notified().await;
+                    n
+                })
+            }
+        }
+    }
+
+    fn far() -> tokio::time::Instant {
+        tokio::time::Instant::now() + Duration::from_secs(10)
+    }
+
+    /// Lets spawned tasks run up to their next wait.
+    async fn settle() {
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_caller_never_joins_a_read_sent_before_it_began() {
+        let c = Arc::new(Coalescer::<u64>::default());
+        let reads = Reads::new();
+        let began_a = Instant::now();
+        let a = {
+            let (shared, read) = (c.clone(), reads.read());
+            tokio::spawn(async move { shared.get(began_a, far(), read).await })
+        };
+        settle().await;
+        assert_eq!(reads.sent.load(Ordering::SeqCst), 1, "A sent read 1");
+        // B begins after read 1 was sent: it must not share it.
+        let began_b = Instant::now();
+        let b = {
+            let (shared, read) = (c.clone(), reads.read());
+            tokio::spawn(async move { shared.get(began_b, far(), read).await })
+        };
+        settle().await;
+        assert_eq!(
+            reads.sent.load(Ordering::SeqCst),
+            1,
+            "one read in flight at a time"
+        );
+        reads.release.notify_one();
+        assert_eq!(a.await.unwrap(), Some(1));
+        settle().await;
+        assert_eq!(
+            reads.sent.load(Ordering::SeqCst),
+            2,
+            "B sent read 2 once read 1 ended"
+        );
+        reads.release.notify_one();
+        assert_eq!(
+            b.await.unwrap(),
+            Some(2),
+            "B got the read sent after it began"
+        );
+    }
+
+    #[tokio::test]
+    async fn callers_that_began_before_a_read_was_sent_share_it() {
+        let c = Arc::new(Coalescer::<u64>::default());
+        let reads = Reads::new();
+        // Both began before anything was sent.
+        let began = Instant::now();
+        let mut waiters = Vec::new();
+        for _ in 0..5 {
+            let (shared, read) = (c.clone(), reads.read());
+            waiters.push(tokio::spawn(
+                async move { shared.get(began, far(), read).await },
+            ));
+        }
+        settle().await;
+        assert_eq!(reads.sent.load(Ordering::SeqCst), 1);
+        reads.release.notify_one();
+        for w in waiters {
+            assert_eq!(w.await.unwrap(), Some(1));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_caller_waiting_out_an_old_read_joins_the_next_one_sent_after_it_began() {
+        let c = Arc::new(Coalescer::<u64>::default());
+        let reads = Reads::new();
+        let first = {
+            let (shared, read) = (c.clone(), reads.read());
+            let began = Instant::now();
+            tokio::spawn(async move { shared.get(began, far(), read).await })
+        };
+        settle().await;
+        // Two callers begin while read 1 is in flight; both outwait it, and
+        // the one read sent after that serves them both.
+        let began = Instant::now();
+        let late: Vec<_> = (0..2)
+            .map(|_| {
+                let (shared, read) = (c.clone(), reads.read());
+                tokio::spawn(async move { shared.get(began, far(), read).await })
+            })
+            .collect();
+        settle().await;
+        reads.release.notify_one();
+        assert_eq!(first.await.unwrap(), Some(1));
+        settle().await;
+        assert_eq!(reads.sent.load(Ordering::SeqCst), 2);
+        reads.release.notify_one();
+        for w in late {
+            assert_eq!(w.await.unwrap(), Some(2));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_caller_gives_up_at_its_deadline_and_the_round_still_ends() {
+        let c = Arc::new(Coalescer::<u64>::default());
+        let reads = Reads::new();
+        let soon = tokio::time::Instant::now() + Duration::from_millis(30);
+        assert_eq!(c.get(Instant::now(), soon, reads.read()).await, None);
+        // The read it sent is still in flight, sent before the next caller
+        // began: that caller outwaits it and takes the read after.
+        let began = Instant::now();
+        let next = {
+            let (shared, read) = (c.clone(), reads.read());
+            tokio::spawn(async move { shared.get(began, far(), read).await })
+        };
+        settle().await;
+        reads.release.notify_one();
+        settle().await;
+        reads.release.notify_one();
+        assert_eq!(
+            next.await.unwrap(),
+            Some(2),
+            "not the read sent before it began"
+        );
+    }
+}
