@@ -320,19 +320,15 @@ impl Search {
         }
     }
 
-    /// Waits (bounded) for the copy to apply `min_lsn`; false when it did not.
+    /// Waits (bounded) for the copy to apply `min_lsn`; false when it did
+    /// not. Woken by the apply that reaches it, not by polling.
     async fn reached(&self, min_lsn: Option<Lsn>) -> bool {
         let Some(target) = min_lsn else { return true };
-        let deadline = tokio::time::Instant::now() + self.min_lsn_wait;
-        loop {
-            if self.model.freshness.applied() >= target {
-                return true;
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        self.model
+            .freshness
+            .wait_applied(target, self.min_lsn_wait)
+            .await
+            .is_some()
     }
 
     /// Answers `req`. With `lagging`, the copy is too far behind to trust
