@@ -229,6 +229,11 @@ def health():
     b.add("timeseries", "CPU",
           "CPU seconds used per second by the process (1 = one core busy).",
           "short", [(f"sum by (instance) (rate(process_cpu_seconds_total{sel()}{RI}))", "{{instance}}")], w=8)
+    b.add("timeseries", "Search wait for the copy",
+          "Time a search waited to get at the read model, 99.9th percentile and maximum bucket (vacancy_search_model_wait_seconds). Reading the copy is one atomic load, so this stays in microseconds even while a large transaction applies; a rise means the process is starved of CPU, not blocked by apply.",
+          "s",
+          [(hq(0.999, "vacancy_search_model_wait_seconds"), "p99.9"),
+           (hq(1.0, "vacancy_search_model_wait_seconds"), "max")], w=8)
     b.add("timeseries", "Index documents and segments",
           "Hotel documents in the tantivy search index and the index's segment count.",
           "short",
