@@ -35,22 +35,52 @@ const PAGE_ROWS: i32 = 16;
 /// changed it. Pages are aligned to absolute days (`base` is a multiple of
 /// `PAGE_ROWS`), so growing or trimming the span never moves a row to
 /// another page.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+///
+/// The block itself sits inline in its shard's map, and every vector in it
+/// is an `Arc` slice: cloning a block is a handful of reference counts (a
+/// shard is cloned whole when a transaction touches it), and a search
+/// reaches a night in three loads (the map's bucket, the page list, the
+/// page), not five. Slices whose length search checks (`pages`, `limits`)
+/// carry it in the pointer, so an empty list costs no load at all.
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Block {
     /// Room type ids, sorted: one column each.
-    types: Vec<i64>,
+    types: Arc<[i64]>,
     /// Nights with a row, per column; a column leaves when it reaches 0.
-    present: Vec<u32>,
+    present: Arc<[u32]>,
     /// Day (since 1970-01-01) of page 0's first row.
     base: i32,
     /// The days with at least one night: `[first, end)`.
     first: i32,
     end: i32,
-    /// `PAGE_ROWS × types.len()` nights each.
-    pages: Vec<Arc<[Packed]>>,
+    /// `PAGE_ROWS × types.len()` nights each. Rebuilt when a page comes or
+    /// goes (every 16 days at either end of a calendar, or a new column).
+    pages: Arc<[Arc<[Packed]>]>,
     /// `(day, column, sell_limit)` of the nights whose limit is set, sorted;
-    /// shared like the pages, copied only when a limit changes.
-    limits: Arc<Vec<(i32, u32, i32)>>,
+    /// shared like the pages, rebuilt when a limit is added or removed.
+    limits: Arc<[(i32, u32, i32)]>,
+}
+
+impl Default for Block {
+    fn default() -> Block {
+        Block {
+            types: Arc::from([]),
+            present: Arc::from([]),
+            base: 0,
+            first: 0,
+            end: 0,
+            pages: Arc::from([]),
+            limits: Arc::from([]),
+        }
+    }
+}
+
+/// `items` with `edit` applied, as a new shared slice: for the rare writes
+/// that change a slice's length.
+fn rebuilt<T: Clone>(items: &[T], edit: impl FnOnce(&mut Vec<T>)) -> Arc<[T]> {
+    let mut owned = items.to_vec();
+    edit(&mut owned);
+    owned.into()
 }
 
 /// The first day of the page that holds day `d`.
@@ -93,7 +123,7 @@ impl Block {
     fn row_mut(&mut self, d: i32) -> Option<&mut [Packed]> {
         let (page, at) = self.locate(d)?;
         let w = self.width();
-        Some(&mut Arc::make_mut(&mut self.pages[page])[at..at + w])
+        Some(&mut Arc::make_mut(&mut Arc::make_mut(&mut self.pages)[page])[at..at + w])
     }
 
     fn night(&self, col: usize, d: i32) -> Option<NightCounts> {
@@ -149,9 +179,13 @@ impl Block {
                 Arc::make_mut(&mut self.limits)[at].2 = l
             }
             (Ok(at), None) => {
-                Arc::make_mut(&mut self.limits).remove(at);
+                self.limits = rebuilt(&self.limits, |limits| {
+                    limits.remove(at);
+                });
             }
-            (Err(at), Some(l)) => Arc::make_mut(&mut self.limits).insert(at, (d, col as u32, l)),
+            (Err(at), Some(l)) => {
+                self.limits = rebuilt(&self.limits, |limits| limits.insert(at, (d, col as u32, l)));
+            }
             _ => {}
         }
     }
@@ -185,8 +219,8 @@ impl Block {
             std::cmp::Ordering::Equal => None,
             std::cmp::Ordering::Greater => Some(col - 1),
         });
-        self.types.insert(at, room_type_id);
-        self.present.insert(at, 0);
+        self.types = rebuilt(&self.types, |types| types.insert(at, room_type_id));
+        self.present = rebuilt(&self.present, |present| present.insert(at, 0));
         if self.limits.iter().any(|l| l.1 as usize >= at) {
             for l in Arc::make_mut(&mut self.limits)
                 .iter_mut()
@@ -200,14 +234,19 @@ impl Block {
     fn remove_column(&mut self, at: usize) {
         let width = self.width() - 1;
         self.relayout(width, |col| Some(if col < at { col } else { col + 1 }));
-        self.types.remove(at);
-        self.present.remove(at);
+        self.types = rebuilt(&self.types, |types| {
+            types.remove(at);
+        });
+        self.present = rebuilt(&self.present, |present| {
+            present.remove(at);
+        });
         if self.limits.iter().any(|l| l.1 as usize >= at) {
-            let limits = Arc::make_mut(&mut self.limits);
-            limits.retain(|l| l.1 as usize != at);
-            for l in limits.iter_mut().filter(|l| l.1 as usize > at) {
-                l.1 -= 1;
-            }
+            self.limits = rebuilt(&self.limits, |limits| {
+                limits.retain(|l| l.1 as usize != at);
+                for l in limits.iter_mut().filter(|l| l.1 as usize > at) {
+                    l.1 -= 1;
+                }
+            });
         }
         self.trim();
     }
@@ -217,20 +256,23 @@ impl Block {
         let w = self.width();
         if self.pages.is_empty() {
             self.base = page_start(d);
-            self.pages.push(Block::empty_page(w));
+            self.pages = Arc::from([Block::empty_page(w)]);
             (self.first, self.end) = (d, d + 1);
             return;
         }
-        if d < self.base {
-            let added = ((self.base - page_start(d)) / PAGE_ROWS) as usize;
-            self.pages.splice(
-                0..0,
-                std::iter::repeat_with(|| Block::empty_page(w)).take(added),
-            );
-            self.base = page_start(d);
-        }
-        while d >= self.base + self.pages.len() as i32 * PAGE_ROWS {
-            self.pages.push(Block::empty_page(w));
+        let before = usize::try_from((self.base - page_start(d)) / PAGE_ROWS).unwrap_or(0);
+        let after = usize::try_from((page_start(d) - self.base) / PAGE_ROWS + 1)
+            .unwrap_or(0)
+            .saturating_sub(self.pages.len());
+        if before > 0 || after > 0 {
+            self.pages = rebuilt(&self.pages, |pages| {
+                pages.splice(
+                    0..0,
+                    std::iter::repeat_with(|| Block::empty_page(w)).take(before),
+                );
+                pages.extend(std::iter::repeat_with(|| Block::empty_page(w)).take(after));
+            });
+            self.base = self.base.min(page_start(d));
         }
         self.first = self.first.min(d);
         self.end = self.end.max(d + 1);
@@ -251,14 +293,15 @@ impl Block {
             self.end -= 1;
         }
         if self.width() == 0 || self.first == self.end {
-            self.pages.clear();
+            self.pages = Arc::from([]);
             (self.base, self.first, self.end) = (0, 0, 0);
             return;
         }
         let keep_from = ((page_start(self.first) - self.base) / PAGE_ROWS) as usize;
         let keep_to = ((page_start(self.end - 1) - self.base) / PAGE_ROWS) as usize + 1;
-        self.pages.truncate(keep_to);
-        self.pages.drain(..keep_from);
+        if keep_from > 0 || keep_to < self.pages.len() {
+            self.pages = self.pages[keep_from..keep_to].into();
+        }
         self.base = page_start(self.first);
     }
 
@@ -278,7 +321,7 @@ impl Block {
         let was_absent = row[col].total == ABSENT;
         row[col] = packed;
         if was_absent {
-            self.present[col] += 1;
+            Arc::make_mut(&mut self.present)[col] += 1;
         }
         self.set_limit(d, col, limit);
     }
@@ -293,7 +336,7 @@ impl Block {
         if let Some(row) = self.row_mut(d) {
             row[col] = Packed::EMPTY;
         }
-        self.present[col] -= 1;
+        Arc::make_mut(&mut self.present)[col] -= 1;
         self.set_limit(d, col, None);
         if self.present[col] == 0 {
             self.remove_column(col);
@@ -309,19 +352,10 @@ impl Block {
 
     fn heap_bytes(&self) -> usize {
         self.pages.len() * PAGE_ROWS as usize * self.width() * std::mem::size_of::<Packed>()
-            + self.pages.capacity() * std::mem::size_of::<Arc<[Packed]>>()
-            + self.limits.capacity() * std::mem::size_of::<(i32, u32, i32)>()
-            + self.types.capacity() * std::mem::size_of::<i64>()
-            + self.present.capacity() * std::mem::size_of::<u32>()
-    }
-
-    fn shrink(&mut self) {
-        self.pages.shrink_to_fit();
-        if let Some(limits) = Arc::get_mut(&mut self.limits) {
-            limits.shrink_to_fit();
-        }
-        self.types.shrink_to_fit();
-        self.present.shrink_to_fit();
+            + self.pages.len() * std::mem::size_of::<Arc<[Packed]>>()
+            + self.limits.len() * std::mem::size_of::<(i32, u32, i32)>()
+            + self.types.len() * std::mem::size_of::<i64>()
+            + self.present.len() * std::mem::size_of::<u32>()
     }
 
     /// A block laid out at once from whole calendars with distinct, sorted
@@ -356,7 +390,7 @@ impl Block {
             first,
             end,
             pages: cells.chunks_exact(page_cells).map(Arc::from).collect(),
-            limits: Arc::new(limits),
+            limits: limits.into(),
         }
     }
 }
@@ -367,9 +401,9 @@ impl Block {
 /// instead of a map of every hotel.
 const SHARDS: usize = 64;
 
-/// One shard: its hotels' blocks, each behind an `Arc` shared with every
-/// published copy that has not changed it.
-type Shard = HashMap<i64, Arc<Block>, rustc_hash::FxBuildHasher>;
+/// One shard: its hotels' blocks, inline (a block's clone is a few
+/// reference counts, see `Block`).
+type Shard = HashMap<i64, Block, rustc_hash::FxBuildHasher>;
 
 /// Every calendar of the copy, copy-on-write: cloning it shares every
 /// block, and a write copies only the block (and shard) it changes, so a
@@ -401,7 +435,7 @@ fn shard_of(hotel_id: i64) -> usize {
 
 impl Calendars {
     fn block(&self, hotel_id: i64) -> Option<&Block> {
-        self.shards[shard_of(hotel_id)].get(&hotel_id).map(|b| &**b)
+        self.shards[shard_of(hotel_id)].get(&hotel_id)
     }
 
     /// The shard of `hotel_id`, copied first if a published copy shares it.
@@ -410,9 +444,7 @@ impl Calendars {
     }
 
     fn blocks(&self) -> impl Iterator<Item = (&i64, &Block)> + '_ {
-        self.shards
-            .iter()
-            .flat_map(|shard| shard.iter().map(|(id, b)| (id, &**b)))
+        self.shards.iter().flat_map(|shard| shard.iter())
     }
 
     pub fn get(&self, key: &CalendarKey) -> Option<CalendarView<'_>> {
@@ -437,7 +469,7 @@ impl Calendars {
             .shard_mut(key.hotel_id)
             .entry(key.hotel_id)
             .or_default();
-        Arc::make_mut(block).set(key.room_type_id, day(night), packed, counts.sell_limit);
+        block.set(key.room_type_id, day(night), packed, counts.sell_limit);
         Ok(())
     }
 
@@ -454,7 +486,6 @@ impl Calendars {
         }
         let shard = self.shard_mut(key.hotel_id);
         if let Some(block) = shard.get_mut(&key.hotel_id) {
-            let block = Arc::make_mut(block);
             block.remove(key.room_type_id, d);
             if block.types.is_empty() {
                 shard.remove(&key.hotel_id);
@@ -472,11 +503,11 @@ impl Calendars {
         if distinct && !shard.contains_key(&hotel_id) {
             let block = Block::from_calendars(calendars);
             if !block.types.is_empty() {
-                shard.insert(hotel_id, Arc::new(block));
+                shard.insert(hotel_id, block);
             }
             return;
         }
-        let block = Arc::make_mut(shard.entry(hotel_id).or_default());
+        let block = shard.entry(hotel_id).or_default();
         for (room_type_id, calendar) in calendars.iter() {
             for (night, counts) in calendar.iter() {
                 // A calendar holds only storable values, so this always packs.
@@ -534,30 +565,30 @@ impl Calendars {
         self.blocks().map(|(_, b)| b.heap_bytes() as u64).sum()
     }
 
-    /// Releases spare capacity after a bulk load (when nothing shares it yet;
-    /// a shared block is left as it is rather than copied to shrink it).
+    /// Releases the shard maps' spare capacity after a bulk load (blocks
+    /// are laid out at their exact size; a shared shard is left as it is).
     pub fn shrink(&mut self) {
         for shard in &mut self.shards {
             if let Some(shard) = Arc::get_mut(shard) {
-                for block in shard.values_mut() {
-                    if let Some(block) = Arc::get_mut(block) {
-                        block.shrink();
-                    }
-                }
                 shard.shrink_to_fit();
             }
         }
     }
 
-    /// Blocks shared with `other` (the same allocation, not equal contents):
-    /// what a published copy and its successor have in common.
+    /// Blocks whose pages are shared with `other` (the same allocations,
+    /// not equal contents): what a published copy and its successor have in
+    /// common.
     pub fn blocks_shared_with(&self, other: &Calendars) -> usize {
         self.shards
             .iter()
             .zip(&other.shards)
             .map(|(mine, theirs)| {
                 mine.iter()
-                    .filter(|(id, b)| theirs.get(id).is_some_and(|t| Arc::ptr_eq(b, t)))
+                    .filter(|(id, b)| {
+                        theirs
+                            .get(id)
+                            .is_some_and(|t| Arc::ptr_eq(&b.pages, &t.pages))
+                    })
                     .count()
             })
             .sum()
@@ -724,7 +755,7 @@ mod tests {
             }
         }
         let block = c.block(7).unwrap();
-        assert_eq!(block.types, vec![1, 2, 3]);
+        assert_eq!(*block.types, [1, 2, 3]);
         assert_eq!(block.rows(), 10);
         // Night 4's row holds every room type, side by side.
         let row: Vec<i32> = block
@@ -761,7 +792,7 @@ mod tests {
         let shared = mine
             .pages
             .iter()
-            .zip(&theirs.pages)
+            .zip(theirs.pages.iter())
             .filter(|(a, b)| Arc::ptr_eq(a, b))
             .count();
         assert_eq!(mine.pages.len(), theirs.pages.len());
