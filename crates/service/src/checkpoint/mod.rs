@@ -23,6 +23,7 @@
 //! - [`dir`]: lists a directory's checkpoints, newest first, and prunes.
 //! - [`choose`]: the newest checkpoint that verifies, with why each newer
 //!   one was skipped.
+//! - [`settings`]: `[checkpoint]`, the directory (empty: off) and interval.
 //!
 //! Why postcard and crc32c: postcard is maintained, serde-based (the
 //! records are plain derives, no schema compiler, no `unsafe` in our code),
@@ -57,6 +58,7 @@ mod dir;
 mod format;
 mod name;
 mod read;
+mod settings;
 mod write;
 
 #[cfg(test)]
@@ -71,6 +73,7 @@ pub use dir::{list, prune};
 pub use format::{FORMAT_VERSION, Header, Identity};
 pub use name::CheckpointName;
 pub use read::{Loaded, load, verify};
+pub use settings::CheckpointSettings;
 pub use write::{Written, write, write_model};
 
 /// A header field a checkpoint must share with the owner it is used for.
