@@ -301,11 +301,20 @@ impl Serialize for NightsOut<'_> {
     }
 }
 
-/// The applied-xid ring (`model::xids::RingContents`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The applied-xid ring (`model::xids::RingContents`), as read back.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct XidsRecord {
     pub first: u64,
     pub xids: Vec<u32>,
+    pub newest_forgotten: Option<u32>,
+}
+
+/// The ring to write, borrowed (the same bytes as an `XidsRecord`): up to
+/// 256 KiB the writer need not copy.
+#[derive(Debug, Serialize)]
+pub struct XidsOut<'a> {
+    pub first: u64,
+    pub xids: &'a [u32],
     pub newest_forgotten: Option<u32>,
 }
 

@@ -27,8 +27,9 @@
 //!
 //! Why postcard and crc32c: postcard is maintained, serde-based (the
 //! records are plain derives, no schema compiler, no `unsafe` in our code),
-//! and its varints make a night 6 to 9 bytes instead of a fixed 20, about
-//! 600 MB at 73M nights; it encodes one value into a reused buffer, which is
+//! and its varints make a typical night 8 bytes (a unit test holds it
+//! there) instead of a fixed 20: about 600 MB at 73M nights, by that
+//! arithmetic, not yet measured at that size; it encodes one value into a reused buffer, which is
 //! what streaming one record at a time needs. `rkyv` reads in place without
 //! decoding, but the model is rebuilt into its own paged layout anyway, and
 //! its archived form wants the whole value at once. `bincode` is

@@ -198,6 +198,21 @@ fn a_model_restores_from_its_checkpoint() {
     assert_eq!(restored.freshness.applied(), Lsn(500));
 }
 
+/// What a typical night costs on disk (the module doc's size estimate): a
+/// night a day after the last, a small total and taken, no sell limit, a
+/// price of 129.00.
+#[test]
+fn a_typical_night_costs_eight_bytes() {
+    let typical = super::format::NightRecord {
+        gap: 1,
+        total: 12,
+        taken: 3,
+        sell_limit: None,
+        price_cents: Some(12_900),
+    };
+    assert_eq!(postcard::to_stdvec(&typical).unwrap().len(), 8);
+}
+
 #[test]
 fn an_empty_copy_round_trips() {
     let dir = tempfile::tempdir().unwrap();

@@ -22,7 +22,7 @@ use serde::Serialize;
 use super::dir::{TEMP_PREFIX, prune};
 use super::format::{
     CalendarOut, END, EndRecord, FORMAT_VERSION, Header, HotelRecord, Identity, MAGIC,
-    MAX_SPAN_DAYS, RoomTypeRecord, Summing, Tag, XidsRecord, write_frame,
+    MAX_SPAN_DAYS, RoomTypeRecord, Summing, Tag, XidsOut, write_frame,
 };
 use super::name::CheckpointName;
 use super::{CheckpointError, io_error};
@@ -153,9 +153,9 @@ fn write_contents(
         counts.calendars += 1;
         counts.nights += view.len() as u64;
     }
-    let ring = XidsRecord {
+    let ring = XidsOut {
         first: xids.first,
-        xids: xids.xids.clone(),
+        xids: &xids.xids,
         newest_forgotten: xids.newest_forgotten,
     };
     out.record(Tag::Xids, &ring)?;
