@@ -213,6 +213,72 @@ fn a_typical_night_costs_eight_bytes() {
     assert_eq!(postcard::to_stdvec(&typical).unwrap().len(), 8);
 }
 
+/// The writer streams a copy it holds while apply goes on publishing new
+/// ones: transactions are applied during the write, and the file is the
+/// held copy exactly, at its LSN.
+#[test]
+fn apply_goes_on_while_a_copy_is_written() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    let dir = tempfile::tempdir().unwrap();
+    let model = ReadModel::new();
+    model.replace(copy(20, 5, 200, 1_000));
+    let writing = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
+    let during = Arc::new(AtomicU64::new(0));
+    let applier = {
+        let (model, writing, stop, during) = (
+            Arc::clone(&model),
+            Arc::clone(&writing),
+            Arc::clone(&stop),
+            Arc::clone(&during),
+        );
+        std::thread::spawn(move || {
+            let mut lsn = 2_000u64;
+            while !stop.load(Ordering::Acquire) {
+                let txn = crate::model::Transaction {
+                    xid: lsn as u32,
+                    commit_lsn: Lsn(lsn),
+                    end_lsn: Lsn(lsn + 1),
+                    commit_time: DateTime::<Utc>::from_timestamp(1_900_000_000, 0).unwrap(),
+                    changes: vec![Change::UpsertNight {
+                        key: CalendarKey {
+                            hotel_id: (lsn % 20) as i64 + 1,
+                            room_type_id: 10,
+                        },
+                        night: night((lsn % 200) as i64),
+                        counts: counts(lsn as i64),
+                    }],
+                };
+                let was_writing = writing.load(Ordering::Acquire);
+                model.apply(&txn).unwrap();
+                if was_writing && writing.load(Ordering::Acquire) {
+                    during.fetch_add(1, Ordering::AcqRel);
+                }
+                lsn += 10;
+            }
+        })
+    };
+    let held = model.read();
+    let before = nights_of(&held);
+    writing.store(true, Ordering::Release);
+    // Slow the write down enough that the applier surely runs during it.
+    let mut written = None;
+    while during.load(Ordering::Acquire) < 50 {
+        written = Some(write(dir.path(), &identity(1), &held, &ring()).unwrap());
+    }
+    writing.store(false, Ordering::Release);
+    stop.store(true, Ordering::Release);
+    applier.join().unwrap();
+    let written = written.expect("written at least once");
+    assert!(model.read().applied > held.applied, "apply went on");
+    assert_eq!(nights_of(&held), before, "the held copy never changed");
+    let loaded = load(&written.path, &identity(1)).unwrap();
+    assert_same(&loaded.tables, &held);
+    assert_eq!(loaded.header.lsn(), held.applied);
+}
+
 #[test]
 fn an_empty_copy_round_trips() {
     let dir = tempfile::tempdir().unwrap();
