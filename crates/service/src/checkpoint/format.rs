@@ -8,7 +8,8 @@
 //!
 //! Frames come in this order: one header, the hotels, the room types, the
 //! calendars (a hotel's room types one after another), the applied-xid
-//! ring, then an end frame with the counts of each. The crc32c covers every
+//! ring, the TTL safety net's time left per calendar (in frames of at most
+//! `TTL_PER_FRAME`), then an end frame with the counts of each. The crc32c covers every
 //! byte before it, the file length included. The version sits at a fixed
 //! offset, outside any frame, so a later build can say "another version"
 //! without understanding the rest.
@@ -18,6 +19,7 @@
 //! accident of a derive.
 
 use std::io::{self, Read, Write};
+use std::time::Duration;
 
 use chrono::{DateTime, Datelike, NaiveDate, Utc};
 use serde::ser::{SerializeSeq, SerializeStruct};
@@ -67,7 +69,8 @@ pub enum Tag {
     RoomType = 2,
     Calendar = 3,
     Xids = 4,
-    End = 5,
+    Ttl = 5,
+    End = 6,
 }
 
 impl Tag {
@@ -78,6 +81,7 @@ impl Tag {
             Tag::RoomType,
             Tag::Calendar,
             Tag::Xids,
+            Tag::Ttl,
             Tag::End,
         ]
         .into_iter()
@@ -111,6 +115,10 @@ pub struct Header {
     /// The copy's last commit time, as (seconds, nanoseconds) since the
     /// epoch, exactly.
     pub commit_time: Option<(i64, u32)>,
+    /// When the file was written (wall clock, seconds and nanoseconds):
+    /// the TTLs' time left was measured then, so a start can age them by
+    /// the downtime.
+    pub written_at: (i64, u32),
 }
 
 impl Header {
@@ -123,8 +131,12 @@ impl Header {
         DateTime::from_timestamp(secs, nanos)
     }
 
-    pub fn encode_commit_time(at: Option<DateTime<Utc>>) -> Option<(i64, u32)> {
-        at.map(|t| (t.timestamp(), t.timestamp_subsec_nanos()))
+    pub fn written_at(&self) -> Option<DateTime<Utc>> {
+        DateTime::from_timestamp(self.written_at.0, self.written_at.1)
+    }
+
+    pub fn encode_time(at: DateTime<Utc>) -> (i64, u32) {
+        (at.timestamp(), at.timestamp_subsec_nanos())
     }
 }
 
@@ -318,6 +330,43 @@ pub struct XidsOut<'a> {
     pub newest_forgotten: Option<u32>,
 }
 
+/// Time-left entries per TTL frame: 4,096 of at most 30 bytes each.
+pub const TTL_PER_FRAME: usize = 4096;
+
+/// Part of the TTL safety net's state, as read back: (hotel, room type,
+/// milliseconds left before its re-read).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct TtlRecord {
+    pub entries: Vec<(i64, i64, u64)>,
+}
+
+/// Part of the TTL safety net's state to write, borrowed (the same bytes
+/// as a `TtlRecord`).
+pub struct TtlOut<'a> {
+    pub entries: &'a [(CalendarKey, Duration)],
+}
+
+impl Serialize for TtlOut<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut record = serializer.serialize_struct("TtlRecord", 1)?;
+        record.serialize_field("entries", &EntriesOut(self.entries))?;
+        record.end()
+    }
+}
+
+struct EntriesOut<'a>(&'a [(CalendarKey, Duration)]);
+
+impl Serialize for EntriesOut<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut seq = serializer.serialize_seq(Some(self.0.len()))?;
+        for (key, left) in self.0 {
+            let ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
+            seq.serialize_element(&(key.hotel_id, key.room_type_id, ms))?;
+        }
+        seq.end()
+    }
+}
+
 /// The last frame: what came before it, counted, so a file cut at a frame
 /// boundary by a bug (not by a torn write, which the trailer catches) is
 /// still refused.
@@ -327,6 +376,7 @@ pub struct EndRecord {
     pub room_types: u64,
     pub calendars: u64,
     pub nights: u64,
+    pub ttl_entries: u64,
 }
 
 /// Days since 1970-01-01.

@@ -5,8 +5,11 @@
 //! COPY of the owner's largest table (36 s at 73M rows, on the database
 //! that takes the bookings, once per node of a rolling deploy). A
 //! checkpoint is what the copy held at `Tables::applied`, plus what the
-//! apply step needs to carry on (the applied-xid ring), tied to the owner,
-//! slot, publication and columns it was made from (issue 21).
+//! apply step and the safety net need to carry on (the applied-xid ring,
+//! each calendar's TTL time left, with the wall clock it was measured at),
+//! tied to the owner, slot, publication and columns it was made from
+//! (issue 21). The stale-read loop's windows and counted attempt ids are
+//! not in it yet.
 //!
 //! In the order of a checkpoint's life:
 //! - [`name`]: `checkpoint-<timeline>-<lsn>.vcp`, names that sort like the
@@ -18,8 +21,8 @@
 //!   renames it into place and fsyncs the directory; then deletes the older
 //!   ones.
 //! - [`read`]: checks the length, the checksum, the version and the header
-//!   against the owner before trusting a byte; then rebuilds the `Tables`
-//!   and the xid ring, all or nothing.
+//!   against the owner before trusting a byte; then rebuilds the `Tables`,
+//!   the xid ring and the TTLs' time left, all or nothing.
 //! - [`dir`]: lists a directory's checkpoints, newest first, and prunes.
 //! - [`choose`]: the newest checkpoint that verifies, with why each newer
 //!   one was skipped.
@@ -41,7 +44,9 @@
 //! Memory: the writer holds one `BufWriter` of `write::BUFFER` (1 MiB) and
 //! one record's encoding (the largest is the xid ring, at most 320 KiB at
 //! its 65,536 entries, or one calendar: about 9 bytes a night, 6.4 KiB for
-//! two years), so its peak is about 1.5 MiB whatever the copy's size. What
+//! two years), and at most 4,096 TTL entries (96 KiB) filtered before a
+//! frame, so its peak is about 1.5 MiB whatever the copy's size (the TTL
+//! list it is given is the caller's: 24 bytes a calendar). What
 //! it costs besides is indirect: the copy it holds keeps every page that
 //! apply replaces during the write alive until it ends. The reader holds
 //! the `Tables` it builds (the size of the copy itself), one hotel's

@@ -17,13 +17,14 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
 use super::format::{
     CalendarRecord, END, EndRecord, FORMAT_VERSION, FrameError, Header, HotelRecord, Identity,
-    MAGIC, MAX_SPAN_DAYS, PREAMBLE_LEN, RoomTypeRecord, Summing, TRAILER_LEN, Tag, XidsRecord,
-    date, read_frame,
+    MAGIC, MAX_SPAN_DAYS, PREAMBLE_LEN, RoomTypeRecord, Summing, TRAILER_LEN, Tag, TtlRecord,
+    XidsRecord, date, read_frame,
 };
 use super::name::CheckpointName;
 use super::{CheckpointError, HeaderField, io_error};
@@ -42,6 +43,9 @@ pub struct Loaded {
     pub tables: Tables,
     /// The applied-xid ring, for `AppliedXids::restore`.
     pub xids: RingContents,
+    /// The TTL safety net's time left per calendar when the file was
+    /// written (`header.written_at()`).
+    pub ttl: Vec<(CalendarKey, Duration)>,
     /// Nights read.
     pub nights: u64,
 }
@@ -328,10 +332,13 @@ fn decode(
         room_types: 0,
         calendars: 0,
         nights: 0,
+        ttl_entries: 0,
     };
+    let mut xids: Option<XidsRecord> = None;
+    let mut ttl: Vec<(CalendarKey, Duration)> = Vec::new();
     // Records come in tag order; a step back is malformed.
     let mut last = Tag::Header;
-    let xids = loop {
+    let end = loop {
         let tag = frame(input, &mut payload, path)?;
         if tag < last {
             return Err(malformed(
@@ -341,9 +348,10 @@ fn decode(
         }
         last = tag;
         match tag {
-            Tag::Header | Tag::End => {
-                return Err(malformed(path, format!("a {tag:?} record before the xids")));
+            Tag::Header => {
+                return Err(malformed(path, "a second header".to_string()));
             }
+            Tag::End => break decode_payload::<EndRecord>(&payload, path, tag)?,
             Tag::Hotel => {
                 let hotel: HotelRecord = decode_payload(&payload, path, tag)?;
                 let id = hotel.id;
@@ -401,11 +409,38 @@ fn decode(
                 counted.nights += calendar.len() as u64;
                 hotel_calendars.calendars.push((room_type_id, calendar));
             }
-            Tag::Xids => break decode_payload::<XidsRecord>(&payload, path, tag)?,
+            Tag::Xids => {
+                if xids.is_some() {
+                    return Err(malformed(path, "a second xid ring".to_string()));
+                }
+                xids = Some(decode_payload(&payload, path, tag)?);
+            }
+            Tag::Ttl => {
+                let record: TtlRecord = decode_payload(&payload, path, tag)?;
+                // One entry per room type or calendar at most: a bound on
+                // what the frames may add up to, known before they come.
+                let bound = counted.room_types + counted.calendars;
+                counted.ttl_entries += record.entries.len() as u64;
+                if counted.ttl_entries > bound {
+                    return Err(malformed(
+                        path,
+                        format!("more TTL entries than the {bound} room types and calendars"),
+                    ));
+                }
+                ttl.extend(record.entries.iter().map(|&(hotel_id, room_type_id, ms)| {
+                    let key = CalendarKey {
+                        hotel_id,
+                        room_type_id,
+                    };
+                    (key, Duration::from_millis(ms))
+                }));
+            }
         }
     };
     hotel_calendars.lay_out(&mut calendars);
-    let end: EndRecord = next(input, &mut payload, path, Tag::End)?;
+    let Some(xids) = xids else {
+        return Err(malformed(path, "no xid ring".to_string()));
+    };
     if end != counted {
         return Err(malformed(
             path,
@@ -427,6 +462,7 @@ fn decode(
             xids: xids.xids,
             newest_forgotten: xids.newest_forgotten,
         },
+        ttl,
         nights: counted.nights,
     })
 }

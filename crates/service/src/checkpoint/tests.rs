@@ -3,6 +3,7 @@
 //! owner is refused with an error that says which.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use chrono::{DateTime, NaiveDate, Utc};
 use proptest::prelude::*;
@@ -98,6 +99,22 @@ fn copy(hotels: i64, types: i64, nights: i64, lsn: u64) -> Tables {
     tables
 }
 
+/// Time left for every room type and calendar of `tables`, and one for a
+/// calendar the copy does not hold (not written).
+fn ttl_of(tables: &Tables) -> Vec<(CalendarKey, Duration)> {
+    let mut keys: Vec<CalendarKey> = tables
+        .room_types
+        .keys()
+        .chain(tables.calendars.keys())
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    keys.into_iter()
+        .enumerate()
+        .map(|(i, key)| (key, Duration::from_millis(i as u64 * 7_919)))
+        .collect()
+}
+
 fn ring() -> RingContents {
     RingContents {
         first: 12,
@@ -160,7 +177,14 @@ fn files_in(dir: &Path) -> Vec<String> {
 fn a_copy_comes_back_equal() {
     let dir = tempfile::tempdir().unwrap();
     let tables = copy(5, 4, 60, 0x1_0000_2000);
-    let written = write(dir.path(), &identity(1), &tables, &ring()).unwrap();
+    let ttl = ttl_of(&tables);
+    let mut with_gone = ttl.clone();
+    let gone = CalendarKey {
+        hotel_id: 99,
+        room_type_id: 1,
+    };
+    with_gone.push((gone, Duration::from_secs(5)));
+    let written = write(dir.path(), &identity(1), &tables, &ring(), &with_gone).unwrap();
     assert_eq!(
         written.path.file_name().unwrap(),
         "checkpoint-00000001-00000001-00002000.vcp"
@@ -173,7 +197,13 @@ fn a_copy_comes_back_equal() {
     let loaded = load(&written.path, &identity(1)).unwrap();
     assert_same(&loaded.tables, &tables);
     assert_eq!(loaded.xids, ring());
+    assert_eq!(
+        loaded.ttl, ttl,
+        "every held calendar's time left; not the gone one's"
+    );
     assert_eq!(loaded.nights, tables.inventory_rows());
+    let age = Utc::now() - loaded.header.written_at().unwrap();
+    assert!(age >= chrono::Duration::zero() && age < chrono::Duration::minutes(1));
     assert_eq!(loaded.header.lsn(), Lsn(0x1_0000_2000));
     assert_eq!(verify(&written.path, &identity(1)).unwrap(), loaded.header);
 }
@@ -188,14 +218,17 @@ fn a_model_restores_from_its_checkpoint() {
     for xid in [40, 41, 42] {
         model.xids.record(xid);
     }
-    let written = write_model(dir.path(), &identity(1), &model).unwrap();
+    let ttl = ttl_of(&model.read());
+    let written = write_model(dir.path(), &identity(1), &model, &ttl).unwrap();
     let loaded = load(&written.path, &identity(1)).unwrap();
     let restored = ReadModel::new();
+    let loaded_ttl = loaded.ttl;
     restored.replace(loaded.tables);
     restored.xids.restore(loaded.xids);
     assert_same(&restored.read(), &model.read());
     assert_eq!(restored.xids.contents(), model.xids.contents());
     assert_eq!(restored.freshness.applied(), Lsn(500));
+    assert_eq!(loaded_ttl, ttl);
 }
 
 /// What a typical night costs on disk (the module doc's size estimate): a
@@ -266,7 +299,7 @@ fn apply_goes_on_while_a_copy_is_written() {
     // Slow the write down enough that the applier surely runs during it.
     let mut written = None;
     while during.load(Ordering::Acquire) < 50 {
-        written = Some(write(dir.path(), &identity(1), &held, &ring()).unwrap());
+        written = Some(write(dir.path(), &identity(1), &held, &ring(), &[]).unwrap());
     }
     writing.store(false, Ordering::Release);
     stop.store(true, Ordering::Release);
@@ -283,7 +316,14 @@ fn apply_goes_on_while_a_copy_is_written() {
 fn an_empty_copy_round_trips() {
     let dir = tempfile::tempdir().unwrap();
     let empty = Tables::default();
-    let written = write(dir.path(), &identity(1), &empty, &RingContents::default()).unwrap();
+    let written = write(
+        dir.path(),
+        &identity(1),
+        &empty,
+        &RingContents::default(),
+        &[],
+    )
+    .unwrap();
     let loaded = load(&written.path, &identity(1)).unwrap();
     assert_same(&loaded.tables, &empty);
     assert_eq!(loaded.xids, RingContents::default());
@@ -292,7 +332,7 @@ fn an_empty_copy_round_trips() {
 #[test]
 fn a_truncated_file_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let written = write(dir.path(), &identity(1), &copy(3, 3, 40, 100), &ring()).unwrap();
+    let written = write(dir.path(), &identity(1), &copy(3, 3, 40, 100), &ring(), &[]).unwrap();
     let whole = std::fs::read(&written.path).unwrap();
     for keep in [
         0,
@@ -318,7 +358,7 @@ fn a_truncated_file_is_refused() {
 #[test]
 fn a_flipped_byte_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let written = write(dir.path(), &identity(1), &copy(3, 3, 40, 100), &ring()).unwrap();
+    let written = write(dir.path(), &identity(1), &copy(3, 3, 40, 100), &ring(), &[]).unwrap();
     let whole = std::fs::read(&written.path).unwrap();
     for at in 0..whole.len() as u64 {
         flip(&written.path, at);
@@ -342,7 +382,7 @@ fn a_flipped_byte_is_refused() {
 #[test]
 fn a_sound_file_of_another_kind_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let written = write(dir.path(), &identity(1), &copy(2, 2, 10, 100), &ring()).unwrap();
+    let written = write(dir.path(), &identity(1), &copy(2, 2, 10, 100), &ring(), &[]).unwrap();
     let whole = std::fs::read(&written.path).unwrap();
     reseal(&written.path, |b| b[8] = 2);
     assert!(matches!(
@@ -387,7 +427,7 @@ fn a_sound_file_of_another_kind_is_refused() {
 #[test]
 fn a_checkpoint_for_another_owner_is_refused_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();
-    let written = write(dir.path(), &identity(3), &copy(1, 1, 5, 100), &ring()).unwrap();
+    let written = write(dir.path(), &identity(3), &copy(1, 1, 5, 100), &ring(), &[]).unwrap();
     type Alter = fn(&mut Identity);
     let cases: [(HeaderField, Alter); 5] = [
         (HeaderField::SystemIdentifier, |i| i.system_identifier += 1),
@@ -418,9 +458,9 @@ fn a_checkpoint_for_another_owner_is_refused_naming_the_field() {
 #[test]
 fn the_newest_valid_checkpoint_is_chosen_over_a_newer_corrupt_one() {
     let dir = tempfile::tempdir().unwrap();
-    let older = write(dir.path(), &identity(1), &copy(2, 2, 10, 100), &ring()).unwrap();
+    let older = write(dir.path(), &identity(1), &copy(2, 2, 10, 100), &ring(), &[]).unwrap();
     let kept = std::fs::read(&older.path).unwrap();
-    let newer = write(dir.path(), &identity(1), &copy(2, 2, 10, 200), &ring()).unwrap();
+    let newer = write(dir.path(), &identity(1), &copy(2, 2, 10, 200), &ring(), &[]).unwrap();
     assert!(
         !older.path.exists(),
         "pruned once the newer one was durable"
@@ -447,9 +487,16 @@ fn the_newest_valid_checkpoint_is_chosen_over_a_newer_corrupt_one() {
 #[test]
 fn timeline_orders_before_lsn() {
     let dir = tempfile::tempdir().unwrap();
-    let old_timeline = write(dir.path(), &identity(1), &copy(1, 1, 5, 5_000), &ring()).unwrap();
+    let old_timeline = write(
+        dir.path(),
+        &identity(1),
+        &copy(1, 1, 5, 5_000),
+        &ring(),
+        &[],
+    )
+    .unwrap();
     let kept = std::fs::read(&old_timeline.path).unwrap();
-    let new_timeline = write(dir.path(), &identity(2), &copy(1, 1, 5, 300), &ring()).unwrap();
+    let new_timeline = write(dir.path(), &identity(2), &copy(1, 1, 5, 300), &ring(), &[]).unwrap();
     assert!(!old_timeline.path.exists(), "a lower timeline is older");
     std::fs::write(&old_timeline.path, kept).unwrap();
     let listed: Vec<CheckpointName> = list(dir.path()).unwrap().into_iter().map(|l| l.0).collect();
@@ -469,7 +516,7 @@ fn timeline_orders_before_lsn() {
 #[test]
 fn older_checkpoints_go_only_after_a_newer_one_is_in_place() {
     let dir = tempfile::tempdir().unwrap();
-    let first = write(dir.path(), &identity(1), &copy(1, 1, 5, 100), &ring()).unwrap();
+    let first = write(dir.path(), &identity(1), &copy(1, 1, 5, 100), &ring(), &[]).unwrap();
     let mut too_wide = copy(1, 1, 5, 200);
     let key = CalendarKey {
         hotel_id: 1,
@@ -479,7 +526,7 @@ fn older_checkpoints_go_only_after_a_newer_one_is_in_place() {
         .calendars
         .set(key, night(40_000), counts(1))
         .unwrap();
-    let refused = write(dir.path(), &identity(1), &too_wide, &ring());
+    let refused = write(dir.path(), &identity(1), &too_wide, &ring(), &[]);
     assert!(matches!(refused, Err(CheckpointError::Unwritable(_))));
     assert_eq!(files_in(dir.path()), vec![first.name.to_string()]);
     let crashed = dir.path().join(".checkpoint-tmp-crashed");
@@ -487,7 +534,7 @@ fn older_checkpoints_go_only_after_a_newer_one_is_in_place() {
     let unrelated = dir.path().join("notes.txt");
     std::fs::write(&unrelated, b"kept").unwrap();
     assert_eq!(list(dir.path()).unwrap().len(), 1);
-    let second = write(dir.path(), &identity(1), &copy(1, 1, 5, 300), &ring()).unwrap();
+    let second = write(dir.path(), &identity(1), &copy(1, 1, 5, 300), &ring(), &[]).unwrap();
     assert_eq!(
         files_in(dir.path()),
         vec![second.name.to_string(), "notes.txt".to_string()]
@@ -498,7 +545,7 @@ fn older_checkpoints_go_only_after_a_newer_one_is_in_place() {
     expected.sort();
     assert_eq!(pruned, expected);
     // A checkpoint at the same position is replaced, not pruned.
-    let again = write(dir.path(), &identity(1), &copy(1, 1, 5, 300), &ring()).unwrap();
+    let again = write(dir.path(), &identity(1), &copy(1, 1, 5, 300), &ring(), &[]).unwrap();
     assert!(again.pruned.is_empty());
     assert!(again.path.exists());
 }
@@ -529,6 +576,8 @@ proptest! {
         first in any::<u64>(),
         forgotten in proptest::option::of(any::<u32>()),
         commit in proptest::option::of((0i64..4_000_000_000, 0u32..1_000_000_000)),
+        ttl_len in 0usize..6000,
+        ttl_ms in any::<u64>(),
     ) {
         let mut tables = copy(hotels, 2, 3, lsn);
         for op in ops {
@@ -547,10 +596,23 @@ proptest! {
         }
         tables.commit_time = commit.and_then(|(s, n)| DateTime::<Utc>::from_timestamp(s, n));
         let contents = RingContents { first, xids, newest_forgotten: forgotten };
+        // Every held calendar, and calendars the copy does not hold (left
+        // out): more than one TTL frame's worth, now and then.
+        let mut ttl: Vec<(CalendarKey, Duration)> = ttl_of(&tables)
+            .into_iter()
+            .map(|(k, _)| (k, Duration::from_millis(ttl_ms)))
+            .chain((0..ttl_len as i64).map(|i| (CalendarKey { hotel_id: 1_000 + i, room_type_id: 1 }, Duration::ZERO)))
+            .collect();
+        ttl.sort_unstable_by_key(|(k, _)| *k);
         let dir = tempfile::tempdir().unwrap();
-        let written = write(dir.path(), &identity(9), &tables, &contents).unwrap();
+        let written = write(dir.path(), &identity(9), &tables, &contents, &ttl).unwrap();
         let loaded = load(&written.path, &identity(9)).unwrap();
         assert_same(&loaded.tables, &tables);
         prop_assert_eq!(loaded.xids, contents);
+        let held: Vec<(CalendarKey, Duration)> = ttl
+            .into_iter()
+            .filter(|(k, _)| tables.room_types.contains_key(k) || tables.calendars.get(k).is_some())
+            .collect();
+        prop_assert_eq!(loaded.ttl, held);
     }
 }

@@ -17,17 +17,20 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
+use std::time::Duration;
+
+use chrono::Utc;
 use serde::Serialize;
 
 use super::dir::{TEMP_PREFIX, prune};
 use super::format::{
     CalendarOut, END, EndRecord, FORMAT_VERSION, Header, HotelRecord, Identity, MAGIC,
-    MAX_SPAN_DAYS, RoomTypeRecord, Summing, Tag, XidsOut, write_frame,
+    MAX_SPAN_DAYS, RoomTypeRecord, Summing, TTL_PER_FRAME, Tag, TtlOut, XidsOut, write_frame,
 };
 use super::name::CheckpointName;
 use super::{CheckpointError, io_error};
 use crate::model::xids::RingContents;
-use crate::model::{ReadModel, Tables};
+use crate::model::{CalendarKey, ReadModel, Tables};
 
 /// The write buffer: large enough that the disk sees big sequential
 /// writes, small beside the copy.
@@ -48,23 +51,30 @@ pub struct Written {
 /// ring. In that order: an xid is recorded before its transaction shows,
 /// so the ring taken after the copy holds every transaction in it (and
 /// perhaps a few later ones, which a restart simply records again).
+/// `ttl` is the safety net's time left per calendar
+/// (`stream::refresh::Refresh::remaining`), passed in so this module does
+/// not depend on the stream that will call it.
 pub fn write_model(
     dir: &Path,
     identity: &Identity,
     model: &ReadModel,
+    ttl: &[(CalendarKey, Duration)],
 ) -> Result<Written, CheckpointError> {
     let tables = model.read();
     let xids = model.xids.contents();
-    write(dir, identity, &tables, &xids)
+    write(dir, identity, &tables, &xids, ttl)
 }
 
-/// Writes `tables` and `xids` as `dir/checkpoint-<timeline>-<lsn>.vcp`,
-/// atomically, then deletes the checkpoints ordered before it.
+/// Writes `tables`, `xids` and the TTLs' time left (`ttl`, one entry per
+/// calendar, in key order, as `Refresh::remaining` gives it) as
+/// `dir/checkpoint-<timeline>-<lsn>.vcp`, atomically, then deletes the
+/// checkpoints ordered before it.
 pub fn write(
     dir: &Path,
     identity: &Identity,
     tables: &Tables,
     xids: &RingContents,
+    ttl: &[(CalendarKey, Duration)],
 ) -> Result<Written, CheckpointError> {
     let name = CheckpointName {
         timeline: identity.timeline,
@@ -81,10 +91,12 @@ pub fn write(
     let header = Header {
         identity: identity.clone(),
         lsn: tables.applied.0,
-        commit_time: Header::encode_commit_time(tables.commit_time),
+        commit_time: tables.commit_time.map(Header::encode_time),
+        written_at: Header::encode_time(Utc::now()),
     };
     let file = temp.as_file().try_clone().map_err(io_error(&temp_path))?;
-    let (bytes, nights) = write_contents(file, &header, tables, xids, &temp_path)?;
+    let contents = Contents { tables, xids, ttl };
+    let (bytes, nights) = write_contents(file, &header, &contents, &temp_path)?;
     temp.as_file().sync_all().map_err(io_error(&temp_path))?;
     temp.persist(&path).map_err(|e| CheckpointError::Io {
         path: path.clone(),
@@ -104,15 +116,29 @@ pub fn write(
     })
 }
 
+/// What one checkpoint holds besides its header.
+#[derive(Clone, Copy)]
+struct Contents<'a> {
+    tables: &'a Tables,
+    xids: &'a RingContents,
+    ttl: &'a [(CalendarKey, Duration)],
+}
+
 /// Everything from the magic to the trailer; the file's length and the
 /// nights written.
 fn write_contents(
     file: File,
     header: &Header,
-    tables: &Tables,
-    xids: &RingContents,
+    contents: &Contents<'_>,
     path: &Path,
 ) -> Result<(u64, u64), CheckpointError> {
+    let Contents { tables, xids, ttl } = *contents;
+    // A key twice could make more entries than the reader's bound allows,
+    // and the file would not load: not wrong, but useless.
+    debug_assert!(
+        ttl.windows(2).all(|w| w[0].0 < w[1].0),
+        "TTL entries come one per calendar, in key order"
+    );
     let mut out = Records {
         out: BufWriter::with_capacity(BUFFER, Summing::new(file)),
         scratch: Vec::with_capacity(64 << 10),
@@ -132,6 +158,7 @@ fn write_contents(
         room_types: tables.room_types.len() as u64,
         calendars: 0,
         nights: 0,
+        ttl_entries: 0,
     };
     // Block by block: a hotel's calendars follow one another, so the
     // reader lays each hotel out once.
@@ -159,6 +186,24 @@ fn write_contents(
         newest_forgotten: xids.newest_forgotten,
     };
     out.record(Tag::Xids, &ring)?;
+    // Only the calendars the copy holds (a room type, or nights): the
+    // safety net may still watch one whose room type was deleted, and the
+    // reader bounds the entries by what the copy holds. A frame at a time.
+    let mut entries = Vec::with_capacity(TTL_PER_FRAME);
+    for &(key, left) in ttl {
+        if tables.room_types.contains_key(&key) || tables.calendars.get(&key).is_some() {
+            entries.push((key, left));
+        }
+        if entries.len() == TTL_PER_FRAME {
+            out.record(Tag::Ttl, &TtlOut { entries: &entries })?;
+            counts.ttl_entries += entries.len() as u64;
+            entries.clear();
+        }
+    }
+    if !entries.is_empty() {
+        out.record(Tag::Ttl, &TtlOut { entries: &entries })?;
+        counts.ttl_entries += entries.len() as u64;
+    }
     out.record(Tag::End, &counts)?;
     let summing = out
         .out
