@@ -81,8 +81,8 @@ pub fn verify(path: &Path, expected: &Identity) -> Result<Header, CheckpointErro
     read_header(&mut input, &mut payload, path, expected)
 }
 
-/// Verifies the checkpoint at `path` (see `verify`), then rebuilds the copy
-/// and the xid ring it holds.
+/// Verifies the checkpoint at `path` (see `verify`), then rebuilds the
+/// copy, the xid ring and the TTLs' time left it holds.
 pub fn load(path: &Path, expected: &Identity) -> Result<Loaded, CheckpointError> {
     verify(path, expected)?;
     let mut file = File::open(path).map_err(io_error(path))?;
@@ -99,9 +99,10 @@ pub fn load(path: &Path, expected: &Identity) -> Result<Loaded, CheckpointError>
     }
     let mut summing = input.into_inner();
     if summing.len != body {
-        return Err(malformed(
+        // The file changed since `verify`: shorter than its trailer said.
+        return Err(truncated(
             path,
-            format!("{} bytes after the end record", body - summing.len),
+            format!("{} bytes of records read of {body}", summing.len),
         ));
     }
     let mut length = [0u8; 8];
