@@ -86,6 +86,14 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
     )?);
     let booking_tokens = Arc::new(http::access::booking_tokens(&settings.stale)?);
     let admin_tokens = Arc::new(http::access::admin_tokens(&settings.admin)?);
+    if let Some(dir) = settings.checkpoint.dir() {
+        // Said at every start, so nobody mistakes the setting for a working
+        // restart path before serve writes and loads checkpoints (issue 21).
+        tracing::warn!(
+            dir = %dir.display(),
+            "checkpoint.dir is set, but serve does not write or load checkpoints yet: this start takes a full snapshot"
+        );
+    }
     let refresh = Refresh::new(Duration::from_secs(settings.model.ttl_secs));
     let hotel_index = HotelIndex::new()?;
     // Built before any task starts, so a bad setting leaves nothing running.

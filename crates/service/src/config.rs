@@ -16,6 +16,7 @@ use figment::Figment;
 use figment::providers::{Env, Format, Toml};
 use serde::Deserialize;
 
+use crate::checkpoint::CheckpointSettings;
 use crate::http::{AdminSettings, HttpSettings};
 use crate::logging::LogSettings;
 use crate::model::ModelSettings;
@@ -38,6 +39,7 @@ pub struct Settings {
     pub log: LogSettings,
     pub stale: StaleSettings,
     pub admin: AdminSettings,
+    pub checkpoint: CheckpointSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -108,6 +110,16 @@ impl Settings {
         self.admin.validate()?;
         self.stale.validate()?;
         self.log.validate()?;
+        self.checkpoint.validate()?;
+        // A temporary slot is gone after every disconnect, and with it the
+        // WAL after a checkpoint: a checkpoint could never be resumed from.
+        if self.stream.temporary_slot && self.checkpoint.enabled() {
+            return Err(InvalidSetting::new(
+                "checkpoint.dir",
+                "must be empty while stream.temporary_slot = true: a temporary slot does not survive a restart, so no checkpoint could be resumed from",
+            )
+            .into());
+        }
         Ok(())
     }
 
@@ -248,6 +260,30 @@ mod tests {
         .expect("env");
         let shown = format!("{s:?}");
         assert!(!shown.contains("password-xyz"), "{shown}");
+    }
+
+    #[test]
+    fn checkpoints_are_off_by_default_and_on_with_a_directory() {
+        let s = load_with_env(&[]).expect("defaults");
+        assert!(!s.checkpoint.enabled());
+        assert_eq!(s.checkpoint.interval_secs, 300);
+        let s = load_with_env(&[("VACANCY_CHECKPOINT__DIR", "/var/lib/vacancy")]).expect("env");
+        assert_eq!(
+            s.checkpoint.dir(),
+            Some(Path::new("/var/lib/vacancy")),
+            "VACANCY_CHECKPOINT__DIR turns them on"
+        );
+        let e = load_with_env(&[("VACANCY_CHECKPOINT__INTERVAL_SECS", "0")]).unwrap_err();
+        assert!(e.contains("checkpoint.interval_secs"), "{e}");
+        let e = load_with_env(&[
+            ("VACANCY_CHECKPOINT__DIR", "/var/lib/vacancy"),
+            ("VACANCY_STREAM__TEMPORARY_SLOT", "true"),
+        ])
+        .unwrap_err();
+        assert!(
+            e.contains("checkpoint.dir") && e.contains("stream.temporary_slot"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -395,7 +431,15 @@ mod tests {
     fn the_key_list_covers_every_section() {
         let keys = known_keys();
         for section in [
-            "owner.", "stream.", "model.", "search.", "http.", "log.", "stale.", "admin.",
+            "owner.",
+            "stream.",
+            "model.",
+            "search.",
+            "http.",
+            "log.",
+            "stale.",
+            "admin.",
+            "checkpoint.",
         ] {
             assert!(keys.iter().any(|k| k.starts_with(section)), "{section}");
         }

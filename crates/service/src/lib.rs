@@ -11,6 +11,9 @@
 //!   TTL safety net, the heartbeat and the slot watch.
 //! - [`model`]: the in-memory read model of hotels, room types and nightly
 //!   counts, applied one whole transaction at a time, with its freshness.
+//! - [`checkpoint`]: the whole copy at one LSN in one file (hotels, room
+//!   types, calendars, the applied-xid ring), written atomically and read
+//!   back only whole, so a restart need not copy the owner again.
 //! - [`index`]: hotels and room types in tantivy, re-indexed in batches.
 //! - [`search`]: which hotels fit the party on every night; few units
 //!   confirmed against the owner's WAL position (or read from the owner); a
@@ -32,6 +35,7 @@
 //! counters back by the names the dashboards use.
 
 mod app;
+mod checkpoint;
 mod config;
 mod http;
 mod index;
@@ -46,6 +50,12 @@ mod stale;
 mod stream;
 
 pub use app::{App, AppError, StopTimeout, start};
+pub use checkpoint::{
+    CheckpointError, CheckpointName, Choice, Header as CheckpointHeader, HeaderField, Identity,
+    Loaded, Skipped, Written, choose as choose_checkpoint, list as list_checkpoints,
+    load as load_checkpoint, prune as prune_checkpoints, verify as verify_checkpoint,
+    write as write_checkpoint, write_model as checkpoint_model,
+};
 pub use config::{ConfigError, Settings};
 pub use index::{HotelIndex, IndexError};
 pub use logging::{LogFormat, LogSettings, init_logging};

@@ -29,6 +29,19 @@ pub fn precedes(a: u32, b: u32) -> bool {
     (a.wrapping_sub(b) as i32) < 0
 }
 
+/// The ring's contents, carried across a restart by a checkpoint
+/// (`crate::checkpoint`): without them, an owner snapshot that still hides
+/// a checkpointed commit would be trusted after the restart.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RingContents {
+    /// Sequence number of `xids[0]`: how many were forgotten.
+    pub first: u64,
+    /// Applied xids, in the order they were recorded, oldest first.
+    pub xids: Vec<u32>,
+    /// The latest (by xid order) of the forgotten ones.
+    pub newest_forgotten: Option<u32>,
+}
+
 /// Everything applied up to some moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct XidMark(u64);
@@ -83,6 +96,44 @@ impl AppliedXids {
             ring.newest_forgotten = None;
         }
         ring.xids.push_back(xid);
+    }
+
+    /// A copy of the ring. It holds the lock while it copies (at most
+    /// `CAPACITY` xids, 256 KiB: tens of microseconds of `record` waiting).
+    pub fn contents(&self) -> RingContents {
+        let ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        RingContents {
+            first: ring.first,
+            xids: ring.xids.iter().copied().collect(),
+            newest_forgotten: ring.newest_forgotten,
+        }
+    }
+
+    /// Replaces the ring with `contents` (a checkpoint's, at start). When
+    /// they hold more xids than this ring keeps, the oldest are forgotten
+    /// as `record` would forget them: folded into `newest_forgotten`, so
+    /// they still count as possibly hidden.
+    pub fn restore(&self, contents: RingContents) {
+        let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        let RingContents {
+            first,
+            xids,
+            newest_forgotten,
+        } = contents;
+        let excess = xids.len().saturating_sub(self.capacity);
+        let forgotten = xids[..excess]
+            .iter()
+            .copied()
+            .fold(newest_forgotten, |newest, old| match newest {
+                Some(n) if precedes(old, n) => Some(n),
+                _ => Some(old),
+            });
+        *ring = Ring {
+            first: first.saturating_add(excess as u64),
+            xids: xids[excess..].iter().copied().collect(),
+            newest_forgotten: forgotten,
+        };
+        debug_assert!(ring.xids.len() <= self.capacity);
     }
 
     /// Everything recorded so far.
@@ -180,6 +231,40 @@ mod tests {
         wrapping.record(u32::MAX - 5);
         wrapping.record((u32::MAX - 5).wrapping_add((1 << 30) + 10));
         assert!(!wrapping.any_hidden(wrapping.mark(), 0, |x| x == u32::MAX - 5));
+    }
+
+    /// What a checkpoint carries comes back as it was; a ring restored
+    /// into a smaller one forgets the oldest, and still counts them.
+    #[test]
+    fn contents_restore_as_they_were() {
+        let xids = AppliedXids::with_capacity(3);
+        for x in [90, 50, 60, 70] {
+            xids.record(x);
+        }
+        let contents = xids.contents();
+        assert_eq!(
+            contents,
+            RingContents {
+                first: 1,
+                xids: vec![50, 60, 70],
+                newest_forgotten: Some(90),
+            }
+        );
+        let restored = AppliedXids::with_capacity(3);
+        restored.restore(contents.clone());
+        assert_eq!(restored.contents(), contents);
+        assert_eq!(restored.mark(), xids.mark());
+        let smaller = AppliedXids::with_capacity(1);
+        smaller.restore(contents);
+        assert_eq!(
+            smaller.contents(),
+            RingContents {
+                first: 3,
+                xids: vec![70],
+                newest_forgotten: Some(90),
+            }
+        );
+        assert!(smaller.any_hidden(smaller.mark(), 80, |_| false));
     }
 
     #[test]

@@ -52,28 +52,46 @@ pub const WATERMARK_PREFIX: &str = "vacancy.wm";
 /// How long a window may wait for its high watermark before it is abandoned.
 const WINDOW_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Per-entry time to live: the value is the entry's own TTL.
+/// One calendar's confirmation: its time to live, from when it was given.
+/// `at` is kept so the remaining TTL can be read back (moka does not say),
+/// which a checkpoint carries across a restart.
+#[derive(Debug, Clone, Copy)]
+struct Confirmation {
+    ttl: Duration,
+    at: Instant,
+}
+
+impl Confirmation {
+    fn now(ttl: Duration) -> Confirmation {
+        Confirmation {
+            ttl,
+            at: Instant::now(),
+        }
+    }
+}
+
+/// Per-entry time to live: the value carries the entry's own TTL.
 struct OwnTtl;
 
-impl moka::Expiry<CalendarKey, Duration> for OwnTtl {
+impl moka::Expiry<CalendarKey, Confirmation> for OwnTtl {
     fn expire_after_create(
         &self,
         _: &CalendarKey,
-        ttl: &Duration,
+        confirmation: &Confirmation,
         _: std::time::Instant,
     ) -> Option<Duration> {
-        Some(*ttl)
+        Some(confirmation.ttl)
     }
 
     fn expire_after_update(
         &self,
         _: &CalendarKey,
-        ttl: &Duration,
+        confirmation: &Confirmation,
         _: std::time::Instant,
         _: Option<Duration>,
     ) -> Option<Duration> {
         // A confirmation starts the TTL over.
-        Some(*ttl)
+        Some(confirmation.ttl)
     }
 }
 
@@ -101,7 +119,7 @@ struct RereadWindow {
 /// The safety net's shared state: confirmations, the due queue, open windows.
 pub struct Refresh {
     ttl: Duration,
-    confirmations: Cache<CalendarKey, Duration>,
+    confirmations: Cache<CalendarKey, Confirmation>,
     /// Calendars whose TTL ran out. Bounded by the number of calendars: a key
     /// leaves the cache when it enters here and returns only once re-read.
     due: Arc<Mutex<VecDeque<CalendarKey>>>,
@@ -147,7 +165,39 @@ impl Refresh {
     }
 
     fn confirm(&self, key: CalendarKey) {
-        self.confirmations.insert(key, self.ttl);
+        self.confirmations.insert(key, Confirmation::now(self.ttl));
+    }
+
+    /// Every watched calendar with the time left before its re-read: zero
+    /// for those already due or being re-read (they are re-read anew after
+    /// a restart, since a window does not survive one). In key order; one
+    /// entry per calendar, 24 bytes each.
+    pub fn remaining(&self) -> Vec<(CalendarKey, Duration)> {
+        let now = Instant::now();
+        let mut left: HashMap<CalendarKey, Duration> = self
+            .confirmations
+            .iter()
+            .map(|(key, c)| {
+                (
+                    *key,
+                    c.ttl.saturating_sub(now.saturating_duration_since(c.at)),
+                )
+            })
+            .collect();
+        let due = self.due.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let reading: Vec<CalendarKey> = self
+            .windows
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .flat_map(|w| w.keys.iter().copied())
+            .collect();
+        for key in due.into_iter().chain(reading) {
+            left.insert(key, Duration::ZERO);
+        }
+        let mut sorted: Vec<(CalendarKey, Duration)> = left.into_iter().collect();
+        sorted.sort_unstable_by_key(|(key, _)| *key);
+        sorted
     }
 
     /// Calendars waiting for a re-read.
@@ -175,7 +225,7 @@ impl Refresh {
         let mut rng = rand::rng();
         for key in tables.room_types.keys().chain(tables.calendars.keys()) {
             let ttl = self.ttl.mul_f64(rng.random_range(0.5..1.0));
-            self.confirmations.insert(key, ttl);
+            self.confirmations.insert(key, Confirmation::now(ttl));
         }
     }
 
@@ -529,6 +579,25 @@ mod tests {
         let high = [watermark("high", id, 40)];
         apply(&refresh, &model, txn(40, vec![]), &high);
         (model, refresh)
+    }
+
+    /// What a checkpoint carries: each watched calendar's time left, and
+    /// zero for one already due.
+    #[test]
+    fn remaining_ttls_count_down_and_due_calendars_have_none() {
+        let refresh = Refresh::new(Duration::from_secs(3600));
+        let other = CalendarKey {
+            hotel_id: 2,
+            room_type_id: 1,
+        };
+        refresh.confirm(key());
+        refresh.confirm(other);
+        refresh.request([other]);
+        let left = refresh.remaining();
+        assert_eq!(left.len(), 2);
+        assert_eq!(left[0].0, key());
+        assert!(left[0].1 > Duration::from_secs(3590) && left[0].1 <= Duration::from_secs(3600));
+        assert_eq!(left[1], (other, Duration::ZERO));
     }
 
     /// A transaction whose commit record lands just before the low

@@ -1,0 +1,514 @@
+//! Reading a checkpoint: verify the whole file, then rebuild the copy.
+//!
+//! Two passes, so each failure is named for what it is: `verify` reads the
+//! trailer (a file without its end mark, or shorter than it says, is
+//! truncated), the checksum over every byte (corrupt), then the version
+//! and the header (another version, another owner, slot, publication or
+//! columns). `load` then decodes the records while summing again, and
+//! compares that sum too: what it decoded is exactly what was checked,
+//! even if the file changed between the passes. Nothing is returned until
+//! the last byte is checked, so a checkpoint is never half loaded. Every
+//! length read from the file is bounded before anything is allocated.
+//!
+//! Blocking: call it from `spawn_blocking` or a thread of its own.
+
+use std::collections::HashSet;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+
+use super::format::{
+    CalendarRecord, END, EndRecord, FORMAT_VERSION, FrameError, Header, HotelRecord, Identity,
+    MAGIC, MAX_SPAN_DAYS, PREAMBLE_LEN, RoomTypeRecord, Summing, TRAILER_LEN, Tag, TtlRecord,
+    XidsRecord, date, read_frame,
+};
+use super::name::CheckpointName;
+use super::{CheckpointError, HeaderField, io_error};
+use crate::model::calendar::Calendar;
+use crate::model::xids::RingContents;
+use crate::model::{CalendarKey, Calendars, Hotel, RoomType, RoomTypes, Tables};
+
+/// The read buffer.
+const BUFFER: usize = 1 << 20;
+
+/// A checkpoint read whole.
+#[derive(Debug)]
+pub struct Loaded {
+    pub header: Header,
+    /// The copy as it was at `header.lsn()`.
+    pub tables: Tables,
+    /// The applied-xid ring, for `AppliedXids::restore`.
+    pub xids: RingContents,
+    /// The TTL safety net's time left per calendar when the file was
+    /// written (`header.written_at()`).
+    pub ttl: Vec<(CalendarKey, Duration)>,
+    /// Nights read.
+    pub nights: u64,
+}
+
+/// What the trailer says, once checked against the file.
+#[derive(Debug, Clone, Copy)]
+struct Trailer {
+    len: u64,
+    crc: u32,
+}
+
+/// Checks a checkpoint without building the copy: its length, its
+/// checksum, its version and its header against `expected`. Returns the
+/// header.
+pub fn verify(path: &Path, expected: &Identity) -> Result<Header, CheckpointError> {
+    let mut file = File::open(path).map_err(io_error(path))?;
+    let trailer = read_trailer(&mut file, path)?;
+    file.seek(SeekFrom::Start(0)).map_err(io_error(path))?;
+    let mut summing = Summing::new(file.take(trailer.len - 8));
+    let mut buffer = vec![0u8; BUFFER];
+    loop {
+        let n = summing.read(&mut buffer).map_err(io_error(path))?;
+        if n == 0 {
+            break;
+        }
+    }
+    check_sum(path, trailer, &summing)?;
+    file = summing.inner.into_inner();
+    file.seek(SeekFrom::Start(0)).map_err(io_error(path))?;
+    let mut input = BufReader::new(file.take(trailer.len - TRAILER_LEN));
+    let mut payload = Vec::new();
+    read_preamble(&mut input, path)?;
+    read_header(&mut input, &mut payload, path, expected)
+}
+
+/// Verifies the checkpoint at `path` (see `verify`), then rebuilds the
+/// copy, the xid ring and the TTLs' time left it holds.
+pub fn load(path: &Path, expected: &Identity) -> Result<Loaded, CheckpointError> {
+    verify(path, expected)?;
+    let mut file = File::open(path).map_err(io_error(path))?;
+    let trailer = read_trailer(&mut file, path)?;
+    file.seek(SeekFrom::Start(0)).map_err(io_error(path))?;
+    // The records end where the trailer's length field begins; the sum
+    // runs on through that field.
+    let body = trailer.len - TRAILER_LEN;
+    let mut input = BufReader::with_capacity(BUFFER, Summing::new(file.take(body)));
+    let loaded = decode(&mut input, path, expected)?;
+    let rest = input.fill_buf().map_err(io_error(path))?.len();
+    if rest > 0 {
+        return Err(malformed(path, "bytes after the end record".to_string()));
+    }
+    let mut summing = input.into_inner();
+    if summing.len != body {
+        // The file changed since `verify`: shorter than its trailer said.
+        return Err(truncated(
+            path,
+            format!("{} bytes of records read of {body}", summing.len),
+        ));
+    }
+    let mut length = [0u8; 8];
+    summing.inner = summing.inner.into_inner().take(8);
+    summing.read_exact(&mut length).map_err(io_error(path))?;
+    check_sum(path, trailer, &summing)?;
+    Ok(loaded)
+}
+
+fn malformed(path: &Path, reason: String) -> CheckpointError {
+    CheckpointError::Malformed {
+        path: path.to_path_buf(),
+        reason,
+    }
+}
+
+fn truncated(path: &Path, reason: String) -> CheckpointError {
+    CheckpointError::Truncated {
+        path: path.to_path_buf(),
+        reason,
+    }
+}
+
+/// Reads the last `TRAILER_LEN` bytes and checks them against the file.
+fn read_trailer(file: &mut File, path: &Path) -> Result<Trailer, CheckpointError> {
+    let actual = file.metadata().map_err(io_error(path))?.len();
+    if actual < PREAMBLE_LEN + TRAILER_LEN {
+        return Err(truncated(path, format!("{actual} bytes")));
+    }
+    file.seek(SeekFrom::Start(actual - TRAILER_LEN))
+        .map_err(io_error(path))?;
+    let mut bytes = [0u8; TRAILER_LEN as usize];
+    file.read_exact(&mut bytes).map_err(io_error(path))?;
+    let (length, rest) = bytes.split_at(8);
+    let (crc, end) = rest.split_at(4);
+    if end != END {
+        return Err(truncated(path, "no end mark".to_string()));
+    }
+    let len = u64::from_le_bytes(length.try_into().unwrap_or_default());
+    if len != actual {
+        return Err(truncated(
+            path,
+            format!("{actual} bytes where the trailer says {len}"),
+        ));
+    }
+    Ok(Trailer {
+        len,
+        crc: u32::from_le_bytes(crc.try_into().unwrap_or_default()),
+    })
+}
+
+fn check_sum<R>(
+    path: &Path,
+    trailer: Trailer,
+    summing: &Summing<R>,
+) -> Result<(), CheckpointError> {
+    if summing.len != trailer.len - 8 {
+        return Err(truncated(
+            path,
+            format!("{} bytes read of {}", summing.len, trailer.len - 8),
+        ));
+    }
+    if summing.crc != trailer.crc {
+        return Err(CheckpointError::Checksum {
+            path: path.to_path_buf(),
+            stored: trailer.crc,
+            computed: summing.crc,
+        });
+    }
+    Ok(())
+}
+
+fn read_preamble(input: &mut impl Read, path: &Path) -> Result<(), CheckpointError> {
+    let mut magic = [0u8; MAGIC.len()];
+    input.read_exact(&mut magic).map_err(io_error(path))?;
+    if magic != MAGIC {
+        return Err(CheckpointError::NotACheckpoint {
+            path: path.to_path_buf(),
+        });
+    }
+    let mut version = [0u8; 4];
+    input.read_exact(&mut version).map_err(io_error(path))?;
+    let found = u32::from_le_bytes(version);
+    if found != FORMAT_VERSION {
+        return Err(CheckpointError::Version {
+            path: path.to_path_buf(),
+            found,
+        });
+    }
+    Ok(())
+}
+
+fn read_header(
+    input: &mut impl Read,
+    payload: &mut Vec<u8>,
+    path: &Path,
+    expected: &Identity,
+) -> Result<Header, CheckpointError> {
+    let header: Header = next(input, payload, path, Tag::Header)?;
+    let found = &header.identity;
+    let differs = |field: HeaderField, found: String, expected: String| {
+        Err(CheckpointError::Mismatch {
+            path: path.to_path_buf(),
+            field,
+            found,
+            expected,
+        })
+    };
+    if found.system_identifier != expected.system_identifier {
+        return differs(
+            HeaderField::SystemIdentifier,
+            found.system_identifier.to_string(),
+            expected.system_identifier.to_string(),
+        );
+    }
+    if found.timeline != expected.timeline {
+        return differs(
+            HeaderField::Timeline,
+            found.timeline.to_string(),
+            expected.timeline.to_string(),
+        );
+    }
+    if found.slot != expected.slot {
+        return differs(HeaderField::Slot, found.slot.clone(), expected.slot.clone());
+    }
+    if found.publication != expected.publication {
+        return differs(
+            HeaderField::Publication,
+            found.publication.clone(),
+            expected.publication.clone(),
+        );
+    }
+    if found.columns_fingerprint != expected.columns_fingerprint {
+        return differs(
+            HeaderField::ColumnsFingerprint,
+            hex(&found.columns_fingerprint),
+            hex(&expected.columns_fingerprint),
+        );
+    }
+    // The name orders the directory: it must say what the file holds.
+    let held = CheckpointName {
+        timeline: found.timeline,
+        lsn: header.lsn(),
+    };
+    let named = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .and_then(CheckpointName::parse);
+    if named != Some(held) {
+        return Err(CheckpointError::Misnamed {
+            path: path.to_path_buf(),
+            found: held,
+        });
+    }
+    Ok(header)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The next frame, which must carry `want`, decoded.
+fn next<T: DeserializeOwned>(
+    input: &mut impl Read,
+    payload: &mut Vec<u8>,
+    path: &Path,
+    want: Tag,
+) -> Result<T, CheckpointError> {
+    let tag = frame(input, payload, path)?;
+    if tag != want {
+        return Err(malformed(
+            path,
+            format!("a {tag:?} record where a {want:?} belongs"),
+        ));
+    }
+    decode_payload(payload, path, tag)
+}
+
+fn frame(
+    input: &mut impl Read,
+    payload: &mut Vec<u8>,
+    path: &Path,
+) -> Result<Tag, CheckpointError> {
+    read_frame(input, payload).map_err(|e| match e {
+        FrameError::Io(source) if source.kind() == std::io::ErrorKind::UnexpectedEof => {
+            malformed(path, "the records end before the end record".to_string())
+        }
+        FrameError::Io(source) => CheckpointError::Io {
+            path: path.to_path_buf(),
+            source,
+        },
+        FrameError::UnknownTag(byte) => malformed(path, format!("unknown record tag {byte}")),
+        FrameError::TooLong(len) => malformed(path, format!("a record of {len} bytes")),
+    })
+}
+
+fn decode_payload<T: DeserializeOwned>(
+    payload: &[u8],
+    path: &Path,
+    tag: Tag,
+) -> Result<T, CheckpointError> {
+    match postcard::take_from_bytes::<T>(payload) {
+        Ok((value, [])) => Ok(value),
+        Ok((_, rest)) => Err(malformed(
+            path,
+            format!("{} bytes after a {tag:?} record", rest.len()),
+        )),
+        Err(e) => Err(malformed(path, format!("a {tag:?} record: {e}"))),
+    }
+}
+
+/// The records after the preamble, into a copy.
+fn decode(
+    input: &mut impl Read,
+    path: &Path,
+    expected: &Identity,
+) -> Result<Loaded, CheckpointError> {
+    let mut payload = Vec::new();
+    read_preamble(input, path)?;
+    let header = read_header(input, &mut payload, path, expected)?;
+    let mut hotels = crate::model::Hotels::default();
+    let mut room_types = RoomTypes::default();
+    let mut calendars = Calendars::default();
+    let mut hotel_calendars = HotelCalendars::default();
+    let mut laid_out: HashSet<i64, rustc_hash::FxBuildHasher> = HashSet::default();
+    let mut counted = EndRecord {
+        hotels: 0,
+        room_types: 0,
+        calendars: 0,
+        nights: 0,
+        ttl_entries: 0,
+    };
+    let mut xids: Option<XidsRecord> = None;
+    let mut ttl: Vec<(CalendarKey, Duration)> = Vec::new();
+    // Records come in tag order; a step back is malformed.
+    let mut last = Tag::Header;
+    let end = loop {
+        let tag = frame(input, &mut payload, path)?;
+        if tag < last {
+            return Err(malformed(
+                path,
+                format!("a {tag:?} record after a {last:?}"),
+            ));
+        }
+        last = tag;
+        match tag {
+            Tag::Header => {
+                return Err(malformed(path, "a second header".to_string()));
+            }
+            Tag::End => break decode_payload::<EndRecord>(&payload, path, tag)?,
+            Tag::Hotel => {
+                let hotel: HotelRecord = decode_payload(&payload, path, tag)?;
+                let id = hotel.id;
+                if hotels.insert(id, Hotel::from(hotel)).is_some() {
+                    return Err(malformed(path, format!("hotel {id} twice")));
+                }
+                counted.hotels += 1;
+            }
+            Tag::RoomType => {
+                let room_type: RoomTypeRecord = decode_payload(&payload, path, tag)?;
+                let key = CalendarKey {
+                    hotel_id: room_type.hotel_id,
+                    room_type_id: room_type.id,
+                };
+                if room_types.insert(key, RoomType::from(room_type)).is_some() {
+                    return Err(malformed(
+                        path,
+                        format!("room type {}/{} twice", key.hotel_id, key.room_type_id),
+                    ));
+                }
+                counted.room_types += 1;
+            }
+            Tag::Calendar => {
+                let record: CalendarRecord = decode_payload(&payload, path, tag)?;
+                let (hotel_id, room_type_id) = (record.hotel_id, record.room_type_id);
+                if hotel_calendars.hotel_id != Some(hotel_id) {
+                    hotel_calendars.lay_out(&mut calendars);
+                    // A hotel's calendars come together: seen again later,
+                    // the file was not written by `write`.
+                    if !laid_out.insert(hotel_id) {
+                        return Err(malformed(
+                            path,
+                            format!("hotel {hotel_id}'s calendars are not together"),
+                        ));
+                    }
+                    hotel_calendars.hotel_id = Some(hotel_id);
+                }
+                if hotel_calendars
+                    .calendars
+                    .iter()
+                    .any(|(id, _)| *id == room_type_id)
+                {
+                    return Err(malformed(
+                        path,
+                        format!("calendar {hotel_id}/{room_type_id} twice"),
+                    ));
+                }
+                let calendar = calendar_of(&record).map_err(|reason| {
+                    malformed(
+                        path,
+                        format!("calendar {hotel_id}/{room_type_id}: {reason}"),
+                    )
+                })?;
+                counted.calendars += 1;
+                counted.nights += calendar.len() as u64;
+                hotel_calendars.calendars.push((room_type_id, calendar));
+            }
+            Tag::Xids => {
+                if xids.is_some() {
+                    return Err(malformed(path, "a second xid ring".to_string()));
+                }
+                xids = Some(decode_payload(&payload, path, tag)?);
+            }
+            Tag::Ttl => {
+                let record: TtlRecord = decode_payload(&payload, path, tag)?;
+                // One entry per room type or calendar at most: a bound on
+                // what the frames may add up to, known before they come.
+                let bound = counted.room_types + counted.calendars;
+                counted.ttl_entries += record.entries.len() as u64;
+                if counted.ttl_entries > bound {
+                    return Err(malformed(
+                        path,
+                        format!("more TTL entries than the {bound} room types and calendars"),
+                    ));
+                }
+                ttl.extend(record.entries.iter().map(|&(hotel_id, room_type_id, ms)| {
+                    let key = CalendarKey {
+                        hotel_id,
+                        room_type_id,
+                    };
+                    (key, Duration::from_millis(ms))
+                }));
+            }
+        }
+    };
+    hotel_calendars.lay_out(&mut calendars);
+    let Some(xids) = xids else {
+        return Err(malformed(path, "no xid ring".to_string()));
+    };
+    if end != counted {
+        return Err(malformed(
+            path,
+            format!("the end record counts {end:?}, the file holds {counted:?}"),
+        ));
+    }
+    let tables = Tables {
+        hotels: Arc::new(hotels),
+        room_types: Arc::new(room_types),
+        calendars,
+        applied: header.lsn(),
+        commit_time: header.commit_time(),
+    };
+    Ok(Loaded {
+        header,
+        tables,
+        xids: RingContents {
+            first: xids.first,
+            xids: xids.xids,
+            newest_forgotten: xids.newest_forgotten,
+        },
+        ttl,
+        nights: counted.nights,
+    })
+}
+
+/// One hotel's calendars, gathered before its block is laid out at once.
+#[derive(Default)]
+struct HotelCalendars {
+    hotel_id: Option<i64>,
+    calendars: Vec<(i64, Calendar)>,
+}
+
+impl HotelCalendars {
+    fn lay_out(&mut self, calendars: &mut Calendars) {
+        if let Some(hotel_id) = self.hotel_id.take() {
+            calendars.insert_hotel(hotel_id, &mut self.calendars);
+            self.calendars.clear();
+        }
+    }
+}
+
+/// A calendar's nights, checked: in date order, within `MAX_SPAN_DAYS`,
+/// on dates chrono can represent, with storable values.
+fn calendar_of(record: &CalendarRecord) -> Result<Calendar, String> {
+    if record.nights.is_empty() {
+        return Err("no nights".to_string());
+    }
+    let mut calendar = Calendar::default();
+    let mut previous = record
+        .start
+        .checked_sub(1)
+        .ok_or_else(|| format!("starts at day {}", record.start))?;
+    for night in &record.nights {
+        let d = i32::try_from(night.gap)
+            .ok()
+            .filter(|gap| *gap >= 1)
+            .and_then(|gap| previous.checked_add(gap))
+            .ok_or_else(|| format!("a gap of {} days after day {previous}", night.gap))?;
+        if i64::from(d) - i64::from(record.start) >= i64::from(MAX_SPAN_DAYS) {
+            return Err(format!("spans more than {MAX_SPAN_DAYS} days"));
+        }
+        let on = date(d).ok_or_else(|| format!("day {d} is not a date"))?;
+        calendar
+            .set(on, night.counts())
+            .map_err(|e| format!("{on}: {e}"))?;
+        previous = d;
+    }
+    Ok(calendar)
+}
