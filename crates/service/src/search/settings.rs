@@ -17,6 +17,9 @@ pub struct SearchSettings {
     pub max_stay_nights: u32,
     pub min_lsn_wait_ms: u64,
     pub when_lagging: WhenLagging,
+    /// Lab only: bracket every answer with the owner's flushed WAL position
+    /// (`SearchAnswer::owner_position`), at two owner round trips per search.
+    pub stamp_owner_position: bool,
 }
 
 /// What a search does when the copy lags past `search.max_lag_ms`.
