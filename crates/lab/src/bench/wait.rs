@@ -55,7 +55,11 @@ impl WaitBuckets {
             return WaitBuckets::default();
         };
         WaitBuckets {
-            bounds: histogram.get_bucket().iter().map(|b| b.upper_bound()).collect(),
+            bounds: histogram
+                .get_bucket()
+                .iter()
+                .map(|b| b.upper_bound())
+                .collect(),
             cumulative: histogram
                 .get_bucket()
                 .iter()
