@@ -5,7 +5,7 @@
 //!
 //! Used by the tests (racing guests on a hot hotel must produce conflicts,
 //! each counted once with the right source), by benchmarks (the
-//! 409-after-shown rate with search served from the copy) and by the demo.
+//! copy's 409s, judged take by take in `bench stale`) and by the demo.
 //!
 //! The summary is the simulator's own account of what happened, kept apart
 //! from what `vacancy` counted, so the two can be compared.

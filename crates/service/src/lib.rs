@@ -15,7 +15,7 @@
 //! - [`search`]: which hotels fit the party on every night; owner reads for few
 //!   units; a signed quote on every room type shown.
 //! - [`stale`]: the stale-read loop: quote tokens, take outcomes and the
-//!   409-after-shown-available share, bypass advice, the divergence audit.
+//!   stale-read share, bypass advice, the divergence audit.
 //! - [`http`]: the HTTP surface: guest search, the events stream and page,
 //!   the booking service's endpoints, the operators', access and errors.
 //! - [`metrics`]: every Prometheus metric, defined in one place.

@@ -1,4 +1,4 @@
-//! `vacancy bench stale`: the 409-after-shown share the copy adds (issue 5),
+//! `vacancy bench stale`: the 409s after shown the copy adds (issue 5),
 //! measured paired (issue 20, part 5).
 //!
 //! Guests racing for few units produce 409s whatever search reads: a unit
@@ -446,7 +446,7 @@ fn goal_line(r: &Run) -> String {
         None => "no number of takes would do at the share seen".to_string(),
     };
     format!(
-        "\n{}: the copy adds {:.3} pp of 409-after-shown, upper 95% bound {:.3} pp (goal <= {:.1} pp: {}); {}, {} used\n",
+        "\n{}: the copy's 409s are {:.3}% of takes after a showing, upper 95% bound {:.3}% (goal: at most {:.1}%, {}); {}, {} used\n",
         r.label,
         100.0 * p,
         100.0 * interval.high,
