@@ -76,11 +76,21 @@ pub struct StaleBenchArgs {
     pub nights: u32,
     #[arg(long, default_value_t = 32)]
     pub guests: usize,
-    /// Takes per variant (spread over the guests). With no copy 409 seen,
-    /// 3,838 bring the upper bound to 0.1 pp; the rest is room for a few.
-    #[arg(long, default_value_t = 15_000)]
+    /// Takes at default settings, the variant the goal is about. With no
+    /// copy 409 seen, 3,838 bring the upper bound to 0.1 pp; at 0.05% seen
+    /// (a first run), about 20,000 do.
+    #[arg(long, default_value_t = 24_000)]
     pub takes: u64,
-    /// A variant stops after this long even short of `--takes`.
+    /// Takes for each other variant: they are there to compare, not to meet
+    /// the goal.
+    #[arg(long, default_value_t = 6_000)]
+    pub compare_takes: u64,
+    /// Takes per round: paid bookings keep their units, so the hot hotels
+    /// sell out after some 5,000 takes at the default sizes; every round
+    /// starts again from the same state (all units on sale, no bookings).
+    #[arg(long, default_value_t = 4_000)]
+    pub round_takes: u64,
+    /// A variant stops after this long even short of its takes.
     #[arg(long, default_value_t = 600)]
     pub max_seconds: u64,
     #[arg(long, default_value_t = 1)]
@@ -188,9 +198,14 @@ pub async fn run(args: StaleBenchArgs) -> Result<(), StaleBenchError> {
     load(&client, &args, first_night).await?;
 
     let mut runs = Vec::new();
-    for variant in VARIANTS {
+    for (i, variant) in VARIANTS.iter().enumerate() {
+        let takes = if i == 0 {
+            args.takes
+        } else {
+            args.compare_takes
+        };
         reset(&client).await?;
-        let result = judged_run(&args, &owner_db.url, &client, first_night, variant).await;
+        let result = judged_run(&args, &owner_db.url, &client, first_night, variant, takes).await;
         // Both slots go whatever happened: a slot left behind holds WAL.
         let dropped = slot::drop_slot(&client, SLOT).await;
         let log_dropped = slot::drop_slot(&client, LOG_SLOT).await;
@@ -256,6 +271,7 @@ async fn judged_run(
     client: &Client,
     first_night: NaiveDate,
     variant: &Variant,
+    takes: u64,
 ) -> Result<Run, StaleBenchError> {
     client
         .execute(
@@ -266,7 +282,7 @@ async fn judged_run(
     // Read after the slot is made, with nothing writing yet; a commit that
     // slipped in between would be in both, and replaying it changes nothing.
     let initial = owner_state(client).await?;
-    let (summary, seconds) = one_run(args, url, client, first_night, variant).await?;
+    let (summary, seconds) = one_run(args, url, client, first_night, variant, takes).await?;
     let history = OwnerHistory::new(initial, read_log(client).await?)?;
     let mut tally = Tally::default();
     let (mut copy_checked, mut copy_matched) = (0, 0);
@@ -350,14 +366,16 @@ async fn read_log(client: &Client) -> Result<Vec<judge::Commit>, StaleBenchError
     Ok(decoding::commits(lines)?)
 }
 
-/// The guests against the service set up as `variant` says; their account
-/// and the seconds they took.
+/// The guests against the service set up as `variant` says, in rounds of
+/// `--round-takes` until `takes`; their account and the seconds they took
+/// (resets between rounds not counted).
 async fn one_run(
     args: &StaleBenchArgs,
     url: &str,
     client: &Client,
     first_night: NaiveDate,
     variant: &Variant,
+    takes: u64,
 ) -> Result<(SimSummary, f64), StaleBenchError> {
     let mut settings = Settings::defaults();
     settings.owner.url = url.to_string();
@@ -372,17 +390,34 @@ async fn one_run(
     let result = async {
         wait_ready(&app, target, LOAD_LIMIT).await?;
         let hotel_ids: Vec<i64> = (1..=i64::from(args.hotels)).collect();
-        let mut options = SimOptions::hot(app.addr, url, TOKEN, hotel_ids, first_night);
-        options.guests = args.guests;
-        options.takes_per_guest = Some(args.takes.div_ceil(args.guests.max(1) as u64));
-        options.duration = Some(Duration::from_secs(args.max_seconds));
-        options.nights_span = args.nights;
-        options.pause_ms = (0, 0);
-        options.seed = args.seed;
-        options.record_takes = true;
-        let started = Instant::now();
-        let summary = simulator::run(options, CancellationToken::new()).await?;
-        Ok::<_, StaleBenchError>((summary, started.elapsed().as_secs_f64()))
+        let guests = args.guests.max(1) as u64;
+        let limit = Duration::from_secs(args.max_seconds);
+        let mut summary = SimSummary::default();
+        let mut seconds = 0.0;
+        let mut round = 0u64;
+        while (summary.take_records.len() as u64) < takes && seconds < limit.as_secs_f64() {
+            if round > 0 {
+                // Between rounds nobody searches, and the reset is one more
+                // owner commit in the log like any other.
+                reset(client).await?;
+            }
+            let left = takes - summary.take_records.len() as u64;
+            let mut options = SimOptions::hot(app.addr, url, TOKEN, hotel_ids.clone(), first_night);
+            options.guests = args.guests;
+            options.takes_per_guest = Some(left.min(args.round_takes.max(1)).div_ceil(guests));
+            options.duration = Some(limit.saturating_sub(Duration::from_secs_f64(seconds)));
+            options.nights_span = args.nights;
+            options.pause_ms = (0, 0);
+            // A seed per round: attempt ids carry it, so no two rounds
+            // report the same attempt to the service.
+            options.seed = args.seed.wrapping_add(round.wrapping_mul(1_000_003));
+            options.record_takes = true;
+            let started = Instant::now();
+            summary.merge(&simulator::run(options, CancellationToken::new()).await?);
+            seconds += started.elapsed().as_secs_f64();
+            round += 1;
+        }
+        Ok::<_, StaleBenchError>((summary, seconds))
     }
     .await;
     app.stop(Duration::from_secs(10)).await;
@@ -401,8 +436,8 @@ fn render(args: &StaleBenchArgs, runs: &[Run]) -> String {
         args.hotels, args.room_types, args.units, args.nights
     );
     out += &format!(
-        "- guests: {} racing, no pause between attempts, 0-20 ms between seeing a room and taking it, {} takes per variant (at most {} s), seed {}\n",
-        args.guests, args.takes, args.max_seconds, args.seed
+        "- guests: {} racing, no pause between attempts, 0-20 ms between seeing a room and taking it; {} takes at default settings, {} for the others, in rounds of {} from the same state (at most {} s per variant), seed {}\n",
+        args.guests, args.takes, args.compare_takes, args.round_takes, args.max_seconds, args.seed
     );
     out += "- each take is judged against the owner's commits at the moment its answer was built (the answer's owner_position bracket); the copy's share is its 409s per take after a showing, with a Wilson 95% interval\n\n";
     out += "| search | takes after a showing | takes/s | 409s after a showing (share) | the copy's 409s | race 409s | changed while built | unjudged | the copy's share [95%] | counting changed as the copy's [95%] | 409s after a copy showing (service's stale reads) |\n|---|---:|---:|---:|---:|---:|---:|---:|---|---|---:|\n";
