@@ -81,12 +81,13 @@ pub fn commits<'a>(
 /// One `inventory` change: `INSERT: cols`, `UPDATE: [old-key: cols
 /// new-tuple:] cols` or `DELETE: cols`.
 fn inventory_change(change: &str) -> Result<(NightKey, Option<NightRow>), &'static str> {
-    let (kind, cols) = change.split_once(": ").ok_or("no change kind")?;
-    let cols = match cols.split_once("new-tuple: ") {
+    let (kind, tuples) = change.split_once(": ").ok_or("no change kind")?;
+    // With an old key, the row after the change is the new tuple.
+    let row = match tuples.split_once("new-tuple: ") {
         Some((_, new)) => new,
-        None => cols,
+        None => tuples,
     };
-    let values = columns(cols)?;
+    let values = columns(row)?;
     let get = |name: &str| values.iter().find(|(n, _)| n == name).map(|(_, v)| v);
     let int = |name: &'static str| -> Result<Option<i64>, &'static str> {
         match get(name).ok_or(name)? {

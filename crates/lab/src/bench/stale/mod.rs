@@ -273,6 +273,8 @@ async fn judged_run(
     variant: &Variant,
     takes: u64,
 ) -> Result<Run, StaleBenchError> {
+    // One left by a bench that died on a given owner would refuse the name.
+    slot::drop_slot(client, LOG_SLOT).await?;
     client
         .execute(
             "SELECT pg_create_logical_replication_slot($1, 'test_decoding')",
