@@ -88,6 +88,7 @@ pub struct StaleBenchArgs {
     /// Takes per round: paid bookings keep their units, so the hot hotels
     /// sell out after some 5,000 takes at the default sizes; every round
     /// starts again from the same state (all units on sale, no bookings).
+    /// A round also ends when no check-in night has a unit left.
     #[arg(long, default_value_t = 4_000)]
     pub round_takes: u64,
     /// A variant stops after this long even short of its takes.
@@ -415,7 +416,18 @@ async fn one_run(
             options.seed = args.seed.wrapping_add(round.wrapping_mul(1_000_003));
             options.record_takes = true;
             let started = Instant::now();
-            summary.merge(&simulator::run(options, CancellationToken::new()).await?);
+            let round_over = CancellationToken::new();
+            let watcher = tokio::spawn(end_when_sold_out(
+                url.to_string(),
+                first_night,
+                args.nights,
+                round_over.clone(),
+            ));
+            let guests_done = simulator::run(options, round_over.clone()).await;
+            round_over.cancel();
+            // The watcher only ever cancels; a failed one changes nothing.
+            let _ = watcher.await;
+            summary.merge(&guests_done?);
             seconds += started.elapsed().as_secs_f64();
             round += 1;
         }
@@ -424,6 +436,45 @@ async fn one_run(
     .await;
     app.stop(Duration::from_secs(10)).await;
     result
+}
+
+/// Ends a round once no check-in night has a unit left for 1.5 s in a row:
+/// past that the guests only search and find nothing, until the time limit.
+/// Holds come and go within milliseconds, hence more than one look.
+async fn end_when_sold_out(
+    url: String,
+    first_night: NaiveDate,
+    nights: u32,
+    round_over: CancellationToken,
+) {
+    const LOOKS: u32 = 3;
+    let Ok(client) = vacancy_service::connect(&url, CONNECT_TIMEOUT).await else {
+        return;
+    };
+    let last_check_in = first_night + chrono::Days::new(u64::from(nights.max(1)));
+    let mut empty_looks = 0;
+    while empty_looks < LOOKS {
+        tokio::select! {
+            _ = round_over.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+        let free = tokio::time::timeout(
+            CONNECT_TIMEOUT,
+            client.query_one(
+                "SELECT count(*) FROM inventory
+                 WHERE night >= $1 AND night < $2 AND coalesce(sell_limit, total) - taken > 0",
+                &[&first_night, &last_check_in],
+            ),
+        )
+        .await;
+        empty_looks = match free {
+            Ok(Ok(row)) if row.try_get::<_, i64>(0).is_ok_and(|n| n == 0) => empty_looks + 1,
+            Ok(Ok(_)) => 0,
+            // The owner did not answer: let the takes or the time limit end the round.
+            _ => return,
+        };
+    }
+    round_over.cancel();
 }
 
 fn render(args: &StaleBenchArgs, runs: &[Run]) -> String {
