@@ -116,13 +116,13 @@ def stale():
     b = Board()
     share = (f'sum(rate(vacancy_conflicts_after_shown_available_total{SEL_COPY}{RI}))'
              f'\n  /\nsum(rate(vacancy_takes_total{sel()}{RI}))')
-    b.row("The 409-after-shown share")
-    b.add("stat", "409-after-shown share (service window)",
-          "Share of takes that ended in a 409 conflict after the copy showed the room available, over the service's own sliding window (vacancy_stale_read_share_ratio, highest instance). Objective: at most 0.001 (the copy adds at most 0.1 percentage points); red above it.",
+    b.row("Stale reads: 409s after the copy showed the room free")
+    b.add("stat", "Stale-read share (service window)",
+          "The stale-read share: takes that ended in a 409 conflict after the copy showed the room available (stale reads), per take the owner answered, over the service's own sliding window (vacancy_stale_read_share_ratio, highest instance). Objective: at most 0.001 (the copy adds at most 0.1 percentage points); red above it.",
           "percentunit", [(f"max(vacancy_stale_read_share_ratio{sel()})", "share")],
           w=6, thresholds=[(0.001, "red")], decimals=3)
-    b.add("timeseries", "409-after-shown share vs objective",
-          "Conflicts on takes whose room the copy showed available, divided by all takes, from the counters (per scrape interval) and from the service's sliding window. The dashed 'objective' series and the red threshold line mark 0.001 (0.1 percentage points). Alert: VacancyStaleReadShareAboveObjective.",
+    b.add("timeseries", "Stale-read share vs objective",
+          "Stale reads (conflicts on takes whose room the copy showed available) divided by all takes, from the counters (per scrape interval) and from the service's sliding window. The dashed 'objective' series and the red threshold line mark 0.001 (0.1 percentage points). Alert: VacancyStaleReadShareAboveObjective.",
           "percentunit",
           [(share, "share (counters)"),
            (f"max(vacancy_stale_read_share_ratio{sel()})", "share (service window)"),
@@ -132,8 +132,8 @@ def stale():
                       "properties": [{"id": "color", "value": {"mode": "fixed", "fixedColor": "red"}},
                                      {"id": "custom.lineStyle", "value": {"fill": "dash", "dash": [10, 10]}},
                                      {"id": "custom.fillOpacity", "value": 0}]}])
-    b.add("timeseries", "Conflicts after shown available, by source",
-          "Takes refused with 409 although the answer showed the room free, per second, by where the shown numbers came from: copy (the read copy), owner (read from the owner while answering: guests racing each other), copy_fallback (owner read timed out; copy shown, flagged), confirmed (the copy once past an owner position taken after the search began: guests racing each other, as with owner), none (take without a quote token).",
+    b.add("timeseries", "409s after shown, by source",
+          "409s after shown: takes refused with 409 although the answer showed the room free, per second, by where the shown numbers came from: copy (the read copy; these and copy_fallback are the stale reads), owner (read from the owner while answering: guests racing each other), copy_fallback (owner read timed out; copy shown, flagged), confirmed (the copy once past an owner position taken after the search began: guests racing each other, as with owner), none (take without a quote token).",
           "ops", [(f"sum by (source) (rate(vacancy_conflicts_after_shown_available_total{sel()}{RI}))", "{{source}}")],
           w=12)
     b.add("timeseries", "Takes by outcome and source",

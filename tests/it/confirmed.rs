@@ -1,4 +1,4 @@
-//! Confirmed reads (`search.fresh_reads = "confirmed"`, the default): a
+//! Confirmed reads (`search.fresh_reads = "confirmed"`, set here): a
 //! few-unit room type is shown from the copy once the copy has applied an
 //! owner WAL position taken after the search began.
 //!
@@ -50,6 +50,7 @@ async fn load(client: &Client, extra_rows: u64) {
 async fn start(owner: &TestOwner, tune: impl FnOnce(&mut Settings)) -> App {
     let mut s = crate::projector::settings_for(owner);
     s.stale.audit_interval_ms = 0;
+    s.search.fresh_reads = vacancy_service::FreshReads::Confirmed;
     tune(&mut s);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let app = vacancy_service::start(s, listener).expect("start vacancy");

@@ -81,7 +81,7 @@ async fn demo_books_for_30s_then_the_copy_equals_the_owner() {
     );
     let figures: Vec<&String> = lines.iter().filter(|l| l.contains("searches/s")).collect();
     assert!(figures.len() >= 3, "a figures line every 5 s: {figures:?}");
-    for name in ["takes/s", "409-after-shown", "owner reads/s", "lag"] {
+    for name in ["takes/s", "stale reads", "owner reads/s", "lag"] {
         assert!(figures[0].contains(name), "{name} in {}", figures[0]);
     }
 

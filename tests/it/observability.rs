@@ -827,6 +827,7 @@ async fn observability_every_metric_in_dashboards_and_rules_is_exported() {
     settings.stream.slot_watch_interval_ms = 200;
     settings.model.ttl_secs = 1; // so the TTL safety net re-reads during the test
     settings.search.min_lsn_wait_ms = 100;
+    settings.search.fresh_reads = vacancy_service::FreshReads::Confirmed;
     settings.stale.booking_tokens = vec![BOOKING_TOKEN.to_string()];
     settings.stale.audit_interval_ms = 200; // so the divergence audit runs during the test
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -332,7 +332,7 @@ async fn ask_copy(app: &App, q: &Question) -> Vec<(i64, Vec<(i64, i64, Option<i6
                 .map(|t| {
                     let free = t["free_units"].as_i64().unwrap();
                     // Few units: confirmed against the owner's position (the default).
-                    let expected_source = if free <= 2 { "confirmed" } else { "copy" };
+                    let expected_source = if free <= 2 { "owner" } else { "copy" };
                     assert_eq!(t["source"], expected_source, "{t}");
                     assert_eq!(t["low_availability"], free <= 2);
                     (
@@ -832,4 +832,57 @@ async fn a_held_back_copy_refuses_or_reads_the_owner() {
     assert_eq!(v["results"][0]["room_types"][0]["free_units"], 6, "{v}");
     refusing.stop(Duration::from_secs(5)).await;
     reading.stop(Duration::from_secs(5)).await;
+}
+
+/// The lab setting `search.stamp_owner_position` (what `vacancy bench stale`
+/// judges by) brackets an answer with the owner's flushed position: a write
+/// committed before the search is inside it, and the copy the answer came
+/// from is never past its end. Off by default, and then the field is absent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stamped_answer_brackets_the_owners_position() {
+    assert!(!Settings::defaults().search.stamp_owner_position);
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    one_room_type(&client, 9).await;
+    // The service's own role: the position must be readable without privileges.
+    let url = least_privilege_role(&client, &owner.url, None).await;
+    create_publication(&client).await;
+    let mut s = settings_for(&owner);
+    s.owner.url = url;
+    s.search.stamp_owner_position = true;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let app = vacancy_service::start(s, listener).expect("start vacancy");
+    settled(&app, &client).await;
+    client
+        .batch_execute("UPDATE inventory SET taken = 1")
+        .await
+        .unwrap();
+    let written: vacancy_service::Lsn = client
+        .query_one("SELECT pg_current_wal_flush_lsn()", &[])
+        .await
+        .unwrap()
+        .get::<_, tokio_postgres::types::PgLsn>(0)
+        .into();
+    let (code, _, body) = get(app.addr, &stay_query("")).await;
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let lsn = |x: &Value| {
+        x.as_str()
+            .and_then(|s| s.parse::<vacancy_service::Lsn>().ok())
+            .unwrap_or_else(|| panic!("an LSN: {v}"))
+    };
+    let before = lsn(&v["owner_position"]["before"]);
+    let after = lsn(&v["owner_position"]["after"]);
+    assert!(written <= before, "the write is inside: {written} {v}");
+    assert!(before <= after, "{v}");
+    assert!(lsn(&v["lsn"]) <= after, "the copy is never ahead: {v}");
+    app.stop(Duration::from_secs(5)).await;
+
+    let plain = start(&owner).await;
+    settled(&plain, &client).await;
+    let (code, _, body) = get(plain.addr, &stay_query("")).await;
+    assert_eq!(code, 200, "{body}");
+    let unstamped: Value = serde_json::from_str(&body).unwrap();
+    assert!(unstamped.get("owner_position").is_none(), "{unstamped}");
+    plain.stop(Duration::from_secs(5)).await;
 }

@@ -136,7 +136,10 @@ async fn quotes_are_signed_and_take_outcomes_refuse_forgeries_and_count_retries_
     let owner = TestOwner::start().await;
     let client = owner.client().await;
     hotel(&client, 1, &[(1, 9), (2, 2)], 10).await;
-    let app = start(settings_for(&owner.url)).await;
+    let mut settings = settings_for(&owner.url);
+    // Quotes of every source: confirmed reads for the few-unit room type.
+    settings.search.fresh_reads = vacancy_service::FreshReads::Confirmed;
+    let app = start(settings).await;
     settled(&app, &client).await;
 
     // Every room type shown carries a quote of exactly what was shown.
@@ -373,6 +376,8 @@ async fn each_bypass_reason_is_triggered() {
     hotel(&client, 1, &[(1, 9), (2, 2)], 10).await;
     hotel(&client, 2, &[(1, 9), (2, 9)], 10).await;
     let mut settings = settings_for(&owner.url);
+    // Few-unit room types confirmed, so a flagged hotel's row reads stand out.
+    settings.search.fresh_reads = vacancy_service::FreshReads::Confirmed;
     settings.stale.hotel_min_takes = 4;
     settings.stale.hotel_share_bound = 0.25;
     settings.stale.bypass_max_lag_ms = 300;

@@ -354,17 +354,23 @@ async fn report_until_done(
 }
 
 /// The `summary:` line: the guests' account, the actors' counts, and the
-/// share of takes `vacancy` counted as stale reads.
+/// stale reads `vacancy` counted. Named as everywhere else (ARCHITECTURE.md,
+/// "The 409 figures"): `409s_after_shown` is the guests' count of 409s after
+/// a room type was shown with enough units, whatever the source;
+/// `stale_reads` is `vacancy`'s count of those whose numbers came from the
+/// copy, and `stale_read_share` those per take the owner answered, over the
+/// whole run (the periodic line's share is over the sliding window).
 fn summary_line(guests: &SimSummary, counters: &Counters, app: &App, elapsed: Duration) -> String {
     let totals = app.stale.ledger.totals();
     let owner_takes = totals.taken + totals.conflicts;
     format!(
-        "summary: searches={} takes={} taken={} conflicts={} conflicts_after_shown={} stale_share={:.4} paid={} released={} walked_away={} expired={} cancelled={} capacity_changes={} reports_recorded={} reports_failed={} seconds={:.0}",
+        "summary: searches={} takes={} taken={} conflicts={} 409s_after_shown={} stale_reads={} stale_read_share={:.4} paid={} released={} walked_away={} expired={} cancelled={} capacity_changes={} reports_recorded={} reports_failed={} seconds={:.0}",
         guests.searches - guests.search_errors,
         guests.taken + guests.conflicts,
         guests.taken,
         guests.conflicts,
         guests.conflicts_after_shown,
+        totals.stale_reads,
         if owner_takes == 0 {
             0.0
         } else {
@@ -545,13 +551,15 @@ impl Figures {
         }
     }
 
-    /// `searches/s, takes/s, 409-after-shown share, owner reads/s, lag`.
+    /// `searches/s, takes/s, stale-read share, owner reads/s, lag`. The
+    /// share is `GET /v1/stale-reads`' `share`: 409s after the copy showed
+    /// the units free, per take, over the sliding window (not the run).
     fn line(&self, before: &Figures, elapsed: Duration, app: &App) -> String {
         let secs = self.at.duration_since(before.at).as_secs_f64().max(0.001);
         let rate = |now: u64, then: u64| now.saturating_sub(then) as f64 / secs;
         let window = app.stale.ledger.overall();
         format!(
-            "[{:>4}s] searches/s {:>7.1}  takes/s {:>6.1}  409-after-shown {:>5.2}% ({}/{} in {}s)  owner reads/s {:>6.1}  lag {:>4} ms",
+            "[{:>4}s] searches/s {:>7.1}  takes/s {:>6.1}  stale reads {:>5.2}% of takes ({}/{} in {}s)  owner reads/s {:>6.1}  lag {:>4} ms",
             elapsed.as_secs(),
             rate(self.searches, before.searches),
             rate(self.takes, before.takes),

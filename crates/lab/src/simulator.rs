@@ -5,7 +5,7 @@
 //!
 //! Used by the tests (racing guests on a hot hotel must produce conflicts,
 //! each counted once with the right source), by benchmarks (the
-//! 409-after-shown rate with search served from the copy) and by the demo.
+//! copy's 409s, judged take by take in `bench stale`) and by the demo.
 //!
 //! The summary is the simulator's own account of what happened, kept apart
 //! from what `vacancy` counted, so the two can be compared.
@@ -66,6 +66,9 @@ pub struct SimOptions {
     pub follow_advice: bool,
     /// Send every report twice, as a retry after a lost answer would.
     pub report_twice: bool,
+    /// Keep every take the owner answered (`SimSummary::take_records`), for
+    /// a judge that replays them against the owner's commits.
+    pub record_takes: bool,
     pub seed: u64,
     pub http_timeout: Duration,
 }
@@ -101,6 +104,7 @@ impl SimOptions {
             sweep: true,
             follow_advice: false,
             report_twice: false,
+            record_takes: false,
             seed: 1,
             http_timeout: Duration::from_secs(10),
         }
@@ -148,6 +152,28 @@ pub struct SimSummary {
     pub reports_failed: u64,
     /// Reports `vacancy` answered as stale reads.
     pub stale_reads: u64,
+    /// Every take the owner answered (taken or 409), in no particular
+    /// order; only with `SimOptions::record_takes`.
+    pub take_records: Vec<TakeRecord>,
+}
+
+/// One take the owner answered, with what the guest was shown before it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TakeRecord {
+    pub hotel_id: i64,
+    pub room_type_id: i64,
+    pub check_in: NaiveDate,
+    pub check_out: NaiveDate,
+    pub rooms: i32,
+    /// The `source` and `free_units` the room type was shown with.
+    pub source: String,
+    pub free_units: i64,
+    /// The answer's `owner_position` (before, after), when it had one.
+    pub owner_position: Option<(vacancy_service::Lsn, vacancy_service::Lsn)>,
+    /// The answer's `lsn`: where the copy stood.
+    pub answer_lsn: Option<vacancy_service::Lsn>,
+    /// True when the owner took the units, false for a 409.
+    pub taken: bool,
 }
 
 impl SimSummary {
@@ -177,6 +203,7 @@ impl SimSummary {
         self.reports_replayed += o.reports_replayed;
         self.reports_failed += o.reports_failed;
         self.stale_reads += o.stale_reads;
+        self.take_records.extend(o.take_records.iter().cloned());
     }
 
     /// Conflicts per take the owner answered.
@@ -257,6 +284,10 @@ struct Shown {
     free_units: i64,
     source: String,
     quote: String,
+    /// The answer's `owner_position`, when the service stamped it.
+    owner_position: Option<(vacancy_service::Lsn, vacancy_service::Lsn)>,
+    /// The answer's `lsn`.
+    answer_lsn: Option<vacancy_service::Lsn>,
 }
 
 /// The nights a guest asks for: `check_in` up to, not including, `check_out`.
@@ -347,6 +378,7 @@ async fn guest_loop(
         let attempt_id = format!("sim-{}-{}-{attempt}", guest.options.seed, guest.index);
         let (outcome, commit_lsn) = guest.take(&pick, stay, &attempt_id).await;
         guest.count_take(outcome, &pick);
+        guest.record_take(outcome, &pick, stay);
         guest
             .report_take(&attempt_id, &pick, stay, outcome, commit_lsn)
             .await;
@@ -482,6 +514,25 @@ impl Guest {
         }
     }
 
+    /// Keeps the take for a judge, when the options ask for it.
+    fn record_take(&mut self, outcome: TakeOutcome, pick: &Shown, stay: Stay) {
+        if !self.options.record_takes || outcome == TakeOutcome::Error {
+            return;
+        }
+        self.summary.take_records.push(TakeRecord {
+            hotel_id: pick.hotel_id,
+            room_type_id: pick.room_type_id,
+            check_in: stay.check_in,
+            check_out: stay.check_out,
+            rooms: self.options.rooms,
+            source: pick.source.clone(),
+            free_units: pick.free_units,
+            owner_position: pick.owner_position,
+            answer_lsn: pick.answer_lsn,
+            taken: outcome == TakeOutcome::Taken,
+        });
+    }
+
     /// Reports the take with its quote to `POST /v1/take-outcomes` (twice
     /// when the options say so, as a retry after a lost answer would).
     async fn report_take(
@@ -555,6 +606,13 @@ impl Guest {
 /// The room types of an answer a guest could take `rooms` units of.
 fn shown_room_types(answer: &Value, rooms: i32) -> Vec<Shown> {
     let mut out = Vec::new();
+    let lsn = |v: &Value| {
+        v.as_str()
+            .and_then(|s| s.parse::<vacancy_service::Lsn>().ok())
+    };
+    let position = &answer["owner_position"];
+    let owner_position = lsn(&position["before"]).zip(lsn(&position["after"]));
+    let answer_lsn = lsn(&answer["lsn"]);
     for h in answer["results"].as_array().into_iter().flatten() {
         let Some(hotel_id) = h["hotel_id"].as_i64() else {
             continue;
@@ -575,6 +633,8 @@ fn shown_room_types(answer: &Value, rooms: i32) -> Vec<Shown> {
                     free_units: free,
                     source: source.to_string(),
                     quote: quote.to_string(),
+                    owner_position,
+                    answer_lsn,
                 });
             }
         }
@@ -666,5 +726,20 @@ mod tests {
             (2, "copy")
         );
         assert_eq!(shown_room_types(&answer, 1).len(), 2, "no quote, no pick");
+        assert_eq!(shown[0].owner_position, None, "an unstamped answer");
+    }
+
+    #[test]
+    fn a_stamped_answer_gives_its_owner_position_to_every_pick() {
+        let answer = serde_json::json!({
+        "owner_position": {"before": "0/100", "after": "0/1A0"},
+        "results": [{"hotel_id": 1, "room_types": [
+            {"room_type_id": 2, "free_units": 3, "source": "copy", "quote": "q2"}
+        ]}]});
+        let shown = shown_room_types(&answer, 1);
+        assert_eq!(
+            shown[0].owner_position,
+            Some((vacancy_service::Lsn(0x100), vacancy_service::Lsn(0x1A0)))
+        );
     }
 }

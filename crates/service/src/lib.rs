@@ -19,7 +19,7 @@
 //!   confirmed against the owner's WAL position (or read from the owner); a
 //!   signed quote on every room type shown.
 //! - [`stale`]: the stale-read loop: quote tokens, take outcomes and the
-//!   409-after-shown-available share, bypass advice, the divergence audit.
+//!   stale-read share, bypass advice, the divergence audit.
 //! - [`http`]: the HTTP surface: guest search, the events stream and page,
 //!   the booking service's endpoints, the operators', access and errors.
 //! - [`metrics`]: every Prometheus metric, defined in one place.

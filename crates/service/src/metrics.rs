@@ -332,14 +332,14 @@ pub static TAKES: LazyLock<IntCounterVec> = LazyLock::new(|| {
 pub static CONFLICTS_AFTER_SHOWN: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter_vec(
         "vacancy_conflicts_after_shown_available_total",
-        "Takes refused by the owner (409) after the quote showed at least the units asked for, by source",
+        "409s after shown: takes refused by the owner (409) after the quote showed at least the units asked for, by where the numbers came from; source=\"copy\" are the stale reads",
         &["source"],
     )
 });
 pub static STALE_SHARE: LazyLock<prometheus::Gauge> = LazyLock::new(|| {
     float_gauge(
         "vacancy_stale_read_share_ratio",
-        "Conflicts after the copy showed the units free, per take, over the sliding window (0 to 1)",
+        "The stale-read share: 409s after the copy showed at least the units asked for, per take the owner answered, over the sliding window (0 to 1; 409s after an owner read are not in it)",
     )
 });
 pub static CONFLICT_SHOW_LAG: LazyLock<Histogram> = LazyLock::new(|| {

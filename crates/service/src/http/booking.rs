@@ -1,6 +1,6 @@
 //! The booking service's endpoints: `POST /v1/take-outcomes` (each take
 //! with its quote), `GET /v1/bypass` (when to read the owner instead) and
-//! `GET /v1/stale-reads` (the 409-after-shown share).
+//! `GET /v1/stale-reads` (the stale-read share).
 
 use axum::Json;
 use axum::body::Bytes;
@@ -102,10 +102,11 @@ pub(super) async fn bypass(
     Ok(response)
 }
 
-/// `GET /v1/stale-reads`: the 409-after-shown-available share over the
-/// window, the hotels with the highest share, and the audit's findings.
+/// `GET /v1/stale-reads`: the stale-read share (409s after the copy showed
+/// the units free, per take) over the window, the hotels with the highest
+/// share, and the audit's findings.
 #[utoipa::path(get, path = "/v1/stale-reads", tag = "operations",
-    responses((status = 200, description = "the share, counts, top hotels and the audit", body = crate::stale::StaleReadsBody)))]
+    responses((status = 200, description = "the stale-read share (409s after the copy showed the units free, per take the owner answered, over the window), counts, top hotels and the audit", body = crate::stale::StaleReadsBody)))]
 pub(super) async fn stale_reads(
     State(state): State<ApiState>,
 ) -> Json<crate::stale::StaleReadsBody> {

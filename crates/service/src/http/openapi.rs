@@ -31,6 +31,7 @@ use crate::stale::outcomes::TakeOutcomeBody;
     components(schemas(
         ProblemBody,
         crate::search::SearchAnswer,
+        crate::search::OwnerPosition,
         crate::search::Availability,
         TakeOutcomeBody,
         crate::stale::outcomes::Recorded,

@@ -104,6 +104,22 @@ pub struct SearchAnswer {
     pub total_hotels: usize,
     pub results: Vec<HotelResult>,
     pub next_cursor: Option<String>,
+    /// Only with `search.stamp_owner_position` (a lab setting): where the
+    /// owner stood while this answer was built.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub owner_position: Option<OwnerPosition>,
+}
+
+/// The owner's flushed WAL position read just before the search read the
+/// copy and again after its last read (copy or owner): the owner's truth at
+/// the moment the answer was built lies between the two. `vacancy bench
+/// stale` judges each showing against the owner's commits up to there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+pub struct OwnerPosition {
+    #[schema(value_type = String, example = "0/16B3748")]
+    pub before: Lsn,
+    #[schema(value_type = String, example = "0/16B3790")]
+    pub after: Lsn,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -127,6 +143,7 @@ pub struct Search {
     owner_budget: Duration,
     few_units: i32,
     min_lsn_wait: Duration,
+    stamp_owner_position: bool,
     /// Signs the quotes. A random key until `with_stale` gives the app's.
     quotes: QuoteKey,
     /// The stale-read loop, for the hotels to read from the owner.
@@ -299,6 +316,7 @@ impl Search {
             owner_budget: Duration::from_millis(settings.owner_read_timeout_ms),
             few_units: settings.few_units_threshold,
             min_lsn_wait: Duration::from_millis(settings.min_lsn_wait_ms),
+            stamp_owner_position: settings.stamp_owner_position,
             quotes: QuoteKey::random(),
             stale: None,
         }
@@ -347,6 +365,9 @@ impl Search {
         })?;
         let reason = owner_read_reason(lagging, caught_up);
         let bypassed = self.bypassed(candidates.iter().map(|(id, _)| *id));
+        // Read right before the copy is, so nothing the copy could hold is
+        // missing from the owner's side of the bracket.
+        let position_before = self.owner_position().await;
         let (copied, lsn) = self.copy_out(&candidates, req, reason, &bypassed);
         let ranked = match copied {
             Copied::Ranked(ranked) => ranked,
@@ -359,6 +380,14 @@ impl Search {
         let mut page = self
             .fill_page(ranked.from_offset, req, asked_at, &mut confirmed)
             .await;
+        // After the last read that can change what the page shows.
+        let owner_position = match position_before {
+            Some(before) => self
+                .owner_position()
+                .await
+                .map(|after| OwnerPosition { before, after }),
+            None => None,
+        };
         self.fill_names(&mut page.results);
         // Only a position some room type shown was read at.
         let confirmed = confirmed.filter(|_| {
@@ -383,7 +412,18 @@ impl Search {
             total_hotels: ranked.total - page.ruled_out,
             next_cursor: (page.next < ranked.total).then(|| Cursor::encode(req, page.next)),
             results: page.results,
+            owner_position,
         })
+    }
+
+    /// The owner's flushed position when the lab setting asks for it; `None`
+    /// when it does not or the read failed (the answer goes out unstamped
+    /// rather than failing: the stamp is for judging, not for the guest).
+    async fn owner_position(&self) -> Option<Lsn> {
+        if !self.stamp_owner_position {
+            return None;
+        }
+        self.owner.flushed_position().await.ok()
     }
 
     /// What the answer needs of the candidates, copied out of the read model

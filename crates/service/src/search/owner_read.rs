@@ -229,6 +229,31 @@ impl OwnerReader {
         result
     }
 
+    /// The owner's flushed WAL position (`pg_current_wal_flush_lsn()`), on
+    /// one of the read connections, within the read timeout. Flushed, not
+    /// inserted: a commit is visible to the owner's readers only once its
+    /// record is flushed, and only then can the copy receive it, so this is
+    /// the position a fresh read at this moment would reflect.
+    pub async fn flushed_position(&self) -> Result<crate::lsn::Lsn, OwnerReadError> {
+        let read = async {
+            let (slot, client, _) = self.client().await?;
+            let row = client
+                .query_one("SELECT pg_current_wal_flush_lsn()", &[])
+                .await
+                .map_err(|e| {
+                    *self.clients[slot].lock().unwrap_or_else(|p| p.into_inner()) = None;
+                    OwnerReadError::Failed(e.to_string())
+                })?;
+            row.try_get::<_, tokio_postgres::types::PgLsn>(0)
+                .map(crate::lsn::Lsn::from)
+                .map_err(|e| OwnerReadError::Failed(e.to_string()))
+        };
+        match tokio::time::timeout(self.timeout, read).await {
+            Ok(r) => r,
+            Err(_) => Err(OwnerReadError::Timeout(self.timeout)),
+        }
+    }
+
     /// A connection with the read prepared on it: one round trip per read.
     async fn client(&self) -> Result<(usize, Arc<Client>, Statement), OwnerReadError> {
         let slot = self.next.fetch_add(1, Ordering::Relaxed) % self.clients.len();

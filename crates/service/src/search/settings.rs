@@ -18,6 +18,9 @@ pub struct SearchSettings {
     pub min_lsn_wait_ms: u64,
     pub when_lagging: WhenLagging,
     pub fresh_reads: FreshReads,
+    /// Lab only: bracket every answer with the owner's flushed WAL position
+    /// (`SearchAnswer::owner_position`), at two owner round trips per search.
+    pub stamp_owner_position: bool,
 }
 
 /// How a search makes its few-unit room types owner-fresh.

@@ -69,11 +69,17 @@ pub struct StaleReadsBody {
     pub window_secs: u64,
     /// Takes the owner answered (taken or conflict) within the window.
     pub takes: u64,
+    /// Takes the owner refused (409) within the window, whatever was shown.
     pub conflicts: u64,
-    /// Conflicts after the copy showed enough units free.
+    /// Stale reads: 409s after the copy showed at least the units asked for
+    /// (the `source="copy"` part of
+    /// `vacancy_conflicts_after_shown_available_total`).
     pub stale_reads: u64,
+    /// Takes that failed for another reason (not in `takes`).
     pub errors: u64,
-    /// stale_reads / takes over the window, 0 to 1.
+    /// The stale-read share: stale_reads / takes over the window, 0 to 1
+    /// (`vacancy_stale_read_share_ratio`). 409s after an owner read are not
+    /// in it; `totals.conflicts_by_source` has them.
     pub share: f64,
     /// Takes of hotels not tracked because of `stale.max_hotels`.
     pub untracked_takes: u64,
