@@ -33,6 +33,7 @@ use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{ClusterError, ClusterOptions};
+use crate::http_client::HttpClient;
 use crate::owner_db::OwnerDb;
 use crate::readiness::{NotReady, wait_ready};
 use crate::simulator::{self, SimError, SimOptions, SimSummary};
@@ -42,6 +43,7 @@ use vacancy_service::slot::{self, SlotError};
 use vacancy_service::{AppError, Lsn, OwnerError, Settings};
 use wilson::{Interval, Z95};
 
+pub mod bypass_watch;
 pub mod decoding;
 pub mod judge;
 pub mod wilson;
@@ -57,6 +59,8 @@ const PUBLICATION: &str = "vacancy_stale_bench";
 const TOKEN: &str = "stale-bench-booking-token";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 const LOAD_LIMIT: Duration = Duration::from_secs(300);
+/// How often the hot hotels' bypass advice is sampled during a run.
+const BYPASS_SAMPLE_EVERY: Duration = Duration::from_millis(250);
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct StaleBenchArgs {
@@ -122,6 +126,8 @@ pub enum StaleBenchError {
     History(#[from] HistoryError),
     #[error("reading the owner's commit log took longer than {0:?}")]
     LogTimeout(Duration),
+    #[error(transparent)]
+    Http(#[from] crate::http_client::HttpError),
 }
 
 /// One way to run search, side by side with the others: a name and what it
@@ -164,6 +170,11 @@ struct Run {
     /// `lsn`, and how many showed what it held there: the rebuild's own test.
     copy_checked: u64,
     copy_matched: u64,
+    /// `/v1/bypass` for the hot hotels, sampled through the run.
+    bypass: bypass_watch::BypassSeen,
+    /// `/v1/stale-reads` at the end of the run: its share and its tracked
+    /// hotels with their own share.
+    stale_reads_share: Option<f64>,
 }
 
 impl Run {
@@ -293,7 +304,8 @@ async fn judged_run(
     // Read after the slot is made, with nothing writing yet; a commit that
     // slipped in between would be in both, and replaying it changes nothing.
     let initial = owner_state(client).await?;
-    let (summary, seconds) = one_run(args, url, client, first_night, variant, takes).await?;
+    let (summary, seconds, bypass, stale_reads_share) =
+        one_run(args, url, client, first_night, variant, takes).await?;
     let history = OwnerHistory::new(initial, read_log(client).await?)?;
     let mut tally = Tally::default();
     let (mut copy_checked, mut copy_matched) = (0, 0);
@@ -327,6 +339,8 @@ async fn judged_run(
         tally,
         copy_checked,
         copy_matched,
+        bypass,
+        stale_reads_share,
     })
 }
 
@@ -387,7 +401,7 @@ async fn one_run(
     first_night: NaiveDate,
     variant: &Variant,
     takes: u64,
-) -> Result<(SimSummary, f64), StaleBenchError> {
+) -> Result<(SimSummary, f64, bypass_watch::BypassSeen, Option<f64>), StaleBenchError> {
     let mut settings = Settings::defaults();
     settings.owner.url = url.to_string();
     settings.stream.slot = SLOT.to_string();
@@ -401,6 +415,15 @@ async fn one_run(
     let result = async {
         wait_ready(&app, target, LOAD_LIMIT).await?;
         let hotel_ids: Vec<i64> = (1..=i64::from(args.hotels)).collect();
+        let http = HttpClient::new(app.addr, Duration::from_secs(10))?;
+        let watch_over = CancellationToken::new();
+        let watcher = tokio::spawn(bypass_watch::watch(
+            http.clone(),
+            hotel_ids.clone(),
+            first_night,
+            BYPASS_SAMPLE_EVERY,
+            watch_over.clone(),
+        ));
         let guests = args.guests.max(1) as u64;
         let limit = Duration::from_secs(args.max_seconds);
         let mut summary = SimSummary::default();
@@ -439,7 +462,13 @@ async fn one_run(
             seconds += started.elapsed().as_secs_f64();
             round += 1;
         }
-        Ok::<_, StaleBenchError>((summary, seconds))
+        watch_over.cancel();
+        let bypass = watcher.await.unwrap_or_default();
+        let stale_reads_share = match http.get("/v1/stale-reads").await {
+            Ok(r) if r.status == 200 => r.json()["share"].as_f64(),
+            _ => None,
+        };
+        Ok::<_, StaleBenchError>((summary, seconds, bypass, stale_reads_share))
     }
     .await;
     app.stop(Duration::from_secs(10)).await;
@@ -518,6 +547,19 @@ fn render(args: &StaleBenchArgs, runs: &[Run]) -> String {
             with_interval(r.copys_share()),
             with_interval(r.copys_or_changed_share()),
             r.summary.stale_reads,
+        );
+    }
+    out += "\n/v1/bypass for room type 1 of every hot hotel, asked every 250 ms through each run, and /v1/stale-reads at its end:\n";
+    for r in runs {
+        out += &format!(
+            "- {}: {} rounds; {} of {} hotels flagged hotel_conflicts at some point, {} flips; stale-read share in the window at the end {}; {} failed asks\n",
+            r.label,
+            r.bypass.rounds,
+            r.bypass.flagged.len(),
+            args.hotels,
+            r.bypass.flips,
+            r.stale_reads_share.map_or("-".to_string(), pct),
+            r.bypass.failed,
         );
     }
     out += "\nthe rebuilt owner against each copy showing at the answer's own lsn (copy showings that match / checked):";
