@@ -10,7 +10,7 @@ use vacancy_service::slot;
 
 use super::{
     BenchError, CONNECT_TIMEOUT, LOAD_LIMIT, Owner, POLL, VACANCY_SLOT, bench_settings, mib,
-    print_header,
+    print_header, reprice_every_hotel, wait_caught_up,
 };
 use crate::readiness::wait_until;
 
@@ -61,7 +61,7 @@ pub(super) async fn run(owner: &Owner, update_nights: u32) -> Result<(), BenchEr
         return Err(BenchError::NoData);
     }
     let repriced = if update_nights > 0 {
-        Some(reprice_every_hotel(owner, &client, &app, update_nights).await?)
+        Some(peak_while_repricing(owner, &client, &app, update_nights).await?)
     } else {
         None
     };
@@ -147,7 +147,7 @@ struct Repriced {
 
 /// Reprices the first `nights` nights of every hotel in one transaction and
 /// returns the process's peak RSS from before it until the copy applied it.
-async fn reprice_every_hotel(
+async fn peak_while_repricing(
     owner: &Owner,
     client: &tokio_postgres::Client,
     app: &vacancy_service::App,
@@ -155,28 +155,14 @@ async fn reprice_every_hotel(
 ) -> Result<Repriced, BenchError> {
     // Writing 5 resets VmHWM to the current RSS (proc(5), clear_refs).
     std::fs::write("/proc/self/clear_refs", "5")?;
-    let sql = format!(
-        "UPDATE inventory SET price_cents = coalesce(price_cents, 0) + 1 WHERE night < DATE '{}' + {nights}",
-        owner.shape.first_night
-    );
-    let rows = client.execute(&sql, &[]).await?;
-    let committed = std::time::Instant::now();
-    let target = slot::current_wal_lsn(client).await?;
-    let model = app.model.clone();
-    wait_until(
-        "the copy to apply the transaction",
-        LOAD_LIMIT,
-        POLL,
-        &app.status,
-        || model.freshness.applied() >= target,
-    )
-    .await?;
-    let applied_after = committed.elapsed();
+    let repricing = reprice_every_hotel(owner, client, i64::from(nights)).await?;
+    wait_caught_up(app, client).await?;
+    let applied_after = repricing.committed_at.elapsed();
     // Superseded blocks are freed by the next swap or when readers let go.
     tokio::time::sleep(Duration::from_secs(1)).await;
     Ok(Repriced {
-        sql,
-        rows,
+        sql: repricing.sql,
+        rows: repricing.rows,
         peak: proc_status_bytes("VmHWM"),
         applied_after,
     })

@@ -40,7 +40,7 @@ use tokio_postgres::Client;
 
 use crate::cluster::{ClusterError, ClusterOptions, DEFAULT_BIN_DIR};
 use crate::owner_db::OwnerDb;
-use crate::readiness::NotReady;
+use crate::readiness::{NotReady, wait_until};
 use crate::seed::{self, SeedError};
 use vacancy_service::slot::{self, SlotError};
 use vacancy_service::{AppError, Lsn, OwnerError, Settings, redacted_url};
@@ -386,6 +386,55 @@ pub(crate) fn redacted_command_line(args: &[String]) -> String {
         .map(|arg| redacted_url(arg))
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// One owner transaction repricing the first nights of every hotel (a
+/// revenue job), as `bench memory` and `bench wait` measure under it.
+struct Repricing {
+    sql: String,
+    rows: u64,
+    /// How long the owner took to run and commit it.
+    committed_in: Duration,
+    /// When the owner's commit returned.
+    committed_at: std::time::Instant,
+}
+
+/// Runs the repricing of the first `nights` nights of every hotel as one
+/// owner transaction.
+async fn reprice_every_hotel(
+    owner: &Owner,
+    client: &Client,
+    nights: i64,
+) -> Result<Repricing, BenchError> {
+    let sql = format!(
+        "UPDATE inventory SET price_cents = coalesce(price_cents, 0) + 1 \
+         WHERE night < DATE '{}' + {nights}",
+        owner.shape.first_night
+    );
+    let sent = std::time::Instant::now();
+    let rows = client.execute(&sql, &[]).await?;
+    let committed_at = std::time::Instant::now();
+    Ok(Repricing {
+        sql,
+        rows,
+        committed_in: committed_at - sent,
+        committed_at,
+    })
+}
+
+/// Waits until the copy in `app` has applied everything the owner committed
+/// so far.
+async fn wait_caught_up(app: &vacancy_service::App, client: &Client) -> Result<(), BenchError> {
+    let target = slot::current_wal_lsn(client).await?;
+    wait_until(
+        "the copy to apply the transaction",
+        LOAD_LIMIT,
+        POLL,
+        &app.status,
+        || app.model.freshness.applied() >= target,
+    )
+    .await?;
+    Ok(())
 }
 
 fn bench_settings(url: &str) -> Settings {

@@ -21,7 +21,7 @@ use vacancy_service::slot;
 
 use super::{
     BenchError, CONNECT_TIMEOUT, LOAD_LIMIT, Owner, POLL, VACANCY_SLOT, bench_settings,
-    print_header,
+    print_header, reprice_every_hotel, wait_caught_up,
 };
 use crate::http_client::HttpClient;
 use crate::measure::Latencies;
@@ -209,25 +209,14 @@ pub(super) async fn run(owner: &Owner, options: &WaitOptions) -> Result<(), Benc
     let before = WaitBuckets::now().since(&started);
     let before_to = Instant::now();
 
-    let sql = format!(
-        "UPDATE inventory SET price_cents = coalesce(price_cents, 0) + 1 \
-         WHERE night < DATE '{}' + {update_nights}",
-        shape.first_night
+    let repricing = reprice_every_hotel(owner, &client, update_nights).await?;
+    let (sql, committed, during_from) = (
+        repricing.sql,
+        repricing.committed_in,
+        repricing.committed_at,
     );
-    let sent = Instant::now();
-    client.batch_execute(&sql).await?;
-    let during_from = Instant::now();
-    let committed = during_from - sent;
     let mark = WaitBuckets::now();
-    let target = slot::current_wal_lsn(&client).await?;
-    wait_until(
-        "the copy to apply the large transaction",
-        LOAD_LIMIT,
-        POLL,
-        &app.status,
-        || app.model.freshness.applied() >= target,
-    )
-    .await?;
+    wait_caught_up(&app, &client).await?;
     let during_to = Instant::now();
     let during = WaitBuckets::now().since(&mark);
     stop.store(true, Ordering::Release);
