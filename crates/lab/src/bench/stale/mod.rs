@@ -160,6 +160,16 @@ pub const VARIANTS: &[Variant] = &[
     },
 ];
 
+/// What one variant's guests did, and what the service told about them.
+struct Guests {
+    summary: SimSummary,
+    /// Seconds the rounds took (resets between rounds not counted).
+    seconds: f64,
+    bypass: bypass_watch::BypassSeen,
+    /// `/v1/stale-reads`' share at the end of the run.
+    stale_reads_share: Option<f64>,
+}
+
 /// One variant's outcome.
 struct Run {
     label: &'static str,
@@ -304,8 +314,12 @@ async fn judged_run(
     // Read after the slot is made, with nothing writing yet; a commit that
     // slipped in between would be in both, and replaying it changes nothing.
     let initial = owner_state(client).await?;
-    let (summary, seconds, bypass, stale_reads_share) =
-        one_run(args, url, client, first_night, variant, takes).await?;
+    let Guests {
+        summary,
+        seconds,
+        bypass,
+        stale_reads_share,
+    } = one_run(args, url, client, first_night, variant, takes).await?;
     let history = OwnerHistory::new(initial, read_log(client).await?)?;
     let mut tally = Tally::default();
     let (mut copy_checked, mut copy_matched) = (0, 0);
@@ -392,8 +406,7 @@ async fn read_log(client: &Client) -> Result<Vec<judge::Commit>, StaleBenchError
 }
 
 /// The guests against the service set up as `variant` says, in rounds of
-/// `--round-takes` until `takes`; their account and the seconds they took
-/// (resets between rounds not counted).
+/// `--round-takes` until `takes`, with the bypass advice sampled meanwhile.
 async fn one_run(
     args: &StaleBenchArgs,
     url: &str,
@@ -401,7 +414,7 @@ async fn one_run(
     first_night: NaiveDate,
     variant: &Variant,
     takes: u64,
-) -> Result<(SimSummary, f64, bypass_watch::BypassSeen, Option<f64>), StaleBenchError> {
+) -> Result<Guests, StaleBenchError> {
     let mut settings = Settings::defaults();
     settings.owner.url = url.to_string();
     settings.stream.slot = SLOT.to_string();
@@ -468,7 +481,12 @@ async fn one_run(
             Ok(r) if r.status == 200 => r.json()["share"].as_f64(),
             _ => None,
         };
-        Ok::<_, StaleBenchError>((summary, seconds, bypass, stale_reads_share))
+        Ok::<_, StaleBenchError>(Guests {
+            summary,
+            seconds,
+            bypass,
+            stale_reads_share,
+        })
     }
     .await;
     app.stop(Duration::from_secs(10)).await;
