@@ -17,6 +17,7 @@ mod page;
 mod process;
 mod projector;
 mod readiness;
+mod restart;
 mod search;
 mod seed;
 mod shutdown;

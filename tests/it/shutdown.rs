@@ -35,7 +35,7 @@ fn acknowledged_at_stop(log: &str) -> Option<Lsn> {
         .next_back()
 }
 
-fn sigterm(serve: &Serve) {
+pub(crate) fn sigterm(serve: &Serve) {
     let sent = Command::new("kill")
         .args(["-TERM", &serve.child.id().to_string()])
         .status()

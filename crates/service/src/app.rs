@@ -21,6 +21,7 @@ use crate::model::ReadModel;
 use crate::owner;
 use crate::search::Search;
 use crate::stale::{self, StaleReadState};
+use crate::stream::checkpoints::{self, Checkpoints};
 use crate::stream::refresh::{self, Refresh};
 use crate::stream::{Projector, StreamStatus, heartbeat, slot_watch};
 
@@ -86,14 +87,7 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
     )?);
     let booking_tokens = Arc::new(http::access::booking_tokens(&settings.stale)?);
     let admin_tokens = Arc::new(http::access::admin_tokens(&settings.admin)?);
-    if let Some(dir) = settings.checkpoint.dir() {
-        // Said at every start, so nobody mistakes the setting for a working
-        // restart path before serve writes and loads checkpoints (issue 21).
-        tracing::warn!(
-            dir = %dir.display(),
-            "checkpoint.dir is set, but serve does not write or load checkpoints yet: this start takes a full snapshot"
-        );
-    }
+    let checkpoints = Checkpoints::new(settings.checkpoint.clone());
     let refresh = Refresh::new(Duration::from_secs(settings.model.ttl_secs));
     let hotel_index = HotelIndex::new()?;
     // Built before any task starts, so a bad setting leaves nothing running.
@@ -111,6 +105,7 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
         search,
         hotel_index: hotel_index.clone(),
         status: status.clone(),
+        checkpoints: checkpoints.clone(),
         settings: Arc::new(ApiSettings {
             http: settings.http.clone(),
             search: settings.search.clone(),
@@ -128,9 +123,17 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
         status.clone(),
         refresh.clone(),
         hotel_index.clone(),
+        checkpoints.clone(),
     );
     let mut tasks = vec![
         tokio::spawn(projector.run(shutdown.clone())),
+        tokio::spawn(checkpoints::run_checkpointer(
+            checkpoints.clone(),
+            model.clone(),
+            refresh.clone(),
+            status.clone(),
+            shutdown.clone(),
+        )),
         tokio::spawn(refresh::run_refresher(
             settings.owner.clone(),
             settings.model.refresh_batch as usize,

@@ -409,6 +409,48 @@ pub static HTTP_IN_FLIGHT: LazyLock<IntGauge> = LazyLock::new(|| {
     )
 });
 
+// --- checkpoints ------------------------------------------------------------
+
+pub static CHECKPOINT_FALLBACKS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "vacancy_checkpoint_fallbacks_total",
+        "Starts that found a checkpoint but could not use it and took a full snapshot instead, by reason",
+        &["reason"],
+    )
+});
+pub static CHECKPOINT_LOADS: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "vacancy_checkpoint_loads_total",
+        "Starts that loaded the copy from a checkpoint instead of a snapshot",
+    )
+});
+pub static CHECKPOINT_WRITES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "vacancy_checkpoint_writes_total",
+        "Checkpoints written, by trigger (interval, snapshot, shutdown) and outcome (ok, error)",
+        &["trigger", "outcome"],
+    )
+});
+pub static CHECKPOINT_WRITE_DURATION: LazyLock<Histogram> = LazyLock::new(|| {
+    histogram(
+        "vacancy_checkpoint_write_seconds",
+        "Time to write, fsync and rename one checkpoint",
+        vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0],
+    )
+});
+pub static CHECKPOINT_BYTES: LazyLock<IntGauge> = LazyLock::new(|| {
+    gauge(
+        "vacancy_checkpoint_bytes",
+        "Size of the newest durable checkpoint",
+    )
+});
+pub static CHECKPOINT_UNACKNOWLEDGED: LazyLock<IntGauge> = LazyLock::new(|| {
+    gauge(
+        "vacancy_checkpoint_unacknowledged_bytes",
+        "WAL the copy has applied but the slot is not yet told of, because no durable checkpoint covers it (a crash replays it)",
+    )
+});
+
 pub static BUILD_INFO: LazyLock<IntGaugeVec> = LazyLock::new(|| {
     register(
         IntGaugeVec::new(
@@ -436,6 +478,12 @@ pub fn init() {
         MODEL_ENTRIES.with_label_values(&[table]);
     }
     LazyLock::force(&HTTP_IN_FLIGHT);
+    LazyLock::force(&CHECKPOINT_FALLBACKS);
+    LazyLock::force(&CHECKPOINT_LOADS);
+    LazyLock::force(&CHECKPOINT_WRITES);
+    LazyLock::force(&CHECKPOINT_WRITE_DURATION);
+    LazyLock::force(&CHECKPOINT_BYTES);
+    LazyLock::force(&CHECKPOINT_UNACKNOWLEDGED);
     LazyLock::force(&TRANSACTIONS_APPLIED);
     LazyLock::force(&TRANSACTIONS_SKIPPED);
     LazyLock::force(&APPLY_DURATION);

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use vacancy_service::metrics;
 use vacancy_service::slot;
-use vacancy_service::{Lsn, Projector, ReadModel, Refresh, Settings, StreamStatus};
+use vacancy_service::{Checkpoints, Lsn, Projector, ReadModel, Refresh, Settings, StreamStatus};
 
 use super::{
     BenchError, CONNECT_TIMEOUT, LOAD_LIMIT, Owner, POLL, PUBLICATION, RECV_SLOT, VACANCY_SLOT,
@@ -154,6 +154,9 @@ impl Vacancy {
             self.status.clone(),
             self.refresh.clone(),
             vacancy_service::HotelIndex::new()?,
+            // Checkpoints as the settings say (off by default): the bench
+            // measures apply, and a cap would only hold the slot back.
+            Checkpoints::new(self.settings.checkpoint.clone()),
         );
         self.shutdown = CancellationToken::new();
         self.task = Some(tokio::spawn(projector.run(self.shutdown.clone())));

@@ -43,6 +43,7 @@ use crate::model::ReadModel;
 use crate::search::{Search, SearchSettings};
 use crate::stale::StaleReadState;
 use crate::stream::StreamStatus;
+use crate::stream::checkpoints::Checkpoints;
 use access::{BearerTokens, ClientLimiter, CorsError};
 
 /// What every handler may read.
@@ -53,6 +54,8 @@ pub struct ApiState {
     /// Readiness waits until it holds every hotel of the loaded copy.
     pub hotel_index: Arc<HotelIndex>,
     pub status: Arc<StreamStatus>,
+    /// What `/v1/status` shows of checkpoints.
+    pub checkpoints: Arc<Checkpoints>,
     pub settings: Arc<ApiSettings>,
     pub stale: Arc<StaleReadState>,
     /// Tokens for `POST /v1/take-outcomes` (`stale.booking_tokens`, `stale.booking_tokens_file`).

@@ -13,6 +13,7 @@ use super::{ApiState, Problem};
 use crate::lsn::Lsn;
 use crate::metrics;
 use crate::model::{NightCounts, ReadModel};
+use crate::stream::checkpoints::CheckpointReport;
 use crate::stream::snapshot::SnapshotPhase;
 
 #[utoipa::path(get, path = "/healthz", tag = "operations",
@@ -46,6 +47,18 @@ fn readiness(state: &ApiState) -> Result<(), Problem> {
         // nothing is free.
         return Err(Problem::NotReady {
             reason: "the search index is being built for the loaded copy".into(),
+        });
+    }
+    if !f.caught_up() {
+        // Loaded from a checkpoint and still replaying the WAL since: the
+        // copy may be minutes old, whatever the lag figure says before the
+        // stream has reported the owner's position.
+        return Err(Problem::NotReady {
+            reason: format!(
+                "the copy loaded from a checkpoint is catching up: applied {}, the owner was at {} after this start",
+                f.applied(),
+                f.server_wal_end()
+            ),
         });
     }
     let lag = f.lag_ms(Utc::now());
@@ -82,6 +95,25 @@ pub(super) struct StatusBody {
     slot: SlotBody,
     last_error: Option<String>,
     model: ModelBody,
+    checkpoint: CheckpointBody,
+}
+
+/// Checkpoints: on or off, where the copy came from, the newest written,
+/// and what a crash now would replay.
+#[derive(Serialize, utoipa::ToSchema)]
+struct CheckpointBody {
+    enabled: bool,
+    #[schema(value_type = Option<String>)]
+    durable_lsn: Option<Lsn>,
+    /// WAL applied but not yet covered by a durable checkpoint: the slot is
+    /// not told of it, the owner keeps it, and a crash now replays it.
+    unacknowledged_bytes: u64,
+    /// Set when the owner's `max_slot_wal_keep_size` leaves less room than
+    /// the WAL of about one checkpoint interval at the recent rate: the slot
+    /// could be lost before the next checkpoint lets the owner free it.
+    wal_warning: Option<String>,
+    #[serde(flatten)]
+    report: CheckpointReport,
 }
 
 #[derive(Serialize, utoipa::ToSchema)]
@@ -157,7 +189,44 @@ pub(super) async fn status(State(state): State<ApiState>) -> Json<StatusBody> {
         },
         last_error: state.status.last_error(),
         model: model_body(&state.model),
+        checkpoint: checkpoint_body(&state),
     })
+}
+
+fn unacknowledged_bytes(state: &ApiState) -> u64 {
+    let applied = state.model.freshness.applied();
+    if !state.checkpoints.enabled() {
+        return 0;
+    }
+    state
+        .checkpoints
+        .durable()
+        .map_or(0, |durable| durable.bytes_until(applied))
+}
+
+fn checkpoint_body(state: &ApiState) -> CheckpointBody {
+    let slot = state.status.slot();
+    let wal_warning = if state.checkpoints.enabled() {
+        slot.as_ref().and_then(|s| s.safe_wal_bytes).and_then(|safe| {
+            let rate = state.status.wal_bytes_per_second();
+            let interval = state.checkpoints.interval().as_secs_f64();
+            let needed = rate * interval;
+            (needed >= safe as f64 * 0.8).then(|| {
+                format!(
+                    "the owner writes about {rate:.0} bytes/s of WAL, {needed:.0} per checkpoint interval of {interval} s, and the slot has {safe} bytes left before max_slot_wal_keep_size invalidates it"
+                )
+            })
+        })
+    } else {
+        None
+    };
+    CheckpointBody {
+        enabled: state.checkpoints.enabled(),
+        durable_lsn: state.checkpoints.durable(),
+        unacknowledged_bytes: unacknowledged_bytes(state),
+        wal_warning,
+        report: state.checkpoints.report(),
+    }
 }
 
 #[utoipa::path(get, path = "/metrics", tag = "operations",
@@ -181,6 +250,7 @@ pub(super) async fn metrics_text(State(state): State<ApiState>) -> Response {
         .with_label_values(&["inventory"])
         .set(m.inventory_rows as i64);
     metrics::MODEL_BYTES.set(m.inventory_bytes as i64);
+    metrics::CHECKPOINT_UNACKNOWLEDGED.set(unacknowledged_bytes(&state) as i64);
     // The share slides with time, not only when a report arrives.
     state.stale.ledger.overall();
     (

@@ -313,6 +313,10 @@ pub struct Freshness {
     /// `applied` again, for waiters (confirmed reads) that sleep until it
     /// reaches a position instead of polling.
     watch: applied_watch::AppliedWatch,
+    /// An owner position read after this start that the copy must reach
+    /// before it counts as caught up: set when the copy comes from a
+    /// checkpoint, whose position may be far behind (0: none).
+    catch_up_to: AtomicU64,
 }
 
 impl Freshness {
@@ -344,6 +348,22 @@ impl Freshness {
 
     pub fn is_loaded(&self) -> bool {
         self.loaded.load(Ordering::Acquire)
+    }
+
+    /// The copy must reach `owner_position` (read from the owner after this
+    /// start) before it is caught up. Also raises the known WAL end, so the
+    /// lag reads what is left to replay instead of 0 before the stream has
+    /// said anything.
+    pub fn require_catch_up_to(&self, owner_position: Lsn) {
+        self.catch_up_to
+            .fetch_max(owner_position.0, Ordering::AcqRel);
+        self.note_server_wal_end(owner_position);
+    }
+
+    /// Whether the copy has reached the position `require_catch_up_to` set
+    /// (always, when none was set).
+    pub fn caught_up(&self) -> bool {
+        self.applied.load(Ordering::Acquire) >= self.catch_up_to.load(Ordering::Acquire)
     }
 
     pub fn lag_bytes(&self) -> u64 {
@@ -583,6 +603,9 @@ impl ReadModel {
             .commit_time_us
             .store(commit_time_us, Ordering::Release);
         self.freshness.loaded.store(true, Ordering::Release);
+        // A snapshot is as new as the owner; a checkpoint's loader sets its
+        // own position to reach after this.
+        self.freshness.catch_up_to.store(0, Ordering::Release);
         self.feed.reset(at);
     }
 }

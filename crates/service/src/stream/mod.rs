@@ -7,10 +7,13 @@
 //! - [`refresh`]: the TTL safety net: re-reads between DBLog watermarks.
 //! - [`replicate`]: the loop: connect, snapshot or resume, apply, acknowledge,
 //!   reconnect.
+//! - [`checkpoints`]: when a checkpoint is loaded or written, and the
+//!   acknowledgement cap it sets (the file itself is `crate::checkpoint`).
 //! - [`heartbeat`]: a logical message at an interval, so an idle owner's lag
 //!   stays measurable.
 //! - [`slot_watch`]: the slot's state and the owner's WAL position, polled.
 
+pub mod checkpoints;
 pub mod decode;
 pub mod heartbeat;
 pub mod refresh;

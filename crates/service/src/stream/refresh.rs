@@ -157,7 +157,10 @@ impl Refresh {
             confirmations,
             due,
             windows: Mutex::new(HashMap::new()),
-            next_window: AtomicU64::new(1),
+            // Random per process: the WAL a restart from a checkpoint
+            // replays carries the old process's watermarks, and one of
+            // them must never close a window of this one.
+            next_window: AtomicU64::new(rand::rng().random_range(1..1u64 << 62)),
             repaired: AtomicU64::new(0),
             merged: AtomicU64::new(0),
             deferred: AtomicU64::new(0),
@@ -226,6 +229,28 @@ impl Refresh {
         for key in tables.room_types.keys().chain(tables.calendars.keys()) {
             let ttl = self.ttl.mul_f64(rng.random_range(0.5..1.0));
             self.confirmations.insert(key, Confirmation::now(ttl));
+        }
+    }
+
+    /// A copy was loaded from a checkpoint written `downtime` ago: watch
+    /// its calendars with the time they had left then (`left`, as
+    /// `remaining` gave it), less the downtime. Those whose time ran out
+    /// while the service was down would all fall due at once; they are
+    /// spread over [0, ttl/2] with jitter instead, and the refresher takes
+    /// at most one batch per tick, which bounds the rate. A calendar of the
+    /// copy that `left` does not list gets a spread TTL, as after a snapshot.
+    pub fn restore(&self, tables: &Tables, left: &[(CalendarKey, Duration)], downtime: Duration) {
+        self.reset(tables);
+        let mut rng = rand::rng();
+        for (key, time_left) in left {
+            if !self.confirmations.contains_key(key) {
+                continue; // no longer in the copy
+            }
+            let ttl = match time_left.checked_sub(downtime) {
+                Some(rest) if !rest.is_zero() => rest.min(self.ttl),
+                _ => self.ttl.mul_f64(rng.random_range(0.0..0.5)),
+            };
+            self.confirmations.insert(*key, Confirmation::now(ttl));
         }
     }
 
@@ -406,6 +431,12 @@ pub async fn run_refresher(
             biased;
             _ = shutdown.cancelled() => return,
             _ = tick.tick() => {}
+        }
+        // A copy loaded from a checkpoint first replays the WAL since it:
+        // a re-read before that would only be merged into an old copy and
+        // compete with the catch-up for the owner.
+        if !model.freshness.caught_up() {
+            continue;
         }
         // moka expires entries lazily; this is where expired ones reach `due`.
         refresh.confirmations.run_pending_tasks();

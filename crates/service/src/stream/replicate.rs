@@ -34,10 +34,12 @@ use pg_walstream::{
 use rand::RngExt;
 
 use super::StreamSettings;
+use super::checkpoints::{Checkpoints, Trigger};
 use super::refresh::Refresh;
 use super::slot::{self, SlotError, SlotInfo};
 use super::snapshot::{self, SnapshotError, SnapshotProgress};
 use super::txn::{AssembleError, Assembled, Assembler};
+use crate::checkpoint::{Identity, Loaded};
 use crate::index::HotelIndex;
 use crate::lsn::Lsn;
 use crate::metrics;
@@ -60,6 +62,8 @@ pub enum StreamError {
     Apply(#[from] ApplyError),
     #[error("the slot was created but exported no snapshot")]
     NoSnapshotExported,
+    #[error("slot {slot:?} is still held by walsender pid {pid:?}; waiting for it to exit")]
+    SlotBusy { slot: String, pid: Option<i32> },
 }
 
 /// What operators see of the stream in `/v1/status`.
@@ -80,6 +84,16 @@ pub struct StreamStatus {
     /// The running stream session's token: cancelling it ends the session at
     /// once (even inside a read), so an ask does not wait for the next event.
     session: Mutex<Option<CancellationToken>>,
+    /// The owner's WAL rate, from the slot watch's samples: the last
+    /// sample and a moving average in bytes per second.
+    wal_rate: Mutex<Option<WalRate>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct WalRate {
+    at: Instant,
+    position: Lsn,
+    bytes_per_second: f64,
 }
 
 impl StreamStatus {
@@ -128,6 +142,36 @@ impl StreamStatus {
         self.resnapshots_served.fetch_max(asked, Ordering::SeqCst);
     }
 
+    /// Notes the owner's WAL position as the slot watch read it now.
+    pub(crate) fn note_owner_wal(&self, position: Lsn) {
+        let now = Instant::now();
+        let mut rate = self.wal_rate.lock().unwrap_or_else(|p| p.into_inner());
+        let bytes_per_second = match *rate {
+            Some(last) if now > last.at => {
+                let seconds = now.duration_since(last.at).as_secs_f64();
+                let sample = last.position.bytes_until(position) as f64 / seconds;
+                // A moving average over about ten samples: one burst does
+                // not set off a warning, a steady rate does.
+                last.bytes_per_second * 0.9 + sample * 0.1
+            }
+            Some(last) => last.bytes_per_second,
+            None => 0.0,
+        };
+        *rate = Some(WalRate {
+            at: now,
+            position,
+            bytes_per_second,
+        });
+    }
+
+    /// The owner's recent WAL rate, in bytes per second (0 until measured).
+    pub fn wal_bytes_per_second(&self) -> f64 {
+        self.wal_rate
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .map_or(0.0, |r| r.bytes_per_second)
+    }
+
     /// Registers the running session's token (or clears it).
     fn set_session(&self, token: Option<CancellationToken>) {
         *self.session.lock().unwrap_or_else(|p| p.into_inner()) = token;
@@ -142,6 +186,7 @@ pub struct Projector {
     status: Arc<StreamStatus>,
     refresh: Arc<Refresh>,
     index: Arc<HotelIndex>,
+    checkpoints: Arc<Checkpoints>,
 }
 
 /// How a session that did not fail ended.
@@ -182,6 +227,7 @@ impl Projector {
         status: Arc<StreamStatus>,
         refresh: Arc<Refresh>,
         index: Arc<HotelIndex>,
+        checkpoints: Arc<Checkpoints>,
     ) -> Projector {
         Projector {
             owner,
@@ -190,6 +236,7 @@ impl Projector {
             status,
             refresh,
             index,
+            checkpoints,
         }
     }
 
@@ -206,12 +253,24 @@ impl Projector {
             // last acknowledgement.
             let outcome = match self.prepare(&shutdown).await {
                 Ok(Some(mut stream)) => self.stream_session(&mut stream, &shutdown).await,
-                Ok(None) => Ok(SessionEnd::Shutdown),
+                Ok(None) => {
+                    // Shutdown while connecting: no stream to acknowledge
+                    // on, but a copy from before may be newer than the
+                    // last checkpoint.
+                    self.final_checkpoint().await;
+                    Ok(SessionEnd::Shutdown)
+                }
                 Err(error) => Err(error),
             };
             self.status.connected.store(false, Ordering::Release);
             metrics::STREAM_CONNECTED.set(0);
             if shutdown.is_cancelled() {
+                if !matches!(outcome, Ok(SessionEnd::Shutdown)) {
+                    // Stopped by an error that raced shutdown: nothing can
+                    // be acknowledged, but the copy is still worth a
+                    // checkpoint for the next start.
+                    self.final_checkpoint().await;
+                }
                 return;
             }
             match outcome {
@@ -236,9 +295,28 @@ impl Projector {
             backoff = (backoff * 2).min(max);
             tokio::select! {
                 biased;
-                _ = shutdown.cancelled() => return,
+                _ = shutdown.cancelled() => {
+                    self.final_checkpoint().await;
+                    return;
+                }
                 _ = tokio::time::sleep(wait) => {}
             }
+        }
+    }
+
+    /// The shutdown checkpoint, apply having stopped. Writes nothing with
+    /// checkpoints off or when the last checkpoint already holds the copy.
+    async fn final_checkpoint(&self) -> Option<Lsn> {
+        if self.status.resnapshotting.load(Ordering::Acquire) {
+            return None;
+        }
+        match self
+            .checkpoints
+            .write_now(&self.model, &self.refresh, Trigger::Shutdown)
+            .await
+        {
+            Some(Ok(written)) => Some(written.name.lsn),
+            Some(Err(_)) | None => None,
         }
     }
 
@@ -263,9 +341,53 @@ impl Projector {
         let mut client = endpoint.connect(self.owner.connect_timeout()).await?;
         slot::ensure_publication(&client, &s.publication, &s.schema).await?;
         let info = slot::slot_info(&client, &s.slot).await?;
+        let streaming = if s.stream_in_progress {
+            StreamingMode::On
+        } else {
+            StreamingMode::Off
+        };
+        let config = ReplicationStreamConfig::builder(s.slot.clone(), s.publication.clone())
+            .with_protocol_version(if s.stream_in_progress { 2 } else { 1 })
+            .with_streaming_mode(streaming)
+            .with_messages(true)
+            .with_feedback_interval(Duration::from_secs(1))
+            .with_connection_timeout(self.owner.connect_timeout())
+            // Our own loop owns reconnects; the library must not retry behind it.
+            .with_retry_config(RetryConfig {
+                max_attempts: 1,
+                ..RetryConfig::default()
+            })
+            .with_slot_options(ReplicationSlotOptions {
+                temporary: s.temporary_slot,
+                // Used only when this session creates the slot, which it
+                // does only to take a snapshot.
+                snapshot: Some("export".to_string()),
+                ..ReplicationSlotOptions::default()
+            })
+            // Never create a slot behind our back: a slot made without a
+            // snapshot would leave a gap no one sees.
+            .with_existing_slot_required(true);
+        // Opened before the snapshot-or-resume decision: its
+        // IDENTIFY_SYSTEM says which cluster and timeline a checkpoint
+        // must have been made on.
+        let mut stream =
+            LogicalReplicationStream::new(endpoint.replication_conninfo(), config).await?;
+        if self.checkpoints.enabled() {
+            let server = stream.server_identity();
+            self.checkpoints.set_identity(Identity {
+                system_identifier: server.system_id(),
+                timeline: server.timeline(),
+                slot: s.slot.clone(),
+                publication: s.publication.clone(),
+                columns_fingerprint: slot::columns_fingerprint(&client, &s.publication).await?,
+            });
+        }
         // Read before the snapshot starts: an ask that arrives later wants a
         // snapshot taken after it, so it is not marked answered by this one.
         let asked = self.status.pending_resnapshot();
+        if !self.model.freshness.is_loaded() && asked.is_none() {
+            self.start_from_checkpoint(&client, info.as_ref()).await?;
+        }
         let reason = match &info {
             _ if !self.model.freshness.is_loaded() => Some(SnapshotReason::Initial),
             None => Some(SnapshotReason::SlotMissing),
@@ -290,41 +412,12 @@ impl Projector {
                     self.status.resnapshotting.store(true, Ordering::Release);
                 }
             }
+        } else if info.as_ref().is_some_and(|i| i.active) {
+            // The last process's walsender has not exited yet (it notices
+            // a dead client only at wal_sender_timeout): wait for it rather
+            // than take the slot from it or replace it.
+            self.wait_slot_released(&client).await?;
         }
-
-        let streaming = if s.stream_in_progress {
-            StreamingMode::On
-        } else {
-            StreamingMode::Off
-        };
-        let config = ReplicationStreamConfig::builder(s.slot.clone(), s.publication.clone())
-            .with_protocol_version(if s.stream_in_progress { 2 } else { 1 })
-            .with_streaming_mode(streaming)
-            .with_messages(true)
-            .with_feedback_interval(Duration::from_secs(1))
-            .with_connection_timeout(self.owner.connect_timeout())
-            // Our own loop owns reconnects; the library must not retry behind it.
-            .with_retry_config(RetryConfig {
-                max_attempts: 1,
-                ..RetryConfig::default()
-            })
-            .with_slot_options(ReplicationSlotOptions {
-                temporary: s.temporary_slot,
-                snapshot: Some(
-                    if reason.is_some() {
-                        "export"
-                    } else {
-                        "nothing"
-                    }
-                    .to_string(),
-                ),
-                ..ReplicationSlotOptions::default()
-            })
-            // Never create a slot behind our back: a slot made without a
-            // snapshot would leave a gap no one sees.
-            .with_existing_slot_required(true);
-        let mut stream =
-            LogicalReplicationStream::new(endpoint.replication_conninfo(), config).await?;
 
         let start_at = if let Some(reason) = reason {
             stream.ensure_replication_slot().await?;
@@ -351,9 +444,21 @@ impl Projector {
             metrics::RESNAPSHOTS
                 .with_label_values(&[reason.label()])
                 .inc();
+            // Until a checkpoint covers the new copy, a restart would take
+            // another snapshot and the slot cannot be acknowledged.
+            self.checkpoints.request_write();
             at
         } else {
-            self.model.freshness.applied()
+            // With checkpoints on, from the newest durable one rather than
+            // from what was applied: `start` tells the server its start
+            // point is processed, and the slot must not pass a checkpoint.
+            // What is replayed between the two is skipped by commit LSN.
+            self.checkpoints
+                .acknowledgeable(self.model.freshness.applied())
+                .max(Lsn(info
+                    .as_ref()
+                    .and_then(|i| i.confirmed_flush)
+                    .map_or(0, |l| l.0)))
         };
         drop(client);
 
@@ -363,6 +468,72 @@ impl Projector {
         metrics::STREAM_CONNECTED.set(1);
         tracing::info!(slot = %s.slot, from = %start_at, "streaming");
         Ok(stream)
+    }
+
+    /// Loads the newest usable checkpoint into the empty copy, if there is
+    /// one (see `Checkpoints::load_for_start` for what makes one unusable).
+    /// The copy is then loaded at the checkpoint's LSN and this session
+    /// resumes the slot from there; ready waits until the copy has reached
+    /// an owner position read after the load.
+    async fn start_from_checkpoint(
+        &self,
+        client: &tokio_postgres::Client,
+        slot_info: Option<&SlotInfo>,
+    ) -> Result<(), StreamError> {
+        debug_assert!(
+            !self.model.freshness.is_loaded(),
+            "a checkpoint is never loaded over a copy"
+        );
+        let Some(identity) = self.checkpoints.identity() else {
+            return Ok(()); // checkpoints off
+        };
+        let Some(loaded) = self.checkpoints.load_for_start(&identity, slot_info).await else {
+            return Ok(());
+        };
+        let Loaded {
+            header,
+            tables,
+            xids,
+            ttl,
+            nights,
+        } = loaded;
+        let downtime = header
+            .written_at()
+            .and_then(|w| (Utc::now() - w).to_std().ok())
+            .unwrap_or_default();
+        // Read after the load: what this start must catch up to.
+        let owner_now = slot::current_wal_lsn(client).await?;
+        let at = tables.applied;
+        // The ring before the copy: an owner read checked against it must
+        // know every transaction the copy holds.
+        self.model.xids.restore(xids);
+        self.refresh.restore(&tables, &ttl, downtime);
+        self.model.replace(tables);
+        self.model.freshness.require_catch_up_to(owner_now);
+        self.index.mark_all();
+        self.status.snapshot.loaded_from_checkpoint();
+        tracing::info!(lsn = %at, nights, downtime_secs = downtime.as_secs(), catch_up_to = %owner_now, "copy loaded from a checkpoint; replaying the WAL since");
+        Ok(())
+    }
+
+    /// Waits, at most the connect timeout, until no walsender holds the
+    /// slot; an error (and the session's retry with backoff) otherwise.
+    async fn wait_slot_released(&self, client: &tokio_postgres::Client) -> Result<(), StreamError> {
+        let deadline = Instant::now() + self.owner.connect_timeout();
+        loop {
+            let info = slot::slot_info(client, &self.stream.slot).await?;
+            let Some(info) = info.filter(|i| i.active) else {
+                return Ok(());
+            };
+            if Instant::now() >= deadline {
+                return Err(StreamError::SlotBusy {
+                    slot: self.stream.slot.clone(),
+                    pid: info.active_pid,
+                });
+            }
+            tracing::info!(slot = %self.stream.slot, pid = ?info.active_pid, "slot still held by a walsender; waiting");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// Streams until shutdown, a requested resnapshot, or an error. The
@@ -383,10 +554,19 @@ impl Projector {
         self.status.set_session(None);
         match ended {
             Ok(()) => {
-                // The last word to the walsender: everything applied is
-                // acknowledged, then the stream is dropped by the caller,
-                // which ends the COPY (CopyDone) and the connection (Terminate).
-                let acked = self.model.freshness.applied();
+                // Apply has stopped. At shutdown, with checkpoints on, the
+                // copy is written and made durable first, so the last
+                // acknowledgement can be exactly its LSN.
+                if shutdown.is_cancelled() {
+                    self.final_checkpoint().await;
+                }
+                // The last word to the walsender: everything applied (and,
+                // with checkpoints on, checkpointed) is acknowledged, then
+                // the stream is dropped by the caller, which ends the COPY
+                // (CopyDone) and the connection (Terminate).
+                let acked = self
+                    .checkpoints
+                    .acknowledgeable(self.model.freshness.applied());
                 self.acknowledge(stream, acked);
                 let sent = tokio::time::timeout(self.owner.connect_timeout(), stream.stop()).await;
                 if sent.is_err() {
@@ -446,7 +626,7 @@ impl Projector {
                     // A keepalive moved past everything delivered and nothing
                     // of ours is open: every commit below it is applied.
                     self.model.advance(received);
-                    self.acknowledge(stream, self.model.freshness.applied());
+                    self.acknowledge(stream, self.acknowledgeable());
                     stream.send_feedback().await?;
                 } else {
                     // The next transaction's first frame is held for us.
@@ -480,13 +660,22 @@ impl Projector {
                             .with_label_values(&["truncate"])
                             .inc_by(applied.truncates);
                     }
-                    self.acknowledge(stream, self.model.freshness.applied());
+                    self.acknowledge(stream, self.acknowledgeable());
                 }
             }
         }
     }
 
-    /// Tells the server everything below `lsn` is applied (sent with the next status update).
+    /// What the slot may be told: what the copy applied, capped by the
+    /// newest durable checkpoint when checkpoints are on.
+    fn acknowledgeable(&self) -> Lsn {
+        self.checkpoints
+            .acknowledgeable(self.model.freshness.applied())
+    }
+
+    /// Tells the server everything below `lsn` is applied (sent with the
+    /// next status update). Both positions are set: pg_walstream's feedback
+    /// sends the larger of the two as flushed, so a cap must hold for both.
     fn acknowledge(&self, stream: &LogicalReplicationStream, lsn: Lsn) {
         stream.shared_lsn_feedback.update_flushed_lsn(lsn.0);
         stream.shared_lsn_feedback.update_applied_lsn(lsn.0);

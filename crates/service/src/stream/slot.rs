@@ -35,6 +35,10 @@ pub struct SlotInfo {
     pub confirmed_flush: Option<Lsn>,
     /// WAL the server keeps for this slot (current position − restart_lsn).
     pub retained_bytes: Option<i64>,
+    /// WAL that can still be written before `max_slot_wal_keep_size` lets
+    /// the server remove what this slot needs (`safe_wal_size`; none when
+    /// that setting is unlimited).
+    pub safe_wal_bytes: Option<i64>,
 }
 
 impl SlotInfo {
@@ -111,7 +115,7 @@ pub async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>, 
     let row = client
         .query_opt(
             "SELECT active, active_pid, wal_status, confirmed_flush_lsn,
-                    (pg_current_wal_lsn() - restart_lsn)::bigint
+                    (pg_current_wal_lsn() - restart_lsn)::bigint, safe_wal_size
              FROM pg_replication_slots WHERE slot_name = $1",
             &[&slot],
         )
@@ -123,6 +127,7 @@ pub async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>, 
         wal_status: row.get(2),
         confirmed_flush: row.get::<_, Option<PgLsn>>(3).map(Lsn::from),
         retained_bytes: row.get(4),
+        safe_wal_bytes: row.get(5),
     }))
 }
 
@@ -156,6 +161,45 @@ pub async fn drop_slot(client: &Client, slot: &str) -> Result<(), SlotError> {
         }
     }
     Err(last.expect("loop ran").into())
+}
+
+/// A fingerprint of the published tables' columns: schema, table, column
+/// number, name and type, in that order, hashed (SHA-256). A checkpoint's
+/// rows were decoded under these columns; after an `ALTER TABLE` on a
+/// published table they may no longer mean what they meant, so a
+/// checkpoint made before is not loaded.
+pub async fn columns_fingerprint(client: &Client, publication: &str) -> Result<Vec<u8>, SlotError> {
+    use sha2::Digest;
+    let rows = client
+        .query(
+            "SELECT pt.schemaname::text, pt.tablename::text, a.attnum::int4, a.attname::text,
+                    format_type(a.atttypid, a.atttypmod)
+             FROM pg_publication_tables pt
+             JOIN pg_namespace n ON n.nspname = pt.schemaname
+             JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename
+             JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+             WHERE pt.pubname = $1
+             ORDER BY 1, 2, 3",
+            &[&publication],
+        )
+        .await?;
+    let mut hash = sha2::Sha256::new();
+    for row in &rows {
+        let number: i32 = row.get(2);
+        // Each field length-prefixed: a quoted name may hold any character,
+        // so no separator could keep two column lists from hashing alike.
+        for field in [
+            row.get::<_, String>(0),
+            row.get(1),
+            number.to_string(),
+            row.get(3),
+            row.get(4),
+        ] {
+            hash.update((field.len() as u64).to_le_bytes());
+            hash.update(field.as_bytes());
+        }
+    }
+    Ok(hash.finalize().to_vec())
 }
 
 /// The owner's current WAL insert position: once the copy has applied it,

@@ -43,6 +43,7 @@ pub async fn run_slot_watch(
         match tokio::time::timeout(owner.query_timeout(), read).await {
             Ok(Ok((info, wal))) => {
                 model.freshness.note_server_wal_end(wal);
+                status.note_owner_wal(wal);
                 metrics::SLOT_ACTIVE.set(i64::from(info.as_ref().is_some_and(|i| i.active)));
                 metrics::SLOT_RETAINED_WAL
                     .set(info.as_ref().and_then(|i| i.retained_bytes).unwrap_or(0));

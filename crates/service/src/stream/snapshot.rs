@@ -65,6 +65,14 @@ impl SnapshotProgress {
         self.phase.store(phase as u8, Ordering::Release);
     }
 
+    /// The copy was loaded from a checkpoint: loaded, with no row read
+    /// from the owner (`loads` counts snapshots only, and stays).
+    pub(crate) fn loaded_from_checkpoint(&self) {
+        self.rows_loaded.store(0, Ordering::Relaxed);
+        self.rows_expected.store(0, Ordering::Relaxed);
+        self.set_phase(SnapshotPhase::Loaded);
+    }
+
     /// 0.0 to 1.0; an estimate while loading (the planner's row counts).
     pub fn fraction(&self) -> f64 {
         match self.phase() {
