@@ -11,7 +11,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use chrono::NaiveDate;
+use chrono::{Datelike, NaiveDate};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -285,20 +285,49 @@ impl TakeReport {
 
     /// What makes two reports the same report (the quote included, so a
     /// retry that swaps the quote is a different report).
+    ///
+    /// Each field is hashed in a fixed binary form (lengths, big-endian
+    /// numbers, days and milliseconds), not as its `Debug` text: a
+    /// checkpoint carries fingerprints to the next process, perhaps another
+    /// build, which must compute the same one for the same report. So this
+    /// form is part of the checkpoint format: changing it needs a new
+    /// `checkpoint::FORMAT_VERSION`.
     fn fingerprint(&self) -> [u8; 32] {
-        let canonical = format!(
-            "{}|{:?}|{}|{}|{}|{}|{}|{:?}|{:?}",
-            self.attempt_id,
-            self.quote,
-            self.hotel_id,
-            self.room_type_id,
-            self.check_in,
-            self.check_out,
-            self.rooms,
-            self.outcome,
-            self.commit_lsn
-        );
-        Sha256::digest(canonical.as_bytes()).into()
+        let mut h = Sha256::new();
+        h.update(b"vacancy.take-report.1");
+        h.update((self.attempt_id.len() as u64).to_be_bytes());
+        h.update(self.attempt_id.as_bytes());
+        match &self.quote {
+            None => h.update([0u8]),
+            Some(q) => {
+                h.update([1u8]);
+                h.update(source_label(Some(q.source)).as_bytes());
+                h.update([0u8]);
+                h.update(q.hotel_id.to_be_bytes());
+                h.update(q.room_type_id.to_be_bytes());
+                h.update(q.check_in.num_days_from_ce().to_be_bytes());
+                h.update(q.check_out.num_days_from_ce().to_be_bytes());
+                h.update(q.free_units.to_be_bytes());
+                h.update(q.lsn.0.to_be_bytes());
+                h.update(q.shown_at.timestamp_millis().to_be_bytes());
+                h.update(q.lag_ms.to_be_bytes());
+            }
+        }
+        h.update(self.hotel_id.to_be_bytes());
+        h.update(self.room_type_id.to_be_bytes());
+        h.update(self.check_in.num_days_from_ce().to_be_bytes());
+        h.update(self.check_out.num_days_from_ce().to_be_bytes());
+        h.update(self.rooms.to_be_bytes());
+        h.update(self.outcome.label().as_bytes());
+        h.update([0u8]);
+        match self.commit_lsn {
+            None => h.update([0u8]),
+            Some(lsn) => {
+                h.update([1u8]);
+                h.update(lsn.0.to_be_bytes());
+            }
+        }
+        h.finalize().into()
     }
 }
 
@@ -652,6 +681,60 @@ mod tests {
                 Err(ReportError::Invalid { field: f, .. }) => assert_eq!(f, field, "{json}"),
                 other => panic!("{json}: {other:?}"),
             }
+        }
+    }
+
+    /// A checkpoint carries fingerprints to the next build: the same
+    /// report must hash the same there, so the form is pinned here, and any
+    /// field changed makes another fingerprint.
+    #[test]
+    fn the_fingerprint_is_pinned_and_covers_every_field() {
+        let report = TakeReport {
+            attempt_id: "a-1".into(),
+            quote: Some(Quote {
+                source: Source::Copy,
+                hotel_id: 1,
+                room_type_id: 2,
+                check_in: day(1),
+                check_out: day(3),
+                free_units: 4,
+                lsn: Lsn(99),
+                shown_at: chrono::DateTime::from_timestamp_millis(1_900_000_000_123).unwrap(),
+                lag_ms: 40,
+            }),
+            hotel_id: 1,
+            room_type_id: 2,
+            check_in: day(1),
+            check_out: day(3),
+            rooms: 1,
+            outcome: Outcome::Conflict,
+            commit_lsn: None,
+        };
+        let hex: String = report
+            .fingerprint()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(
+            hex,
+            "7c66a0b8f8ffb118149bf18b37b484d95624a4f98fd820c4da44bb4def3f4508"
+        );
+        type Mutation = fn(&mut TakeReport);
+        let changes: [Mutation; 9] = [
+            |r| r.attempt_id.push('x'),
+            |r| r.quote = None,
+            |r| r.quote.as_mut().unwrap().free_units = 5,
+            |r| r.quote.as_mut().unwrap().source = Source::CopyFallback,
+            |r| r.quote.as_mut().unwrap().lag_ms = 41,
+            |r| r.rooms = 2,
+            |r| r.check_out = day(4),
+            |r| r.outcome = Outcome::Taken,
+            |r| r.commit_lsn = Some(Lsn(1)),
+        ];
+        for (i, change) in changes.iter().enumerate() {
+            let mut other = report.clone();
+            change(&mut other);
+            assert_ne!(other.fingerprint(), report.fingerprint(), "change {i}");
         }
     }
 
