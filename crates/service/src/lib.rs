@@ -52,7 +52,7 @@ mod stream;
 pub use app::{App, AppError, StopTimeout, start};
 pub use checkpoint::{
     CheckpointError, CheckpointName, Choice, Header as CheckpointHeader, HeaderField, Identity,
-    Loaded, Skipped, Written, choose as choose_checkpoint, list as list_checkpoints,
+    Loaded, Skipped, StaleCarry, Written, choose as choose_checkpoint, list as list_checkpoints,
     load as load_checkpoint, prune as prune_checkpoints, verify as verify_checkpoint,
     write as write_checkpoint, write_model as checkpoint_model,
 };
