@@ -1026,3 +1026,96 @@ fn broken_stale_records_are_refused() {
     rewrite(&written.path, &frames);
     assert_eq!(load(&written.path, &identity(1)).unwrap().stale, state);
 }
+
+/// Counts with stale <= conflicts <= takes, any sizes.
+fn sound_counts() -> impl Strategy<Value = WindowCounts> {
+    (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(a, b, c, errors)| {
+        let mut v = [a, b, c];
+        v.sort_unstable();
+        WindowCounts {
+            stale: v[0],
+            conflicts: v[1],
+            takes: v[2],
+            errors,
+        }
+    })
+}
+
+/// Any state the stale-read loop can carry: buckets of distinct ages,
+/// oldest first; hotels and ids in order, each once; totals by any sources.
+fn any_stale_state() -> impl Strategy<Value = StaleCarry> {
+    use std::collections::BTreeMap;
+    let bucket = (
+        0u64..100_000_000,
+        sound_counts(),
+        any::<u64>(),
+        proptest::collection::btree_map(any::<i64>(), sound_counts(), 0..40),
+    );
+    let attempts = proptest::collection::btree_map(
+        "[a-zA-Z0-9:-]{1,60}",
+        (any::<[u8; 32]>(), any::<u64>()),
+        0..80,
+    );
+    let by_source = proptest::collection::vec(proptest::option::of(any::<u64>()), 5);
+    (
+        proptest::collection::vec(bucket, 0..8),
+        attempts,
+        any::<[u64; 5]>(),
+        by_source.clone(),
+        by_source,
+    )
+        .prop_map(|(buckets, attempts, t, conflicts, takes)| {
+            let mut by_age: BTreeMap<u64, WindowBucket> = BTreeMap::new();
+            for (age_ms, overall, untracked, hotels) in buckets {
+                by_age.insert(
+                    age_ms,
+                    WindowBucket {
+                        age: Duration::from_millis(age_ms),
+                        overall,
+                        untracked,
+                        hotels: hotels.into_iter().collect(),
+                    },
+                );
+            }
+            let sources = |of: Vec<Option<u64>>| -> Vec<(Option<Source>, u64)> {
+                std::iter::once(None)
+                    .chain(Source::ALL.into_iter().map(Some))
+                    .zip(of)
+                    .filter_map(|(source, n)| Some((source, n?)))
+                    .collect()
+            };
+            StaleCarry {
+                buckets: by_age.into_values().rev().collect(),
+                attempts: attempts
+                    .into_iter()
+                    .map(|(attempt_id, (fingerprint, ms))| CountedAttempt {
+                        attempt_id,
+                        fingerprint,
+                        left: Duration::from_millis(ms),
+                    })
+                    .collect(),
+                totals: OutcomeTotals {
+                    taken: t[0],
+                    conflicts: t[1],
+                    errors: t[2],
+                    stale_reads: t[3],
+                    replays: t[4],
+                    conflicts_by_source: sources(conflicts),
+                    takes_by_source: sources(takes),
+                },
+            }
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Any stale-read state the loop can carry comes back equal.
+    #[test]
+    fn any_stale_state_round_trips(state in any_stale_state()) {
+        let dir = tempfile::tempdir().unwrap();
+        let written = write(dir.path(), &identity(1), &copy(1, 1, 3, 100), &ring(), &[], &state).unwrap();
+        let loaded = load(&written.path, &identity(1)).unwrap();
+        prop_assert_eq!(loaded.stale, state);
+    }
+}
