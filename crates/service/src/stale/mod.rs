@@ -87,7 +87,7 @@ pub struct StaleReadsBody {
     /// Hotels listed need at least this many takes in the window.
     pub hotel_min_takes: u64,
     pub hotels: Vec<HotelStaleReads>,
-    /// Since start, not windowed.
+    /// Since start (carried over a restart by a checkpoint), not windowed.
     pub totals: Totals,
     pub audit: AuditStatus,
 }

@@ -362,7 +362,8 @@ pub struct LedgerSettings {
     pub max_hotels: usize,
 }
 
-/// Totals since start, per instance (the metrics are process-wide).
+/// Totals since start, per instance (the metrics are process-wide), carried
+/// over a restart by a checkpoint (the metrics are not).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Totals {
     pub taken: u64,
