@@ -12,8 +12,9 @@
 //! - [`model`]: the in-memory read model of hotels, room types and nightly
 //!   counts, applied one whole transaction at a time, with its freshness.
 //! - [`checkpoint`]: the whole copy at one LSN in one file (hotels, room
-//!   types, calendars, the applied-xid ring), written atomically and read
-//!   back only whole, so a restart need not copy the owner again.
+//!   types, calendars, the applied-xid ring, the TTLs' time left, the
+//!   stale-read loop's window and counted attempt ids), written atomically
+//!   and read back only whole, so a restart need not copy the owner again.
 //! - [`index`]: hotels and room types in tantivy, re-indexed in batches.
 //! - [`search`]: which hotels fit the party on every night; few units
 //!   confirmed against the owner's WAL position (or read from the owner); a
@@ -52,7 +53,7 @@ mod stream;
 pub use app::{App, AppError, StopTimeout, start};
 pub use checkpoint::{
     CheckpointError, CheckpointName, Choice, Header as CheckpointHeader, HeaderField, Identity,
-    Loaded, Skipped, Written, choose as choose_checkpoint, list as list_checkpoints,
+    Loaded, Skipped, StaleCarry, Written, choose as choose_checkpoint, list as list_checkpoints,
     load as load_checkpoint, prune as prune_checkpoints, verify as verify_checkpoint,
     write as write_checkpoint, write_model as checkpoint_model,
 };

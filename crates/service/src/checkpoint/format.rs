@@ -9,7 +9,11 @@
 //! Frames come in this order: one header, the hotels, the room types, the
 //! calendars (a hotel's room types one after another), the applied-xid
 //! ring, the TTL safety net's time left per calendar (in frames of at most
-//! `TTL_PER_FRAME`), then an end frame with the counts of each. The crc32c covers every
+//! `TTL_PER_FRAME`), the stale-read loop's state (its window's buckets,
+//! oldest first, a bucket's hotels in parts of at most
+//! `WINDOW_HOTELS_PER_FRAME`; the attempt ids it counted, in id order, in
+//! frames of at most `ATTEMPTS_PER_FRAME`; its totals), then an end frame
+//! with the counts of each. The crc32c covers every
 //! byte before it, the file length included. The version sits at a fixed
 //! offset, outside any frame, so a later build can say "another version"
 //! without understanding the rest.
@@ -25,17 +29,20 @@ use chrono::{DateTime, Datelike, NaiveDate, Utc};
 use serde::ser::{SerializeSeq, SerializeStruct};
 use serde::{Deserialize, Serialize, Serializer};
 
+use super::carry::{CountedAttempt, WindowCounts};
 use crate::lsn::Lsn;
 use crate::model::calendars::CalendarView;
-use crate::model::{CalendarKey, Hotel, NightCounts, RoomType};
+use crate::model::{CalendarKey, Hotel, NightCounts, RoomType, Source};
 
 /// The first bytes of every checkpoint: a name, then bytes that a text-mode
 /// transfer or a truncation to seven bits would change (PNG's idea).
 pub const MAGIC: [u8; 8] = *b"VCPT\r\n\x1a\n";
 
 /// Bumped on any change to what is written; a file of another version is
-/// not read (the start falls back to a snapshot).
-pub const FORMAT_VERSION: u32 = 1;
+/// not read (the start falls back to a snapshot). Version 2 added the
+/// stale-read loop's records (window, attempts, totals) and their counts
+/// in the end record; so the tags after `Ttl` moved.
+pub const FORMAT_VERSION: u32 = 2;
 
 /// The last bytes of a complete file: a write that stopped early lacks them.
 pub const END: [u8; 4] = *b"VEND";
@@ -70,7 +77,10 @@ pub enum Tag {
     Calendar = 3,
     Xids = 4,
     Ttl = 5,
-    End = 6,
+    Window = 6,
+    Attempts = 7,
+    StaleTotals = 8,
+    End = 9,
 }
 
 impl Tag {
@@ -82,6 +92,9 @@ impl Tag {
             Tag::Calendar,
             Tag::Xids,
             Tag::Ttl,
+            Tag::Window,
+            Tag::Attempts,
+            Tag::StaleTotals,
             Tag::End,
         ]
         .into_iter()
@@ -360,11 +373,179 @@ impl Serialize for EntriesOut<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         let mut seq = serializer.serialize_seq(Some(self.0.len()))?;
         for (key, left) in self.0 {
-            let ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
-            seq.serialize_element(&(key.hotel_id, key.room_type_id, ms))?;
+            seq.serialize_element(&(key.hotel_id, key.room_type_id, millis(*left)))?;
         }
         seq.end()
     }
+}
+
+/// Outcome counts as written (`carry::WindowCounts`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CountsRecord {
+    pub takes: u64,
+    pub conflicts: u64,
+    pub stale: u64,
+    pub errors: u64,
+}
+
+impl CountsRecord {
+    /// A stale read is a conflict, and a conflict a take: counts that say
+    /// otherwise would make a share above 1.
+    pub fn is_sound(&self) -> bool {
+        self.stale <= self.conflicts && self.conflicts <= self.takes
+    }
+
+    pub fn is_zero(&self) -> bool {
+        *self == CountsRecord::default()
+    }
+}
+
+impl From<WindowCounts> for CountsRecord {
+    fn from(c: WindowCounts) -> CountsRecord {
+        CountsRecord {
+            takes: c.takes,
+            conflicts: c.conflicts,
+            stale: c.stale,
+            errors: c.errors,
+        }
+    }
+}
+
+impl From<CountsRecord> for WindowCounts {
+    fn from(c: CountsRecord) -> WindowCounts {
+        WindowCounts {
+            takes: c.takes,
+            conflicts: c.conflicts,
+            stale: c.stale,
+            errors: c.errors,
+        }
+    }
+}
+
+/// Hotels per window frame: 4,096 of at most 50 bytes each (an id and
+/// four counts, varints of at most 10 bytes), so a frame stays under
+/// 205 KB.
+pub const WINDOW_HOTELS_PER_FRAME: usize = 4096;
+
+/// One bucket of the stale-read window, as read back; or, when `continues`,
+/// more of the previous bucket's hotels (same age, nothing else).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct WindowRecord {
+    pub continues: bool,
+    /// Milliseconds from the bucket's start to when the state was taken.
+    pub age_ms: u64,
+    pub overall: CountsRecord,
+    pub untracked: u64,
+    pub hotels: Vec<(i64, CountsRecord)>,
+}
+
+/// One window frame to write, its hotels borrowed (the same bytes as a
+/// `WindowRecord`).
+pub struct WindowOut<'a> {
+    pub continues: bool,
+    pub age_ms: u64,
+    pub overall: CountsRecord,
+    pub untracked: u64,
+    pub hotels: &'a [(i64, WindowCounts)],
+}
+
+impl Serialize for WindowOut<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut record = serializer.serialize_struct("WindowRecord", 5)?;
+        record.serialize_field("continues", &self.continues)?;
+        record.serialize_field("age_ms", &self.age_ms)?;
+        record.serialize_field("overall", &self.overall)?;
+        record.serialize_field("untracked", &self.untracked)?;
+        record.serialize_field("hotels", &HotelCountsOut(self.hotels))?;
+        record.end()
+    }
+}
+
+struct HotelCountsOut<'a>(&'a [(i64, WindowCounts)]);
+
+impl Serialize for HotelCountsOut<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut seq = serializer.serialize_seq(Some(self.0.len()))?;
+        for &(hotel_id, counts) in self.0 {
+            seq.serialize_element(&(hotel_id, CountsRecord::from(counts)))?;
+        }
+        seq.end()
+    }
+}
+
+/// Attempt ids per frame, and the bytes of ids one frame may gather before
+/// it is cut (a soft bound; ids the ledger accepts are at most 200 bytes,
+/// so 4,096 of them stay under it anyway: at most 244 bytes an entry).
+pub const ATTEMPTS_PER_FRAME: usize = 4096;
+pub const ATTEMPT_FRAME_BYTES: usize = 1 << 20;
+
+/// Attempt ids the stale-read ledger counted, as read back: (id, report
+/// fingerprint, milliseconds it would still have been remembered).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct AttemptsRecord {
+    pub entries: Vec<(String, [u8; 32], u64)>,
+}
+
+/// Attempt ids to write, borrowed (the same bytes as an `AttemptsRecord`).
+pub struct AttemptsOut<'a> {
+    pub entries: &'a [CountedAttempt],
+}
+
+impl Serialize for AttemptsOut<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut record = serializer.serialize_struct("AttemptsRecord", 1)?;
+        record.serialize_field("entries", &AttemptEntriesOut(self.entries))?;
+        record.end()
+    }
+}
+
+struct AttemptEntriesOut<'a>(&'a [CountedAttempt]);
+
+impl Serialize for AttemptEntriesOut<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let mut seq = serializer.serialize_seq(Some(self.0.len()))?;
+        for a in self.0 {
+            seq.serialize_element(&(a.attempt_id.as_str(), &a.fingerprint, millis(a.left)))?;
+        }
+        seq.end()
+    }
+}
+
+/// The stale-read ledger's totals (`carry::OutcomeTotals`), sources as
+/// `source_code`s.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StaleTotalsRecord {
+    pub taken: u64,
+    pub conflicts: u64,
+    pub errors: u64,
+    pub stale_reads: u64,
+    pub replays: u64,
+    pub conflicts_by_source: Vec<(u8, u64)>,
+    pub takes_by_source: Vec<(u8, u64)>,
+}
+
+/// A quote's source in the file: fixed numbers, not the enum's order, so
+/// reordering `Source` changes no file.
+pub fn source_code(source: Option<Source>) -> u8 {
+    match source {
+        None => 0,
+        Some(Source::Copy) => 1,
+        Some(Source::Owner) => 2,
+        Some(Source::CopyFallback) => 3,
+        Some(Source::Confirmed) => 4,
+    }
+}
+
+/// The source a `source_code` stands for; `None` for a code no build wrote.
+pub fn source_of_code(code: u8) -> Option<Option<Source>> {
+    std::iter::once(None)
+        .chain(Source::ALL.into_iter().map(Some))
+        .find(|s| source_code(*s) == code)
+}
+
+/// A duration in whole milliseconds (rounded down), saturating.
+pub fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The last frame: what came before it, counted, so a file cut at a frame
@@ -377,6 +558,9 @@ pub struct EndRecord {
     pub calendars: u64,
     pub nights: u64,
     pub ttl_entries: u64,
+    /// Window buckets (not frames: a bucket's later parts are not counted).
+    pub window_buckets: u64,
+    pub attempts: u64,
 }
 
 /// Days since 1970-01-01.

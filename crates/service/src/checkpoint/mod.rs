@@ -5,15 +5,18 @@
 //! COPY of the owner's largest table (36 s at 73M rows, on the database
 //! that takes the bookings, once per node of a rolling deploy). A
 //! checkpoint is what the copy held at `Tables::applied`, plus what the
-//! apply step and the safety net need to carry on (the applied-xid ring,
-//! each calendar's TTL time left, with the wall clock it was measured at),
-//! tied to the owner, slot, publication and columns it was made from
-//! (issue 21). The stale-read loop's windows and counted attempt ids are
-//! not in it yet.
+//! apply step, the safety net and the stale-read loop need to carry on (the
+//! applied-xid ring; each calendar's TTL time left; the stale-read window's
+//! buckets, the attempt ids it counted and its totals, as [`StaleCarry`]),
+//! with the wall clock the times were measured at, tied to the owner,
+//! slot, publication and columns it was made from (issue 21).
 //!
 //! In the order of a checkpoint's life:
 //! - [`name`]: `checkpoint-<timeline>-<lsn>.vcp`, names that sort like the
 //!   (timeline, LSN) they carry.
+//! - [`carry`]: the stale-read loop's state as plain data (ages and times
+//!   left, not instants), so the loop depends on this module and not the
+//!   other way round.
 //! - [`format`]: the bytes: magic and version, framed postcard records, a
 //!   trailer with the length and a crc32c of everything before it.
 //! - [`write`]: streams one copy (`ReadModel::read()`, immutable while held,
@@ -22,7 +25,8 @@
 //!   ones.
 //! - [`read`]: checks the length, the checksum, the version and the header
 //!   against the owner before trusting a byte; then rebuilds the `Tables`,
-//!   the xid ring and the TTLs' time left, all or nothing.
+//!   the xid ring, the TTLs' time left and the stale-read state, all or
+//!   nothing.
 //! - [`dir`]: lists a directory's checkpoints, newest first, and prunes.
 //! - [`choose`]: the newest checkpoint that verifies, with why each newer
 //!   one was skipped.
@@ -42,16 +46,29 @@
 //! burst error up to 32 bits, which a torn or flipped write is.
 //!
 //! Memory: the writer holds one `BufWriter` of `write::BUFFER` (1 MiB) and
-//! one record's encoding (the largest is the xid ring, at most 320 KiB at
-//! its 65,536 entries, or one calendar: about 9 bytes a night, 6.4 KiB for
-//! two years), and at most 4,096 TTL entries (96 KiB) filtered before a
-//! frame, so its peak is about 1.5 MiB whatever the copy's size (the TTL
-//! list it is given is the caller's: 24 bytes a calendar). What
+//! one record's encoding (the largest is a frame of attempt ids, at most
+//! 4,096 of 244 bytes, 1 MiB; then the xid ring, at most 320 KiB at its
+//! 65,536 entries, a window frame, at most 205 KB, or one calendar: about
+//! 9 bytes a night, 6.4 KiB for two years), and at most 4,096 TTL entries
+//! (96 KiB) filtered before a frame, so its peak is about 2.2 MiB whatever
+//! the copy's size. The TTL list and the `StaleCarry` it is given are the
+//! caller's: 24 bytes a calendar; for the stale-read state, its buckets
+//! (at most `stale.window_buckets` × `stale.max_hotels` hotel entries of
+//! 40 bytes, 12 MB at the defaults' 60 × 5,000) and its attempt ids (at
+//! most `stale.attempt_capacity`, each its id plus 72 bytes: 22 MB at
+//! the default 200,000 ids of 36 bytes, 54 MB if every id took the 200
+//! bytes allowed). In the file the same state is smaller: a hotel
+//! entry is at most 50 bytes, and 6 for an id below 8,192 with counts
+//! below 128 (varints; a unit test holds it there); an attempt id at most
+//! 244 bytes, 73 for a 36-byte id (a UUID) with a day left; so at the
+//! defaults at most 15 MB of window and 49 MB of ids, typically 2 MB and
+//! 15 MB. What
 //! it costs besides is indirect: the copy it holds keeps every page that
 //! apply replaces during the write alive until it ends. The reader holds
-//! the `Tables` it builds (the size of the copy itself), one hotel's
-//! calendars before they are laid out, and one frame of at most
-//! `format::MAX_FRAME` (4 MiB), a bound checked before it is allocated.
+//! the `Tables` it builds (the size of the copy itself), the stale-read
+//! state (as above), one hotel's calendars before they are laid out, and
+//! one frame of at most `format::MAX_FRAME` (4 MiB), a bound checked
+//! before it is allocated.
 //!
 //! Architecture invariant: a checkpoint is read only whole. Nothing from a
 //! file is returned before its length, checksum, version and header have
@@ -59,6 +76,7 @@
 //! bytes it decoded; a torn, truncated or flipped file is an error, never a
 //! panic and never a partial copy.
 
+mod carry;
 mod choose;
 mod dir;
 mod format;
@@ -74,6 +92,7 @@ use std::fmt;
 use std::io;
 use std::path::PathBuf;
 
+pub use carry::{CountedAttempt, OutcomeTotals, StaleCarry, WindowBucket, WindowCounts};
 pub use choose::{Choice, Skipped, choose};
 pub use dir::{list, prune};
 pub use format::{FORMAT_VERSION, Header, Identity};

@@ -21,10 +21,12 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
+use super::carry::{CountedAttempt, OutcomeTotals, StaleCarry, WindowBucket, WindowCounts};
 use super::format::{
-    CalendarRecord, END, EndRecord, FORMAT_VERSION, FrameError, Header, HotelRecord, Identity,
-    MAGIC, MAX_SPAN_DAYS, PREAMBLE_LEN, RoomTypeRecord, Summing, TRAILER_LEN, Tag, TtlRecord,
-    XidsRecord, date, read_frame,
+    ATTEMPTS_PER_FRAME, AttemptsRecord, CalendarRecord, CountsRecord, END, EndRecord,
+    FORMAT_VERSION, FrameError, Header, HotelRecord, Identity, MAGIC, MAX_SPAN_DAYS, PREAMBLE_LEN,
+    RoomTypeRecord, StaleTotalsRecord, Summing, TRAILER_LEN, Tag, TtlRecord,
+    WINDOW_HOTELS_PER_FRAME, WindowRecord, XidsRecord, date, read_frame, source_of_code,
 };
 use super::name::CheckpointName;
 use super::{CheckpointError, HeaderField, io_error};
@@ -46,6 +48,9 @@ pub struct Loaded {
     /// The TTL safety net's time left per calendar when the file was
     /// written (`header.written_at()`).
     pub ttl: Vec<(CalendarKey, Duration)>,
+    /// The stale-read loop's window, counted attempt ids and totals, aged
+    /// as of `header.written_at()`, for `stale::StaleReadState::restore`.
+    pub stale: StaleCarry,
     /// Nights read.
     pub nights: u64,
 }
@@ -334,8 +339,12 @@ fn decode(
         calendars: 0,
         nights: 0,
         ttl_entries: 0,
+        window_buckets: 0,
+        attempts: 0,
     };
     let mut xids: Option<XidsRecord> = None;
+    let mut stale = StaleCarry::default();
+    let mut stale_totals: Option<OutcomeTotals> = None;
     let mut ttl: Vec<(CalendarKey, Duration)> = Vec::new();
     // Records come in tag order; a step back is malformed.
     let mut last = Tag::Header;
@@ -436,12 +445,41 @@ fn decode(
                     (key, Duration::from_millis(ms))
                 }));
             }
+            Tag::Window => {
+                let record: WindowRecord = decode_payload(&payload, path, tag)?;
+                window_part(&mut stale.buckets, record)
+                    .map_err(|reason| malformed(path, format!("a window record: {reason}")))?;
+                counted.window_buckets = stale.buckets.len() as u64;
+            }
+            Tag::Attempts => {
+                let record: AttemptsRecord = decode_payload(&payload, path, tag)?;
+                attempts_part(&mut stale.attempts, record)
+                    .map_err(|reason| malformed(path, format!("an attempts record: {reason}")))?;
+                counted.attempts = stale.attempts.len() as u64;
+            }
+            Tag::StaleTotals => {
+                if stale_totals.is_some() {
+                    return Err(malformed(
+                        path,
+                        "a second stale-read totals record".to_string(),
+                    ));
+                }
+                let record: StaleTotalsRecord = decode_payload(&payload, path, tag)?;
+                stale_totals =
+                    Some(totals_of(record).map_err(|reason| {
+                        malformed(path, format!("stale-read totals: {reason}"))
+                    })?);
+            }
         }
     };
     hotel_calendars.lay_out(&mut calendars);
     let Some(xids) = xids else {
         return Err(malformed(path, "no xid ring".to_string()));
     };
+    let Some(totals) = stale_totals else {
+        return Err(malformed(path, "no stale-read totals".to_string()));
+    };
+    stale.totals = totals;
     if end != counted {
         return Err(malformed(
             path,
@@ -464,7 +502,106 @@ fn decode(
             newest_forgotten: xids.newest_forgotten,
         },
         ttl,
+        stale,
         nights: counted.nights,
+    })
+}
+
+/// Adds one window frame to `buckets`: a new bucket, younger than the one
+/// before it, or (`continues`) more hotels of the one before it. Hotel ids
+/// rise through a bucket's parts, so none comes twice.
+fn window_part(buckets: &mut Vec<WindowBucket>, record: WindowRecord) -> Result<(), String> {
+    if record.hotels.len() > WINDOW_HOTELS_PER_FRAME {
+        return Err(format!("{} hotels in one frame", record.hotels.len()));
+    }
+    let sound = record.overall.is_sound() && record.hotels.iter().all(|(_, c)| c.is_sound());
+    if !sound {
+        return Err("more stale reads than conflicts, or conflicts than takes".to_string());
+    }
+    let age = Duration::from_millis(record.age_ms);
+    if record.continues {
+        let Some(previous) = buckets.last_mut() else {
+            return Err("continues no bucket".to_string());
+        };
+        if previous.age != age || !record.overall.is_zero() || record.untracked != 0 {
+            return Err("a later part that is not only hotels of its bucket".to_string());
+        }
+        return add_hotels(&mut previous.hotels, record.hotels);
+    }
+    if buckets.last().is_some_and(|older| older.age <= age) {
+        return Err(format!(
+            "a bucket {} ms old after a younger one",
+            record.age_ms
+        ));
+    }
+    let mut hotels = Vec::with_capacity(record.hotels.len());
+    add_hotels(&mut hotels, record.hotels)?;
+    buckets.push(WindowBucket {
+        age,
+        overall: record.overall.into(),
+        untracked: record.untracked,
+        hotels,
+    });
+    Ok(())
+}
+
+/// Appends a frame's hotels to a bucket's, each id above the last.
+fn add_hotels(
+    hotels: &mut Vec<(i64, WindowCounts)>,
+    from: Vec<(i64, CountsRecord)>,
+) -> Result<(), String> {
+    for (hotel_id, counts) in from {
+        if hotels.last().is_some_and(|(id, _)| *id >= hotel_id) {
+            return Err(format!("hotel {hotel_id} out of order or twice"));
+        }
+        hotels.push((hotel_id, counts.into()));
+    }
+    Ok(())
+}
+
+/// Adds one frame of attempt ids: each after the one before it, so none
+/// comes twice.
+fn attempts_part(attempts: &mut Vec<CountedAttempt>, record: AttemptsRecord) -> Result<(), String> {
+    if record.entries.len() > ATTEMPTS_PER_FRAME {
+        return Err(format!("{} ids in one frame", record.entries.len()));
+    }
+    for (attempt_id, fingerprint, left_ms) in record.entries {
+        if attempt_id.is_empty() {
+            return Err("an empty attempt id".to_string());
+        }
+        if attempts.last().is_some_and(|a| a.attempt_id >= attempt_id) {
+            return Err("attempt ids out of order or one twice".to_string());
+        }
+        attempts.push(CountedAttempt {
+            attempt_id,
+            fingerprint,
+            left: Duration::from_millis(left_ms),
+        });
+    }
+    Ok(())
+}
+
+/// The totals, each source code known and once per list.
+fn totals_of(record: StaleTotalsRecord) -> Result<OutcomeTotals, String> {
+    let sources = |of: Vec<(u8, u64)>| {
+        let mut seen = Vec::with_capacity(of.len());
+        for (code, n) in of {
+            let source = source_of_code(code).ok_or_else(|| format!("source code {code}"))?;
+            if seen.iter().any(|(s, _)| *s == source) {
+                return Err(format!("source code {code} twice"));
+            }
+            seen.push((source, n));
+        }
+        Ok(seen)
+    };
+    Ok(OutcomeTotals {
+        taken: record.taken,
+        conflicts: record.conflicts,
+        errors: record.errors,
+        stale_reads: record.stale_reads,
+        replays: record.replays,
+        conflicts_by_source: sources(record.conflicts_by_source)?,
+        takes_by_source: sources(record.takes_by_source)?,
     })
 }
 

@@ -8,11 +8,16 @@ use std::time::Duration;
 use chrono::{DateTime, NaiveDate, Utc};
 use proptest::prelude::*;
 
-use super::format::{END, TRAILER_LEN};
+use super::format::{
+    ATTEMPTS_PER_FRAME, END, PREAMBLE_LEN, TRAILER_LEN, Tag, WINDOW_HOTELS_PER_FRAME, read_frame,
+    write_frame,
+};
 use super::*;
 use crate::lsn::Lsn;
 use crate::model::xids::RingContents;
-use crate::model::{CalendarKey, Change, Hotel, NightCounts, ReadModel, RoomType, Tables, Unsent};
+use crate::model::{
+    CalendarKey, Change, Hotel, NightCounts, ReadModel, RoomType, Source, Tables, Unsent,
+};
 
 fn identity(timeline: u32) -> Identity {
     Identity {
@@ -115,6 +120,74 @@ fn ttl_of(tables: &Tables) -> Vec<(CalendarKey, Duration)> {
         .collect()
 }
 
+/// No stale-read state: a loop that counted nothing.
+fn none() -> StaleCarry {
+    StaleCarry::default()
+}
+
+/// Counts that keep stale <= conflicts <= takes.
+fn counted(n: u64) -> WindowCounts {
+    WindowCounts {
+        takes: n + 2,
+        conflicts: n + 1,
+        stale: n,
+        errors: n % 3,
+    }
+}
+
+/// A stale-read loop's state: buckets with and without hotels, one with
+/// nothing but untracked takes' overall counts; ids that sort by byte;
+/// totals by source, no quote included.
+fn stale_state() -> StaleCarry {
+    StaleCarry {
+        buckets: vec![
+            WindowBucket {
+                age: Duration::from_millis(295_400),
+                overall: counted(9),
+                untracked: 2,
+                hotels: vec![(-3, counted(1)), (7, counted(4)), (1 << 40, counted(0))],
+            },
+            WindowBucket {
+                age: Duration::from_millis(12_345),
+                overall: counted(0),
+                untracked: 2,
+                hotels: vec![],
+            },
+            WindowBucket {
+                age: Duration::from_millis(400),
+                overall: counted(2),
+                untracked: 0,
+                hotels: vec![(7, counted(2))],
+            },
+        ],
+        attempts: vec![
+            CountedAttempt {
+                attempt_id: "a-1".to_string(),
+                fingerprint: [7; 32],
+                left: Duration::from_millis(86_399_999),
+            },
+            CountedAttempt {
+                attempt_id: "b-2 \u{2713}".to_string(),
+                fingerprint: [0; 32],
+                left: Duration::from_millis(1),
+            },
+        ],
+        totals: OutcomeTotals {
+            taken: 10,
+            conflicts: 4,
+            errors: 1,
+            stale_reads: 2,
+            replays: 3,
+            conflicts_by_source: vec![(Some(Source::Copy), 3), (None, 1)],
+            takes_by_source: vec![
+                (Some(Source::Confirmed), 5),
+                (Some(Source::Copy), 8),
+                (None, 1),
+            ],
+        },
+    }
+}
+
 fn ring() -> RingContents {
     RingContents {
         first: 12,
@@ -184,7 +257,15 @@ fn a_copy_comes_back_equal() {
         room_type_id: 1,
     };
     with_gone.push((gone, Duration::from_secs(5)));
-    let written = write(dir.path(), &identity(1), &tables, &ring(), &with_gone).unwrap();
+    let written = write(
+        dir.path(),
+        &identity(1),
+        &tables,
+        &ring(),
+        &with_gone,
+        &stale_state(),
+    )
+    .unwrap();
     assert_eq!(
         written.path.file_name().unwrap(),
         "checkpoint-00000001-00000001-00002000.vcp"
@@ -201,6 +282,7 @@ fn a_copy_comes_back_equal() {
         loaded.ttl, ttl,
         "every held calendar's time left; not the gone one's"
     );
+    assert_eq!(loaded.stale, stale_state());
     assert_eq!(loaded.nights, tables.inventory_rows());
     let age = Utc::now() - loaded.header.written_at().unwrap();
     assert!(age >= chrono::Duration::zero() && age < chrono::Duration::minutes(1));
@@ -219,7 +301,7 @@ fn a_model_restores_from_its_checkpoint() {
         model.xids.record(xid);
     }
     let ttl = ttl_of(&model.read());
-    let written = write_model(dir.path(), &identity(1), &model, &ttl).unwrap();
+    let written = write_model(dir.path(), &identity(1), &model, &ttl, &stale_state()).unwrap();
     let loaded = load(&written.path, &identity(1)).unwrap();
     let restored = ReadModel::new();
     let loaded_ttl = loaded.ttl;
@@ -229,6 +311,7 @@ fn a_model_restores_from_its_checkpoint() {
     assert_eq!(restored.xids.contents(), model.xids.contents());
     assert_eq!(restored.freshness.applied(), Lsn(500));
     assert_eq!(loaded_ttl, ttl);
+    assert_eq!(loaded.stale, stale_state());
 }
 
 /// What a typical night costs on disk (the module doc's size estimate): a
@@ -244,6 +327,29 @@ fn a_typical_night_costs_eight_bytes() {
         price_cents: Some(12_900),
     };
     assert_eq!(postcard::to_stdvec(&typical).unwrap().len(), 8);
+}
+
+/// What the stale-read state typically costs on disk (the module doc's
+/// size estimate): a window hotel entry with an id below 8,192 and counts
+/// below 128, and an attempt id that is a UUID with a day left.
+#[test]
+fn typical_stale_entries_cost_six_and_seventy_three_bytes() {
+    let hotel = (
+        4_321i64,
+        super::format::CountsRecord {
+            takes: 12,
+            conflicts: 3,
+            stale: 1,
+            errors: 0,
+        },
+    );
+    assert_eq!(postcard::to_stdvec(&hotel).unwrap().len(), 6);
+    let attempt = (
+        "0b6c8f3e-5a1d-4c2b-9e7f-1a2b3c4d5e6f",
+        [0xabu8; 32],
+        86_000_000u64,
+    );
+    assert_eq!(postcard::to_stdvec(&attempt).unwrap().len(), 73);
 }
 
 /// The writer streams a copy it holds while apply goes on publishing new
@@ -299,7 +405,7 @@ fn apply_goes_on_while_a_copy_is_written() {
     // Slow the write down enough that the applier surely runs during it.
     let mut written = None;
     while during.load(Ordering::Acquire) < 50 {
-        written = Some(write(dir.path(), &identity(1), &held, &ring(), &[]).unwrap());
+        written = Some(write(dir.path(), &identity(1), &held, &ring(), &[], &none()).unwrap());
     }
     writing.store(false, Ordering::Release);
     stop.store(true, Ordering::Release);
@@ -322,6 +428,7 @@ fn an_empty_copy_round_trips() {
         &empty,
         &RingContents::default(),
         &[],
+        &none(),
     )
     .unwrap();
     let loaded = load(&written.path, &identity(1)).unwrap();
@@ -332,7 +439,15 @@ fn an_empty_copy_round_trips() {
 #[test]
 fn a_truncated_file_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let written = write(dir.path(), &identity(1), &copy(3, 3, 40, 100), &ring(), &[]).unwrap();
+    let written = write(
+        dir.path(),
+        &identity(1),
+        &copy(3, 3, 40, 100),
+        &ring(),
+        &[],
+        &none(),
+    )
+    .unwrap();
     let whole = std::fs::read(&written.path).unwrap();
     for keep in [
         0,
@@ -358,7 +473,15 @@ fn a_truncated_file_is_refused() {
 #[test]
 fn a_flipped_byte_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let written = write(dir.path(), &identity(1), &copy(3, 3, 40, 100), &ring(), &[]).unwrap();
+    let written = write(
+        dir.path(),
+        &identity(1),
+        &copy(3, 3, 40, 100),
+        &ring(),
+        &[],
+        &none(),
+    )
+    .unwrap();
     let whole = std::fs::read(&written.path).unwrap();
     for at in 0..whole.len() as u64 {
         flip(&written.path, at);
@@ -382,12 +505,32 @@ fn a_flipped_byte_is_refused() {
 #[test]
 fn a_sound_file_of_another_kind_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let written = write(dir.path(), &identity(1), &copy(2, 2, 10, 100), &ring(), &[]).unwrap();
+    let written = write(
+        dir.path(),
+        &identity(1),
+        &copy(2, 2, 10, 100),
+        &ring(),
+        &[],
+        &none(),
+    )
+    .unwrap();
     let whole = std::fs::read(&written.path).unwrap();
-    reseal(&written.path, |b| b[8] = 2);
+    // The version after this build's (a version 1 file is refused alike).
+    let next = FORMAT_VERSION + 1;
+    reseal(&written.path, |b| {
+        b[8..12].copy_from_slice(&next.to_le_bytes())
+    });
     assert!(matches!(
         load(&written.path, &identity(1)),
-        Err(CheckpointError::Version { found: 2, .. })
+        Err(CheckpointError::Version { found, .. }) if found == next
+    ));
+    std::fs::write(&written.path, &whole).unwrap();
+    reseal(&written.path, |b| {
+        b[8..12].copy_from_slice(&1u32.to_le_bytes())
+    });
+    assert!(matches!(
+        load(&written.path, &identity(1)),
+        Err(CheckpointError::Version { found: 1, .. })
     ));
     std::fs::write(&written.path, &whole).unwrap();
     reseal(&written.path, |b| b[0] = b'X');
@@ -427,7 +570,15 @@ fn a_sound_file_of_another_kind_is_refused() {
 #[test]
 fn a_checkpoint_for_another_owner_is_refused_naming_the_field() {
     let dir = tempfile::tempdir().unwrap();
-    let written = write(dir.path(), &identity(3), &copy(1, 1, 5, 100), &ring(), &[]).unwrap();
+    let written = write(
+        dir.path(),
+        &identity(3),
+        &copy(1, 1, 5, 100),
+        &ring(),
+        &[],
+        &none(),
+    )
+    .unwrap();
     type Alter = fn(&mut Identity);
     let cases: [(HeaderField, Alter); 5] = [
         (HeaderField::SystemIdentifier, |i| i.system_identifier += 1),
@@ -458,9 +609,25 @@ fn a_checkpoint_for_another_owner_is_refused_naming_the_field() {
 #[test]
 fn the_newest_valid_checkpoint_is_chosen_over_a_newer_corrupt_one() {
     let dir = tempfile::tempdir().unwrap();
-    let older = write(dir.path(), &identity(1), &copy(2, 2, 10, 100), &ring(), &[]).unwrap();
+    let older = write(
+        dir.path(),
+        &identity(1),
+        &copy(2, 2, 10, 100),
+        &ring(),
+        &[],
+        &none(),
+    )
+    .unwrap();
     let kept = std::fs::read(&older.path).unwrap();
-    let newer = write(dir.path(), &identity(1), &copy(2, 2, 10, 200), &ring(), &[]).unwrap();
+    let newer = write(
+        dir.path(),
+        &identity(1),
+        &copy(2, 2, 10, 200),
+        &ring(),
+        &[],
+        &none(),
+    )
+    .unwrap();
     assert!(
         !older.path.exists(),
         "pruned once the newer one was durable"
@@ -493,10 +660,19 @@ fn timeline_orders_before_lsn() {
         &copy(1, 1, 5, 5_000),
         &ring(),
         &[],
+        &none(),
     )
     .unwrap();
     let kept = std::fs::read(&old_timeline.path).unwrap();
-    let new_timeline = write(dir.path(), &identity(2), &copy(1, 1, 5, 300), &ring(), &[]).unwrap();
+    let new_timeline = write(
+        dir.path(),
+        &identity(2),
+        &copy(1, 1, 5, 300),
+        &ring(),
+        &[],
+        &none(),
+    )
+    .unwrap();
     assert!(!old_timeline.path.exists(), "a lower timeline is older");
     std::fs::write(&old_timeline.path, kept).unwrap();
     let listed: Vec<CheckpointName> = list(dir.path()).unwrap().into_iter().map(|l| l.0).collect();
@@ -516,7 +692,15 @@ fn timeline_orders_before_lsn() {
 #[test]
 fn older_checkpoints_go_only_after_a_newer_one_is_in_place() {
     let dir = tempfile::tempdir().unwrap();
-    let first = write(dir.path(), &identity(1), &copy(1, 1, 5, 100), &ring(), &[]).unwrap();
+    let first = write(
+        dir.path(),
+        &identity(1),
+        &copy(1, 1, 5, 100),
+        &ring(),
+        &[],
+        &none(),
+    )
+    .unwrap();
     let mut too_wide = copy(1, 1, 5, 200);
     let key = CalendarKey {
         hotel_id: 1,
@@ -526,7 +710,7 @@ fn older_checkpoints_go_only_after_a_newer_one_is_in_place() {
         .calendars
         .set(key, night(40_000), counts(1))
         .unwrap();
-    let refused = write(dir.path(), &identity(1), &too_wide, &ring(), &[]);
+    let refused = write(dir.path(), &identity(1), &too_wide, &ring(), &[], &none());
     assert!(matches!(refused, Err(CheckpointError::Unwritable(_))));
     assert_eq!(files_in(dir.path()), vec![first.name.to_string()]);
     let crashed = dir.path().join(".checkpoint-tmp-crashed");
@@ -534,7 +718,15 @@ fn older_checkpoints_go_only_after_a_newer_one_is_in_place() {
     let unrelated = dir.path().join("notes.txt");
     std::fs::write(&unrelated, b"kept").unwrap();
     assert_eq!(list(dir.path()).unwrap().len(), 1);
-    let second = write(dir.path(), &identity(1), &copy(1, 1, 5, 300), &ring(), &[]).unwrap();
+    let second = write(
+        dir.path(),
+        &identity(1),
+        &copy(1, 1, 5, 300),
+        &ring(),
+        &[],
+        &none(),
+    )
+    .unwrap();
     assert_eq!(
         files_in(dir.path()),
         vec![second.name.to_string(), "notes.txt".to_string()]
@@ -545,7 +737,15 @@ fn older_checkpoints_go_only_after_a_newer_one_is_in_place() {
     expected.sort();
     assert_eq!(pruned, expected);
     // A checkpoint at the same position is replaced, not pruned.
-    let again = write(dir.path(), &identity(1), &copy(1, 1, 5, 300), &ring(), &[]).unwrap();
+    let again = write(
+        dir.path(),
+        &identity(1),
+        &copy(1, 1, 5, 300),
+        &ring(),
+        &[],
+        &none(),
+    )
+    .unwrap();
     assert!(again.pruned.is_empty());
     assert!(again.path.exists());
 }
@@ -605,7 +805,7 @@ proptest! {
             .collect();
         ttl.sort_unstable_by_key(|(k, _)| *k);
         let dir = tempfile::tempdir().unwrap();
-        let written = write(dir.path(), &identity(9), &tables, &contents, &ttl).unwrap();
+        let written = write(dir.path(), &identity(9), &tables, &contents, &ttl, &none()).unwrap();
         let loaded = load(&written.path, &identity(9)).unwrap();
         assert_same(&loaded.tables, &tables);
         prop_assert_eq!(loaded.xids, contents);
@@ -614,5 +814,308 @@ proptest! {
             .filter(|(k, _)| tables.room_types.contains_key(k) || tables.calendars.get(k).is_some())
             .collect();
         prop_assert_eq!(loaded.ttl, held);
+    }
+}
+
+/// Every frame after the preamble, the end record's included.
+fn frames_of(path: &Path) -> Vec<(Tag, Vec<u8>)> {
+    let bytes = std::fs::read(path).unwrap();
+    let body = &bytes[PREAMBLE_LEN as usize..bytes.len() - TRAILER_LEN as usize];
+    let mut input = body;
+    let mut frames = Vec::new();
+    while !input.is_empty() {
+        let mut payload = Vec::new();
+        let tag = read_frame(&mut input, &mut payload).unwrap();
+        frames.push((tag, payload));
+    }
+    frames
+}
+
+/// Writes `frames` back after the preamble, resealed.
+fn rewrite(path: &Path, frames: &[(Tag, Vec<u8>)]) {
+    reseal(path, |b| {
+        b.truncate(PREAMBLE_LEN as usize);
+        for (tag, payload) in frames {
+            write_frame(b, *tag, payload).unwrap();
+        }
+    });
+}
+
+/// A window bucket with more hotels than one frame holds, and more attempt
+/// ids than one frame holds, come back whole and in order.
+#[test]
+fn stale_state_larger_than_a_frame_round_trips() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut state = stale_state();
+    state.buckets[1].hotels = (0..(2 * WINDOW_HOTELS_PER_FRAME as i64 + 5))
+        .map(|h| (h * 3, counted(h as u64 % 4)))
+        .collect();
+    state.attempts = (0..ATTEMPTS_PER_FRAME + 100)
+        .map(|i| CountedAttempt {
+            attempt_id: format!("attempt-{i:06}"),
+            fingerprint: [(i % 251) as u8; 32],
+            left: Duration::from_millis(i as u64 * 1_000),
+        })
+        .collect();
+    let written = write(
+        dir.path(),
+        &identity(1),
+        &copy(1, 1, 5, 100),
+        &ring(),
+        &[],
+        &state,
+    )
+    .unwrap();
+    let window_frames = frames_of(&written.path)
+        .iter()
+        .filter(|(tag, _)| *tag == Tag::Window)
+        .count();
+    assert_eq!(window_frames, 3 + 2, "the large bucket in three parts");
+    let loaded = load(&written.path, &identity(1)).unwrap();
+    assert_eq!(loaded.stale, state);
+}
+
+/// What the reader would refuse is refused by the writer, so a file that
+/// will not load is never written.
+#[test]
+fn stale_state_the_reader_would_refuse_is_not_written() {
+    let dir = tempfile::tempdir().unwrap();
+    type Spoil = fn(&mut StaleCarry);
+    let cases: [(&str, Spoil); 6] = [
+        ("buckets newest first", |s| s.buckets.reverse()),
+        ("hotels out of order", |s| s.buckets[0].hotels.reverse()),
+        ("a share above 1", |s| s.buckets[2].hotels[0].1.stale = 99),
+        ("ids out of order", |s| s.attempts.reverse()),
+        ("an id twice", |s| {
+            s.attempts[1].attempt_id = "a-1".to_string()
+        }),
+        ("a source twice", |s| {
+            s.totals.takes_by_source.push((None, 1))
+        }),
+    ];
+    for (what, spoil) in cases {
+        let mut state = stale_state();
+        spoil(&mut state);
+        let refused = write(
+            dir.path(),
+            &identity(1),
+            &copy(1, 1, 5, 100),
+            &ring(),
+            &[],
+            &state,
+        );
+        assert!(
+            matches!(refused, Err(CheckpointError::Unwritable(_))),
+            "{what}: {refused:?}"
+        );
+    }
+    assert!(list(dir.path()).unwrap().is_empty());
+}
+
+/// Stale-read records that break the format behind a sound checksum are
+/// refused as corrupt, by a typed error, never a panic.
+#[test]
+fn broken_stale_records_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut state = stale_state();
+    state.attempts = (0..ATTEMPTS_PER_FRAME + 1)
+        .map(|i| CountedAttempt {
+            attempt_id: format!("attempt-{i:06}"),
+            fingerprint: [1; 32],
+            left: Duration::from_secs(60),
+        })
+        .collect();
+    let written = write(
+        dir.path(),
+        &identity(1),
+        &copy(1, 1, 5, 100),
+        &ring(),
+        &[],
+        &state,
+    )
+    .unwrap();
+    let frames = frames_of(&written.path);
+    let at = |tag: Tag| frames.iter().position(|(t, _)| *t == tag).unwrap();
+    let (window, attempts, totals) = (at(Tag::Window), at(Tag::Attempts), at(Tag::StaleTotals));
+    type Break = Box<dyn Fn(&mut Vec<(Tag, Vec<u8>)>)>;
+    let cases: Vec<(&str, Break)> = vec![
+        (
+            "attempt frames swapped",
+            Box::new(move |f| f.swap(attempts, attempts + 1)),
+        ),
+        (
+            "window buckets swapped",
+            Box::new(move |f| f.swap(window, window + 1)),
+        ),
+        (
+            "no totals",
+            Box::new(move |f| {
+                f.remove(totals);
+            }),
+        ),
+        (
+            "a second totals",
+            Box::new(move |f| {
+                let again = f[totals].clone();
+                f.insert(totals, again);
+            }),
+        ),
+        (
+            "an unknown source",
+            Box::new(move |f| {
+                let record = format::StaleTotalsRecord {
+                    conflicts_by_source: vec![(9, 1)],
+                    ..Default::default()
+                };
+                f[totals].1 = postcard::to_stdvec(&record).unwrap();
+            }),
+        ),
+        (
+            "a share above 1",
+            Box::new(move |f| {
+                let record = format::WindowOut {
+                    continues: false,
+                    age_ms: 999_999,
+                    overall: format::CountsRecord {
+                        takes: 1,
+                        conflicts: 2,
+                        stale: 0,
+                        errors: 0,
+                    },
+                    untracked: 0,
+                    hotels: &[],
+                };
+                f[window].1 = postcard::to_stdvec(&record).unwrap();
+            }),
+        ),
+        (
+            "a part of no bucket",
+            Box::new(move |f| {
+                let record = format::WindowOut {
+                    continues: true,
+                    age_ms: 999_999,
+                    overall: format::CountsRecord::default(),
+                    untracked: 0,
+                    hotels: &[],
+                };
+                f[window].1 = postcard::to_stdvec(&record).unwrap();
+            }),
+        ),
+        (
+            "a window record after the attempts",
+            Box::new(move |f| {
+                let part = f[window].clone();
+                f.insert(totals, part);
+            }),
+        ),
+    ];
+    let whole = std::fs::read(&written.path).unwrap();
+    for (what, breaks) in cases {
+        let mut changed = frames.clone();
+        breaks(&mut changed);
+        rewrite(&written.path, &changed);
+        let refused = load(&written.path, &identity(1));
+        assert!(
+            matches!(refused, Err(CheckpointError::Malformed { .. })),
+            "{what}: {refused:?}"
+        );
+        assert_eq!(refused.unwrap_err().reason(), "corrupt", "{what}");
+        std::fs::write(&written.path, &whole).unwrap();
+    }
+    // Unchanged frames rewritten load: the cases above broke only what they say.
+    rewrite(&written.path, &frames);
+    assert_eq!(load(&written.path, &identity(1)).unwrap().stale, state);
+}
+
+/// Counts with stale <= conflicts <= takes, any sizes.
+fn sound_counts() -> impl Strategy<Value = WindowCounts> {
+    (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()).prop_map(|(a, b, c, errors)| {
+        let mut v = [a, b, c];
+        v.sort_unstable();
+        WindowCounts {
+            stale: v[0],
+            conflicts: v[1],
+            takes: v[2],
+            errors,
+        }
+    })
+}
+
+/// Any state the stale-read loop can carry: buckets of distinct ages,
+/// oldest first; hotels and ids in order, each once; totals by any sources.
+fn any_stale_state() -> impl Strategy<Value = StaleCarry> {
+    use std::collections::BTreeMap;
+    let bucket = (
+        0u64..100_000_000,
+        sound_counts(),
+        any::<u64>(),
+        proptest::collection::btree_map(any::<i64>(), sound_counts(), 0..40),
+    );
+    let attempts = proptest::collection::btree_map(
+        "[a-zA-Z0-9:-]{1,60}",
+        (any::<[u8; 32]>(), any::<u64>()),
+        0..80,
+    );
+    let by_source = proptest::collection::vec(proptest::option::of(any::<u64>()), 5);
+    (
+        proptest::collection::vec(bucket, 0..8),
+        attempts,
+        any::<[u64; 5]>(),
+        by_source.clone(),
+        by_source,
+    )
+        .prop_map(|(buckets, attempts, t, conflicts, takes)| {
+            let mut by_age: BTreeMap<u64, WindowBucket> = BTreeMap::new();
+            for (age_ms, overall, untracked, hotels) in buckets {
+                by_age.insert(
+                    age_ms,
+                    WindowBucket {
+                        age: Duration::from_millis(age_ms),
+                        overall,
+                        untracked,
+                        hotels: hotels.into_iter().collect(),
+                    },
+                );
+            }
+            let sources = |of: Vec<Option<u64>>| -> Vec<(Option<Source>, u64)> {
+                std::iter::once(None)
+                    .chain(Source::ALL.into_iter().map(Some))
+                    .zip(of)
+                    .filter_map(|(source, n)| Some((source, n?)))
+                    .collect()
+            };
+            StaleCarry {
+                buckets: by_age.into_values().rev().collect(),
+                attempts: attempts
+                    .into_iter()
+                    .map(|(attempt_id, (fingerprint, ms))| CountedAttempt {
+                        attempt_id,
+                        fingerprint,
+                        left: Duration::from_millis(ms),
+                    })
+                    .collect(),
+                totals: OutcomeTotals {
+                    taken: t[0],
+                    conflicts: t[1],
+                    errors: t[2],
+                    stale_reads: t[3],
+                    replays: t[4],
+                    conflicts_by_source: sources(conflicts),
+                    takes_by_source: sources(takes),
+                },
+            }
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Any stale-read state the loop can carry comes back equal.
+    #[test]
+    fn any_stale_state_round_trips(state in any_stale_state()) {
+        let dir = tempfile::tempdir().unwrap();
+        let written = write(dir.path(), &identity(1), &copy(1, 1, 3, 100), &ring(), &[], &state).unwrap();
+        let loaded = load(&written.path, &identity(1)).unwrap();
+        prop_assert_eq!(loaded.stale, state);
     }
 }

@@ -22,10 +22,13 @@ use std::time::Duration;
 use chrono::Utc;
 use serde::Serialize;
 
+use super::carry::{CountedAttempt, StaleCarry};
 use super::dir::{TEMP_PREFIX, prune};
 use super::format::{
-    CalendarOut, END, EndRecord, FORMAT_VERSION, Header, HotelRecord, Identity, MAGIC,
-    MAX_SPAN_DAYS, RoomTypeRecord, Summing, TTL_PER_FRAME, Tag, TtlOut, XidsOut, write_frame,
+    ATTEMPT_FRAME_BYTES, ATTEMPTS_PER_FRAME, AttemptsOut, CalendarOut, CountsRecord, END,
+    EndRecord, FORMAT_VERSION, Header, HotelRecord, Identity, MAGIC, MAX_SPAN_DAYS, RoomTypeRecord,
+    StaleTotalsRecord, Summing, TTL_PER_FRAME, Tag, TtlOut, WINDOW_HOTELS_PER_FRAME, WindowOut,
+    XidsOut, millis, source_code, write_frame,
 };
 use super::name::CheckpointName;
 use super::{CheckpointError, io_error};
@@ -52,21 +55,26 @@ pub struct Written {
 /// so the ring taken after the copy holds every transaction in it (and
 /// perhaps a few later ones, which a restart simply records again).
 /// `ttl` is the safety net's time left per calendar
-/// (`stream::refresh::Refresh::remaining`), passed in so this module does
-/// not depend on the stream that will call it.
+/// (`stream::refresh::Refresh::remaining`) and `stale` the stale-read
+/// loop's state (`stale::StaleReadState::carry`), both taken just before
+/// the call and passed in so this module depends on neither the stream nor
+/// the loop that will call it.
 pub fn write_model(
     dir: &Path,
     identity: &Identity,
     model: &ReadModel,
     ttl: &[(CalendarKey, Duration)],
+    stale: &StaleCarry,
 ) -> Result<Written, CheckpointError> {
     let tables = model.read();
     let xids = model.xids.contents();
-    write(dir, identity, &tables, &xids, ttl)
+    write(dir, identity, &tables, &xids, ttl, stale)
 }
 
-/// Writes `tables`, `xids` and the TTLs' time left (`ttl`, one entry per
-/// calendar, in key order, as `Refresh::remaining` gives it) as
+/// Writes `tables`, `xids`, the TTLs' time left (`ttl`, one entry per
+/// calendar, in key order, as `Refresh::remaining` gives it) and the
+/// stale-read loop's state (`stale`, its ages and times left measured
+/// just before this call: the header's `written_at` dates them) as
 /// `dir/checkpoint-<timeline>-<lsn>.vcp`, atomically, then deletes the
 /// checkpoints ordered before it.
 pub fn write(
@@ -75,6 +83,7 @@ pub fn write(
     tables: &Tables,
     xids: &RingContents,
     ttl: &[(CalendarKey, Duration)],
+    stale: &StaleCarry,
 ) -> Result<Written, CheckpointError> {
     let name = CheckpointName {
         timeline: identity.timeline,
@@ -95,7 +104,12 @@ pub fn write(
         written_at: Header::encode_time(Utc::now()),
     };
     let file = temp.as_file().try_clone().map_err(io_error(&temp_path))?;
-    let contents = Contents { tables, xids, ttl };
+    let contents = Contents {
+        tables,
+        xids,
+        ttl,
+        stale,
+    };
     let (bytes, nights) = write_contents(file, &header, &contents, &temp_path)?;
     temp.as_file().sync_all().map_err(io_error(&temp_path))?;
     temp.persist(&path).map_err(|e| CheckpointError::Io {
@@ -122,6 +136,7 @@ struct Contents<'a> {
     tables: &'a Tables,
     xids: &'a RingContents,
     ttl: &'a [(CalendarKey, Duration)],
+    stale: &'a StaleCarry,
 }
 
 /// Everything from the magic to the trailer; the file's length and the
@@ -132,7 +147,12 @@ fn write_contents(
     contents: &Contents<'_>,
     path: &Path,
 ) -> Result<(u64, u64), CheckpointError> {
-    let Contents { tables, xids, ttl } = *contents;
+    let Contents {
+        tables,
+        xids,
+        ttl,
+        stale,
+    } = *contents;
     // A key twice could make more entries than the reader's bound allows,
     // and the file would not load: not wrong, but useless.
     debug_assert!(
@@ -159,6 +179,8 @@ fn write_contents(
         calendars: 0,
         nights: 0,
         ttl_entries: 0,
+        window_buckets: 0,
+        attempts: 0,
     };
     // Block by block: a hotel's calendars follow one another, so the
     // reader lays each hotel out once.
@@ -204,6 +226,7 @@ fn write_contents(
         out.record(Tag::Ttl, &TtlOut { entries: &entries })?;
         counts.ttl_entries += entries.len() as u64;
     }
+    write_stale(&mut out, stale, &mut counts)?;
     out.record(Tag::End, &counts)?;
     let summing = out
         .out
@@ -226,6 +249,118 @@ fn write_contents(
     debug_assert_eq!(trailer.len() as u64, super::format::TRAILER_LEN);
     file.write_all(&trailer).map_err(io_error(path))?;
     Ok((total, counts.nights))
+}
+
+/// The stale-read loop's records: window buckets, attempt ids, totals.
+/// What the reader would refuse (buckets not oldest first, ids out of
+/// order, counts that make a share above 1) is refused here as
+/// `Unwritable`, so a file that will not load is never written.
+fn write_stale(
+    out: &mut Records<'_>,
+    stale: &StaleCarry,
+    counts: &mut EndRecord,
+) -> Result<(), CheckpointError> {
+    let unwritable = |what: &str| CheckpointError::Unwritable(format!("stale-read state: {what}"));
+    let mut older_ms: Option<u64> = None;
+    for bucket in &stale.buckets {
+        let age_ms = millis(bucket.age);
+        if older_ms.is_some_and(|older| age_ms >= older) {
+            return Err(unwritable("window buckets not oldest first"));
+        }
+        older_ms = Some(age_ms);
+        if !bucket.hotels.windows(2).all(|w| w[0].0 < w[1].0) {
+            return Err(unwritable("a bucket's hotels not in id order"));
+        }
+        let overall = CountsRecord::from(bucket.overall);
+        let sound = overall.is_sound()
+            && bucket
+                .hotels
+                .iter()
+                .all(|(_, c)| CountsRecord::from(*c).is_sound());
+        if !sound {
+            return Err(unwritable(
+                "more stale reads than conflicts, or conflicts than takes",
+            ));
+        }
+        // A bucket with no hotels is still one frame: its overall counts.
+        let mut parts = bucket.hotels.chunks(WINDOW_HOTELS_PER_FRAME);
+        let first = WindowOut {
+            continues: false,
+            age_ms,
+            overall,
+            untracked: bucket.untracked,
+            hotels: parts.next().unwrap_or_default(),
+        };
+        out.record(Tag::Window, &first)?;
+        for hotels in parts {
+            let more = WindowOut {
+                continues: true,
+                age_ms,
+                overall: CountsRecord::default(),
+                untracked: 0,
+                hotels,
+            };
+            out.record(Tag::Window, &more)?;
+        }
+        counts.window_buckets += 1;
+    }
+    if !stale
+        .attempts
+        .windows(2)
+        .all(|w| w[0].attempt_id < w[1].attempt_id)
+    {
+        return Err(unwritable("attempt ids not in order, or one twice"));
+    }
+    if stale.attempts.iter().any(|a| a.attempt_id.is_empty()) {
+        return Err(unwritable("an empty attempt id"));
+    }
+    for entries in attempt_frames(&stale.attempts) {
+        out.record(Tag::Attempts, &AttemptsOut { entries })?;
+        counts.attempts += entries.len() as u64;
+    }
+    let t = &stale.totals;
+    let by_source = |of: &[(Option<crate::model::Source>, u64)]| -> Vec<(u8, u64)> {
+        of.iter().map(|(s, n)| (source_code(*s), *n)).collect()
+    };
+    let totals = StaleTotalsRecord {
+        taken: t.taken,
+        conflicts: t.conflicts,
+        errors: t.errors,
+        stale_reads: t.stale_reads,
+        replays: t.replays,
+        conflicts_by_source: by_source(&t.conflicts_by_source),
+        takes_by_source: by_source(&t.takes_by_source),
+    };
+    let unique = |of: &[(u8, u64)]| {
+        let mut codes: Vec<u8> = of.iter().map(|(c, _)| *c).collect();
+        codes.sort_unstable();
+        codes.windows(2).all(|w| w[0] < w[1])
+    };
+    if !unique(&totals.conflicts_by_source) || !unique(&totals.takes_by_source) {
+        return Err(unwritable("a source twice in the totals"));
+    }
+    out.record(Tag::StaleTotals, &totals)
+}
+
+/// `attempts` cut into frames of at most `ATTEMPTS_PER_FRAME` entries and,
+/// past the first entry, `ATTEMPT_FRAME_BYTES` of ids.
+fn attempt_frames(attempts: &[CountedAttempt]) -> Vec<&[CountedAttempt]> {
+    let mut frames = Vec::new();
+    let mut start = 0;
+    let mut bytes = 0;
+    for (i, attempt) in attempts.iter().enumerate() {
+        let size = attempt.attempt_id.len() + attempt.fingerprint.len();
+        if i > start && (i - start == ATTEMPTS_PER_FRAME || bytes + size > ATTEMPT_FRAME_BYTES) {
+            frames.push(&attempts[start..i]);
+            start = i;
+            bytes = 0;
+        }
+        bytes += size;
+    }
+    if start < attempts.len() {
+        frames.push(&attempts[start..]);
+    }
+    frames
 }
 
 /// The framed, checksummed output.

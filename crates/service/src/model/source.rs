@@ -21,6 +21,14 @@ pub enum Source {
 }
 
 impl Source {
+    /// Every source, for a label or a code read back.
+    pub const ALL: [Source; 4] = [
+        Source::Copy,
+        Source::Owner,
+        Source::CopyFallback,
+        Source::Confirmed,
+    ];
+
     /// The label metrics and the take-outcome ledger use.
     pub fn label(self) -> &'static str {
         match self {

@@ -25,11 +25,12 @@ pub mod window;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 
+use crate::checkpoint::StaleCarry;
 use crate::metrics;
 use crate::model::Stay;
 use crate::model::{CalendarKey, ReadModel};
@@ -38,7 +39,7 @@ use crate::setting::SecretFileError;
 use crate::stream::{StreamSettings, StreamStatus};
 use audit::{Audit, AuditSettings, AuditStatus};
 use bypass::{Advice, Inputs, Policy};
-use outcomes::{Ledger, LedgerSettings, Totals};
+use outcomes::{Ledger, LedgerSettings, Restored, Totals};
 pub use settings::StaleSettings;
 use token::{MIN_KEY_BYTES, QuoteKey};
 
@@ -86,7 +87,7 @@ pub struct StaleReadsBody {
     /// Hotels listed need at least this many takes in the window.
     pub hotel_min_takes: u64,
     pub hotels: Vec<HotelStaleReads>,
-    /// Since start, not windowed.
+    /// Since start (carried over a restart by a checkpoint), not windowed.
     pub totals: Totals,
     pub audit: AuditStatus,
 }
@@ -220,6 +221,31 @@ impl StaleReadState {
         }
     }
 
+    /// What a checkpoint carries of the loop (its window, the attempt ids
+    /// it counted, its totals), measured now. Take it just before
+    /// `checkpoint::write_model`, which dates it with the header's
+    /// `written_at`.
+    pub fn carry(&self) -> StaleCarry {
+        self.ledger.carry(Instant::now())
+    }
+
+    /// Restores what a checkpoint carried (`checkpoint::Loaded::stale`),
+    /// written at `written_at` (`Loaded::header.written_at()`), as of
+    /// `now`: the downtime between them ages every bucket and id, and what
+    /// ran out meanwhile is dropped. Call it once at start, after the load
+    /// and before the API takes reports: a report counted before it would
+    /// count again if it had been counted before the restart. A clock that
+    /// went back since the write counts as no downtime.
+    pub fn restore(
+        &self,
+        carry: StaleCarry,
+        written_at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Restored {
+        let downtime = (now - written_at).to_std().unwrap_or(Duration::ZERO);
+        self.ledger.restore(carry, downtime, Instant::now())
+    }
+
     pub fn stale_reads(&self) -> StaleReadsBody {
         let overall = self.ledger.overall();
         let hotels = self
@@ -285,6 +311,207 @@ fn load_key(inline: &str, file: &str) -> Result<Option<Vec<u8>>, SecretFileError
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::checkpoint::{self, Identity};
+    use crate::lsn::Lsn;
+    use crate::model::Source;
+    use crate::model::Tables;
+    use crate::model::xids::RingContents;
+    use chrono::NaiveDate;
+    use outcomes::{Outcome, Recording, ReportError, TakeOutcomeBody, TakeReport};
+    use token::Quote;
+
+    /// A loop made from `config/default.toml` (not through `crate::config`,
+    /// which depends on this module), with a fixed quote key so two of them
+    /// stand for one service before and after a restart; every hotel with
+    /// a take is listed.
+    fn state() -> StaleReadState {
+        use figment::Figment;
+        use figment::providers::{Format, Toml};
+        let defaults = Figment::from(Toml::string(include_str!(
+            "../../../../config/default.toml"
+        )));
+        let mut stale: StaleSettings = defaults.extract_inner("stale").unwrap();
+        stale.quote_key = "k".repeat(40);
+        stale.hotel_min_takes = 1;
+        let owner: OwnerSettings = defaults.extract_inner("owner").unwrap();
+        let stream: StreamSettings = defaults.extract_inner("stream").unwrap();
+        let status = Arc::new(StreamStatus::default());
+        StaleReadState::new(&stale, &owner, &stream, 2, ReadModel::new(), status).unwrap()
+    }
+
+    fn report(key: &QuoteKey, attempt: usize, source: Source, outcome: Outcome) -> TakeReport {
+        let check_in = NaiveDate::from_ymd_opt(2030, 3, 1).unwrap();
+        let check_out = NaiveDate::from_ymd_opt(2030, 3, 3).unwrap();
+        let hotel_id = attempt as i64 % 5;
+        let quote = Quote {
+            source,
+            hotel_id,
+            room_type_id: 10,
+            check_in,
+            check_out,
+            free_units: 2,
+            lsn: Lsn(99),
+            shown_at: DateTime::from_timestamp_millis(1_900_000_000_000).unwrap(),
+            lag_ms: 40,
+        };
+        TakeOutcomeBody {
+            attempt_id: Some(format!("attempt-{attempt}")),
+            quote: Some(key.sign(&quote).unwrap()),
+            hotel_id: Some(hotel_id),
+            room_type_id: Some(10),
+            check_in: Some(check_in),
+            check_out: Some(check_out),
+            rooms: Some(1),
+            outcome: Some(outcome),
+            commit_lsn: None,
+        }
+        .check(key)
+        .unwrap()
+    }
+
+    /// 24 reports over 5 hotels: conflicts after copy and owner numbers
+    /// (stale reads and races), takes and errors; each counted once.
+    fn reports(state: &StaleReadState) -> Vec<TakeReport> {
+        (0..24)
+            .map(|i| {
+                let outcome = match i % 4 {
+                    0 | 1 => Outcome::Conflict,
+                    2 => Outcome::Taken,
+                    _ => Outcome::Error,
+                };
+                let source = if i % 3 == 0 {
+                    Source::Owner
+                } else {
+                    Source::Copy
+                };
+                let r = report(&state.key, i, source, outcome);
+                assert!(matches!(state.ledger.record(&r), Ok(Recording::New(_))));
+                r
+            })
+            .collect()
+    }
+
+    fn identity() -> Identity {
+        Identity {
+            system_identifier: 1,
+            timeline: 1,
+            slot: "vacancy".to_string(),
+            publication: "vacancy".to_string(),
+            columns_fingerprint: vec![1],
+        }
+    }
+
+    /// `/v1/stale-reads` as the API serialises it.
+    fn body(state: &StaleReadState) -> serde_json::Value {
+        serde_json::to_value(state.stale_reads()).unwrap()
+    }
+
+    /// Export, write, load, restore: the next process answers
+    /// `/v1/stale-reads` the same; a report posted before the restart
+    /// counts once when posted again after it, and another report under
+    /// its id is still refused.
+    #[test]
+    fn stale_reads_survive_a_checkpoint() {
+        let before = state();
+        let sent = reports(&before);
+        assert!(matches!(
+            before.ledger.record(&sent[0]),
+            Ok(Recording::Replay(_))
+        ));
+        let dir = tempfile::tempdir().unwrap();
+        let written = checkpoint::write(
+            dir.path(),
+            &identity(),
+            &Tables::default(),
+            &RingContents::default(),
+            &[],
+            &before.carry(),
+        )
+        .unwrap();
+        let loaded = checkpoint::load(&written.path, &identity()).unwrap();
+        let after = state();
+        let restored = after.restore(
+            loaded.stale,
+            loaded.header.written_at().unwrap(),
+            Utc::now(),
+        );
+        assert_eq!((restored.attempts, restored.attempts_expired), (24, 0));
+        assert_eq!(restored.buckets_expired, 0);
+        let shown = body(&before);
+        assert_eq!(shown["stale_reads"], 8, "conflicts after copy numbers");
+        assert_eq!(shown["hotels"].as_array().unwrap().len(), 5);
+        assert_eq!(body(&after), shown);
+
+        // The booking service retries a report it sent before the restart.
+        let stale_read = &sent[5];
+        assert!(stale_read.stale_read());
+        match after.ledger.record(stale_read) {
+            Ok(Recording::Replay(answer)) => assert!(answer.stale_read),
+            other => panic!("a retry after the restart: {other:?}"),
+        }
+        let mut changed = stale_read.clone();
+        changed.outcome = Outcome::Taken;
+        assert_eq!(
+            after.ledger.record(&changed),
+            Err(ReportError::AttemptReused)
+        );
+        let mut counted_once = shown.clone();
+        counted_once["totals"]["replays"] = 2.into();
+        assert_eq!(body(&after), counted_once);
+        // A new attempt still counts.
+        let new = report(&after.key, 99, Source::Copy, Outcome::Taken);
+        assert!(matches!(after.ledger.record(&new), Ok(Recording::New(_))));
+        assert_eq!(after.stale_reads().takes, before.stale_reads().takes + 1);
+    }
+
+    /// A downtime longer than the window drops every bucket (the totals,
+    /// which are not windowed, stay); ids are dropped only once their own
+    /// time ran out, and a report is then counted as new.
+    #[test]
+    fn a_downtime_longer_than_the_window_drops_its_buckets() {
+        let before = state();
+        let sent = reports(&before);
+        let carry = before.carry();
+        assert!(!carry.buckets.is_empty());
+        let now = Utc::now();
+        let window = chrono::Duration::from_std(before.ledger.span()).unwrap();
+
+        let after = state();
+        let restored = after.restore(
+            carry.clone(),
+            now - window - chrono::Duration::seconds(1),
+            now,
+        );
+        assert_eq!(restored.buckets, 0);
+        assert_eq!(restored.buckets_expired, carry.buckets.len());
+        let figures = after.stale_reads();
+        assert_eq!(
+            (figures.takes, figures.stale_reads, figures.errors),
+            (0, 0, 0)
+        );
+        assert!(figures.hotels.is_empty());
+        assert_eq!(figures.totals, before.stale_reads().totals);
+        // A day's ids outlive a five-minute window: still counted once.
+        assert_eq!(restored.attempts, sent.len());
+        assert!(matches!(
+            after.ledger.record(&sent[1]),
+            Ok(Recording::Replay(_))
+        ));
+        assert_eq!(after.stale_reads().takes, 0);
+
+        // Past the ids' own time (a day by default), they are gone too.
+        let days_later = state();
+        let restored = days_later.restore(carry, now - chrono::Duration::days(2), now);
+        assert_eq!(
+            (restored.attempts, restored.attempts_expired),
+            (0, sent.len())
+        );
+        assert!(matches!(
+            days_later.ledger.record(&sent[1]),
+            Ok(Recording::New(_))
+        ));
+        assert_eq!(days_later.stale_reads().takes, 1);
+    }
 
     #[test]
     fn the_quote_key_loads_from_a_file() {

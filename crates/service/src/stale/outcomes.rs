@@ -7,17 +7,24 @@
 //! a retry of the same attempt gets the first answer back and counts
 //! nothing. A retry that changes the report is refused: one attempt has one
 //! outcome.
+//!
+//! A checkpoint carries the ledger to the next process (`carry`, then
+//! `restore`): the window's buckets, each attempt id with its report's
+//! fingerprint and the time it had left, and the totals. So a report posted
+//! before a restart and again after it counts once, and another report
+//! under its id is still refused.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use chrono::NaiveDate;
+use chrono::{Datelike, NaiveDate};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::token::{Quote, QuoteError, QuoteKey};
-use super::window::{Counts, HotelShare, SlidingWindow};
+use super::window::{AgedBucket, Counts, HotelShare, SlidingWindow};
+use crate::checkpoint::{CountedAttempt, OutcomeTotals, StaleCarry, WindowBucket, WindowCounts};
 use crate::lsn::Lsn;
 use crate::metrics;
 use crate::model::Source;
@@ -285,20 +292,49 @@ impl TakeReport {
 
     /// What makes two reports the same report (the quote included, so a
     /// retry that swaps the quote is a different report).
+    ///
+    /// Each field is hashed in a fixed binary form (lengths, big-endian
+    /// numbers, days and milliseconds), not as its `Debug` text: a
+    /// checkpoint carries fingerprints to the next process, perhaps another
+    /// build, which must compute the same one for the same report. So this
+    /// form is part of the checkpoint format: changing it needs a new
+    /// `checkpoint::FORMAT_VERSION`.
     fn fingerprint(&self) -> [u8; 32] {
-        let canonical = format!(
-            "{}|{:?}|{}|{}|{}|{}|{}|{:?}|{:?}",
-            self.attempt_id,
-            self.quote,
-            self.hotel_id,
-            self.room_type_id,
-            self.check_in,
-            self.check_out,
-            self.rooms,
-            self.outcome,
-            self.commit_lsn
-        );
-        Sha256::digest(canonical.as_bytes()).into()
+        let mut h = Sha256::new();
+        h.update(b"vacancy.take-report.1");
+        h.update((self.attempt_id.len() as u64).to_be_bytes());
+        h.update(self.attempt_id.as_bytes());
+        match &self.quote {
+            None => h.update([0u8]),
+            Some(q) => {
+                h.update([1u8]);
+                h.update(source_label(Some(q.source)).as_bytes());
+                h.update([0u8]);
+                h.update(q.hotel_id.to_be_bytes());
+                h.update(q.room_type_id.to_be_bytes());
+                h.update(q.check_in.num_days_from_ce().to_be_bytes());
+                h.update(q.check_out.num_days_from_ce().to_be_bytes());
+                h.update(q.free_units.to_be_bytes());
+                h.update(q.lsn.0.to_be_bytes());
+                h.update(q.shown_at.timestamp_millis().to_be_bytes());
+                h.update(q.lag_ms.to_be_bytes());
+            }
+        }
+        h.update(self.hotel_id.to_be_bytes());
+        h.update(self.room_type_id.to_be_bytes());
+        h.update(self.check_in.num_days_from_ce().to_be_bytes());
+        h.update(self.check_out.num_days_from_ce().to_be_bytes());
+        h.update(self.rooms.to_be_bytes());
+        h.update(self.outcome.label().as_bytes());
+        h.update([0u8]);
+        match self.commit_lsn {
+            None => h.update([0u8]),
+            Some(lsn) => {
+                h.update([1u8]);
+                h.update(lsn.0.to_be_bytes());
+            }
+        }
+        h.finalize().into()
     }
 }
 
@@ -326,7 +362,8 @@ pub struct LedgerSettings {
     pub max_hotels: usize,
 }
 
-/// Totals since start, per instance (the metrics are process-wide).
+/// Totals since start, per instance (the metrics are process-wide), carried
+/// over a restart by a checkpoint (the metrics are not).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 pub struct Totals {
     pub taken: u64,
@@ -340,15 +377,57 @@ pub struct Totals {
     pub takes_by_source: std::collections::BTreeMap<String, u64>,
 }
 
+/// What the ledger keeps of a counted attempt. Not its answer: that is a
+/// function of the report alone, and a retry with the same fingerprint is
+/// the same report, so its answer is computed again, equal.
 struct Entry {
     fingerprint: [u8; 32],
-    answer: Recorded,
+    /// When the ledger took the entry, and for how long from then it keeps
+    /// it: `attempt_ttl` for a report, what was left for an id a
+    /// checkpoint carried.
+    created: Instant,
+    ttl: Duration,
+}
+
+impl Entry {
+    fn left(&self, now: Instant) -> Duration {
+        self.ttl
+            .saturating_sub(now.saturating_duration_since(self.created))
+    }
+}
+
+/// Each entry expires after its own `ttl`, so a carried id lives only the
+/// time it had left, not a whole `attempt_ttl` again.
+struct EntryExpiry;
+
+impl moka::Expiry<String, Arc<Entry>> for EntryExpiry {
+    fn expire_after_create(
+        &self,
+        _attempt_id: &String,
+        entry: &Arc<Entry>,
+        _created_at: Instant,
+    ) -> Option<Duration> {
+        Some(entry.ttl)
+    }
+}
+
+/// What `Ledger::restore` kept of a carried state, and what had run out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Restored {
+    pub buckets: usize,
+    /// Buckets that left the window during the downtime.
+    pub buckets_expired: usize,
+    pub attempts: usize,
+    /// Ids whose time ran out during the downtime.
+    pub attempts_expired: usize,
 }
 
 pub struct Ledger {
-    /// Attempt id → first answer. Bounded in entries and in age: a retry
-    /// arrives within seconds, so a day is generous.
+    /// Attempt id → the report's fingerprint. Bounded in entries and in
+    /// age: a retry arrives within seconds, so a day is generous.
     attempts: moka::sync::Cache<String, Arc<Entry>>,
+    attempt_ttl: Duration,
+    attempt_capacity: u64,
     /// A std Mutex: every critical section is a few hash operations, never
     /// held across an await.
     window: Mutex<SlidingWindow>,
@@ -367,8 +446,10 @@ impl Ledger {
         Ledger {
             attempts: moka::sync::Cache::builder()
                 .max_capacity(s.attempt_capacity)
-                .time_to_live(s.attempt_ttl)
+                .expire_after(EntryExpiry)
                 .build(),
+            attempt_ttl: s.attempt_ttl,
+            attempt_capacity: s.attempt_capacity,
             window: Mutex::new(SlidingWindow::new(
                 Instant::now(),
                 s.bucket_width,
@@ -401,19 +482,20 @@ impl Ledger {
             .or_insert_with(|| {
                 Arc::new(Entry {
                     fingerprint,
-                    answer: answer.clone(),
+                    created: Instant::now(),
+                    ttl: self.attempt_ttl,
                 })
             });
-        let stored = entry.value().clone();
         if !entry.is_fresh() {
-            if !bool::from(stored.fingerprint.ct_eq(&fingerprint)) {
+            if !bool::from(entry.value().fingerprint.ct_eq(&fingerprint)) {
                 return Err(ReportError::AttemptReused);
             }
             self.totals
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .replays += 1;
-            return Ok(Recording::Replay(stored.answer.clone()));
+            // The same fingerprint, the same report: the first answer.
+            return Ok(Recording::Replay(answer));
         }
         self.count(report);
         Ok(Recording::New(answer))
@@ -505,6 +587,185 @@ impl Ledger {
             .unwrap_or_else(|p| p.into_inner())
             .clone()
     }
+
+    /// What a checkpoint carries, measured at `now`: the window's live
+    /// buckets, the attempt ids with the time each has left (at most
+    /// `attempt_capacity` of them, the youngest if moka held more for a
+    /// moment; in id order), and the totals. The Prometheus counters are
+    /// not in it: they are the process's, and start again from zero like
+    /// any restarted process's.
+    pub fn carry(&self, now: Instant) -> StaleCarry {
+        let buckets = self
+            .window()
+            .buckets(now)
+            .into_iter()
+            .map(WindowBucket::from)
+            .collect();
+        // Evictions moka has queued first, so the ids carried are the ones
+        // it keeps.
+        self.attempts.run_pending_tasks();
+        let mut attempts: Vec<CountedAttempt> = self
+            .attempts
+            .iter()
+            .filter_map(|(attempt_id, entry)| {
+                let left = entry.left(now);
+                (!left.is_zero()).then(|| CountedAttempt {
+                    attempt_id: attempt_id.as_ref().clone(),
+                    fingerprint: entry.fingerprint,
+                    left,
+                })
+            })
+            .collect();
+        let capacity = usize::try_from(self.attempt_capacity).unwrap_or(usize::MAX);
+        if attempts.len() > capacity {
+            // The youngest are the likeliest to be retried.
+            attempts.sort_unstable_by_key(|a| std::cmp::Reverse(a.left));
+            attempts.truncate(capacity);
+        }
+        attempts.sort_unstable_by(|a, b| a.attempt_id.cmp(&b.attempt_id));
+        StaleCarry {
+            buckets,
+            attempts,
+            totals: OutcomeTotals::from(&self.totals()),
+        }
+    }
+
+    /// Restores what `carry` gave (in the process before), aged by
+    /// `downtime`: a bucket that left the window meanwhile is dropped, the
+    /// others are placed relative to `now`; an id whose time ran out is
+    /// dropped, the others are kept for what they have left (at most
+    /// `attempt_ttl`, should the setting have shrunk). The totals are added
+    /// to this process's. What was already counted here stays: restore
+    /// before reports arrive, or they are counted on top (an id already
+    /// here keeps its entry).
+    pub fn restore(&self, carry: StaleCarry, downtime: Duration, now: Instant) -> Restored {
+        let mut restored = Restored::default();
+        {
+            let mut w = self.window();
+            for bucket in carry.buckets {
+                let mut aged = AgedBucket::from(bucket);
+                aged.age = aged.age.saturating_add(downtime);
+                if w.restore(now, aged) {
+                    restored.buckets += 1;
+                } else {
+                    restored.buckets_expired += 1;
+                }
+            }
+        }
+        for attempt in carry.attempts {
+            let left = attempt.left.saturating_sub(downtime).min(self.attempt_ttl);
+            if left.is_zero() {
+                restored.attempts_expired += 1;
+                continue;
+            }
+            let entry = self.attempts.entry(attempt.attempt_id).or_insert_with(|| {
+                Arc::new(Entry {
+                    fingerprint: attempt.fingerprint,
+                    created: now,
+                    ttl: left,
+                })
+            });
+            restored.attempts += usize::from(entry.is_fresh());
+        }
+        {
+            let mut t = self.totals.lock().unwrap_or_else(|p| p.into_inner());
+            let carried = carry.totals;
+            t.taken += carried.taken;
+            t.conflicts += carried.conflicts;
+            t.errors += carried.errors;
+            t.stale_reads += carried.stale_reads;
+            t.replays += carried.replays;
+            for (source, n) in carried.conflicts_by_source {
+                *t.conflicts_by_source
+                    .entry(source_label(source).to_string())
+                    .or_default() += n;
+            }
+            for (source, n) in carried.takes_by_source {
+                *t.takes_by_source
+                    .entry(source_label(source).to_string())
+                    .or_default() += n;
+            }
+        }
+        // The share gauge follows the restored window.
+        self.overall();
+        restored
+    }
+}
+
+impl From<Counts> for WindowCounts {
+    fn from(c: Counts) -> WindowCounts {
+        WindowCounts {
+            takes: c.takes,
+            conflicts: c.conflicts,
+            stale: c.stale,
+            errors: c.errors,
+        }
+    }
+}
+
+impl From<WindowCounts> for Counts {
+    fn from(c: WindowCounts) -> Counts {
+        Counts {
+            takes: c.takes,
+            conflicts: c.conflicts,
+            stale: c.stale,
+            errors: c.errors,
+        }
+    }
+}
+
+impl From<AgedBucket> for WindowBucket {
+    fn from(b: AgedBucket) -> WindowBucket {
+        WindowBucket {
+            age: b.age,
+            overall: b.overall.into(),
+            untracked: b.untracked,
+            hotels: b.hotels.into_iter().map(|(id, c)| (id, c.into())).collect(),
+        }
+    }
+}
+
+impl From<WindowBucket> for AgedBucket {
+    fn from(b: WindowBucket) -> AgedBucket {
+        AgedBucket {
+            age: b.age,
+            overall: b.overall.into(),
+            untracked: b.untracked,
+            hotels: b.hotels.into_iter().map(|(id, c)| (id, c.into())).collect(),
+        }
+    }
+}
+
+impl From<&Totals> for OutcomeTotals {
+    fn from(t: &Totals) -> OutcomeTotals {
+        // Labels back to sources: every label here came from
+        // `source_label`, so each has one.
+        let by_source = |of: &std::collections::BTreeMap<String, u64>| {
+            of.iter()
+                .filter_map(|(label, n)| {
+                    let source = source_of_label(label);
+                    debug_assert!(source.is_some(), "a label source_label did not make");
+                    Some((source?, *n))
+                })
+                .collect()
+        };
+        OutcomeTotals {
+            taken: t.taken,
+            conflicts: t.conflicts,
+            errors: t.errors,
+            stale_reads: t.stale_reads,
+            replays: t.replays,
+            conflicts_by_source: by_source(&t.conflicts_by_source),
+            takes_by_source: by_source(&t.takes_by_source),
+        }
+    }
+}
+
+/// The source `source_label` gave `label` for.
+fn source_of_label(label: &str) -> Option<Option<Source>> {
+    std::iter::once(None)
+        .chain(Source::ALL.into_iter().map(Some))
+        .find(|s| source_label(*s) == label)
 }
 
 #[cfg(test)]
@@ -652,6 +913,128 @@ mod tests {
                 Err(ReportError::Invalid { field: f, .. }) => assert_eq!(f, field, "{json}"),
                 other => panic!("{json}: {other:?}"),
             }
+        }
+    }
+
+    /// A carried id keeps the time it had left, less the downtime, never
+    /// more than `attempt_ttl`; a new one gets the whole `attempt_ttl`.
+    #[test]
+    fn carried_ids_keep_only_the_time_they_had_left() {
+        let l = ledger();
+        let attempt = |id: &str, left_secs: u64| CountedAttempt {
+            attempt_id: id.to_string(),
+            fingerprint: [3; 32],
+            left: Duration::from_secs(left_secs),
+        };
+        let carry = StaleCarry {
+            attempts: vec![attempt("a", 5), attempt("b", 600), attempt("c", 1)],
+            ..StaleCarry::default()
+        };
+        let restored = l.restore(carry, Duration::from_secs(1), Instant::now());
+        assert_eq!((restored.attempts, restored.attempts_expired), (2, 1));
+        let key = QuoteKey::random();
+        l.record(
+            &body(&key, Source::Copy, 1, Outcome::Taken)
+                .check(&key)
+                .unwrap(),
+        )
+        .unwrap();
+        let left: Vec<(String, Duration)> = l
+            .carry(Instant::now())
+            .attempts
+            .into_iter()
+            .map(|a| (a.attempt_id, a.left))
+            .collect();
+        let ids: Vec<&str> = left.iter().map(|(id, _)| id.as_str()).collect();
+        assert_eq!(ids, ["a", "a-1", "b"], "in id order; c ran out");
+        let within = |d: Duration, secs: u64| {
+            d <= Duration::from_secs(secs) && d > Duration::from_secs(secs - 2)
+        };
+        assert!(
+            within(left[0].1, 4),
+            "5 s less the downtime: {:?}",
+            left[0].1
+        );
+        assert!(within(left[1].1, 60), "a new report: {:?}", left[1].1);
+        assert!(
+            within(left[2].1, 60),
+            "capped at attempt_ttl: {:?}",
+            left[2].1
+        );
+    }
+
+    /// What a checkpoint carries of the ids is bounded by the ledger's
+    /// capacity, however many reports came.
+    #[test]
+    fn carried_ids_are_bounded_by_the_capacity() {
+        let l = ledger();
+        let key = QuoteKey::random();
+        for i in 0..250 {
+            let mut b = body(&key, Source::Copy, 1, Outcome::Taken);
+            b.attempt_id = Some(format!("id-{i}"));
+            l.record(&b.check(&key).unwrap()).unwrap();
+        }
+        let carried = l.carry(Instant::now());
+        assert!(!carried.attempts.is_empty());
+        assert!(carried.attempts.len() <= 100, "{}", carried.attempts.len());
+        assert_eq!(carried.totals.taken, 250);
+        assert_eq!(
+            carried.totals.takes_by_source,
+            vec![(Some(Source::Copy), 250)]
+        );
+    }
+
+    /// A checkpoint carries fingerprints to the next build: the same
+    /// report must hash the same there, so the form is pinned here, and any
+    /// field changed makes another fingerprint.
+    #[test]
+    fn the_fingerprint_is_pinned_and_covers_every_field() {
+        let report = TakeReport {
+            attempt_id: "a-1".into(),
+            quote: Some(Quote {
+                source: Source::Copy,
+                hotel_id: 1,
+                room_type_id: 2,
+                check_in: day(1),
+                check_out: day(3),
+                free_units: 4,
+                lsn: Lsn(99),
+                shown_at: chrono::DateTime::from_timestamp_millis(1_900_000_000_123).unwrap(),
+                lag_ms: 40,
+            }),
+            hotel_id: 1,
+            room_type_id: 2,
+            check_in: day(1),
+            check_out: day(3),
+            rooms: 1,
+            outcome: Outcome::Conflict,
+            commit_lsn: None,
+        };
+        let hex: String = report
+            .fingerprint()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_eq!(
+            hex,
+            "7c66a0b8f8ffb118149bf18b37b484d95624a4f98fd820c4da44bb4def3f4508"
+        );
+        type Mutation = fn(&mut TakeReport);
+        let changes: [Mutation; 9] = [
+            |r| r.attempt_id.push('x'),
+            |r| r.quote = None,
+            |r| r.quote.as_mut().unwrap().free_units = 5,
+            |r| r.quote.as_mut().unwrap().source = Source::CopyFallback,
+            |r| r.quote.as_mut().unwrap().lag_ms = 41,
+            |r| r.rooms = 2,
+            |r| r.check_out = day(4),
+            |r| r.outcome = Outcome::Taken,
+            |r| r.commit_lsn = Some(Lsn(1)),
+        ];
+        for (i, change) in changes.iter().enumerate() {
+            let mut other = report.clone();
+            change(&mut other);
+            assert_ne!(other.fingerprint(), report.fingerprint(), "change {i}");
         }
     }
 

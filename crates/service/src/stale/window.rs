@@ -11,6 +11,11 @@
 //! holds hotels the totals hold). Outcomes of hotels past the cap still count
 //! in the overall figures and are reported as untracked.
 //!
+//! A checkpoint carries the window across a restart as aged buckets
+//! (`buckets`, then `restore` in the next process): an `Instant` means
+//! nothing to another process, but "this bucket began so long before the
+//! write" does.
+//!
 //! Pure data: the caller passes the time, so tests step through it exactly.
 
 use std::collections::HashMap;
@@ -69,17 +74,37 @@ struct Bucket {
     untracked: u64,
 }
 
+impl Bucket {
+    fn is_empty(&self) -> bool {
+        self.overall.is_zero() && self.untracked == 0 && self.hotels.is_empty()
+    }
+}
+
 #[derive(Debug)]
 pub struct SlidingWindow {
     origin: Instant,
     width: Duration,
     ring: Vec<Bucket>,
-    /// Absolute number (since `origin`) of the newest bucket in the ring.
+    /// Absolute number of the newest bucket in the ring. Bucket `ring.len()`
+    /// begins at `origin`: the numbers below it are buckets before the
+    /// origin, where `restore` may place a bucket older than this window.
     head: u64,
     overall: Counts,
     hotels: HashMap<i64, Counts>,
     untracked: u64,
     max_hotels: usize,
+}
+
+/// One live bucket, aged: what a checkpoint carries of the window.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgedBucket {
+    /// From the bucket's start to the time it was taken at.
+    pub age: Duration,
+    pub overall: Counts,
+    /// Takes of hotels the cap kept out.
+    pub untracked: u64,
+    /// In hotel id order; every count non-zero.
+    pub hotels: Vec<(i64, Counts)>,
 }
 
 /// One hotel's figures over the window.
@@ -96,7 +121,7 @@ impl SlidingWindow {
             origin: now,
             width,
             ring: (0..buckets).map(|_| Bucket::default()).collect(),
-            head: 0,
+            head: buckets as u64,
             overall: Counts::default(),
             hotels: HashMap::new(),
             untracked: 0,
@@ -110,7 +135,7 @@ impl SlidingWindow {
 
     fn bucket_number(&self, now: Instant) -> u64 {
         let since = now.saturating_duration_since(self.origin);
-        (since.as_nanos() / self.width.as_nanos()) as u64
+        self.ring.len() as u64 + (since.as_nanos() / self.width.as_nanos()) as u64
     }
 
     /// Drops the buckets that fell out of the window by `now`.
@@ -154,10 +179,17 @@ impl SlidingWindow {
     pub fn record(&mut self, now: Instant, hotel_id: i64, counts: Counts) {
         self.advance(now);
         let slot = (self.head % self.ring.len() as u64) as usize;
+        self.ring[slot].overall.add(&counts);
+        self.overall.add(&counts);
+        self.add_hotel(slot, hotel_id, counts);
+    }
+
+    /// A hotel's part of an outcome, into bucket `slot` and the totals, or
+    /// to the untracked takes past the cap. The overall counts are the
+    /// caller's.
+    fn add_hotel(&mut self, slot: usize, hotel_id: i64, counts: Counts) {
         let tracked = self.hotels.contains_key(&hotel_id) || self.hotels.len() < self.max_hotels;
         let bucket = &mut self.ring[slot];
-        bucket.overall.add(&counts);
-        self.overall.add(&counts);
         if tracked {
             bucket.hotels.entry(hotel_id).or_default().add(&counts);
             self.hotels.entry(hotel_id).or_default().add(&counts);
@@ -165,6 +197,83 @@ impl SlidingWindow {
             bucket.untracked += counts.takes;
             self.untracked += counts.takes;
         }
+    }
+
+    /// The live buckets at `now`, oldest first, the empty ones left out:
+    /// what a checkpoint carries. At most `buckets` of them, each with at
+    /// most `max_hotels` hotels (a bucket holds only hotels the totals
+    /// hold).
+    pub fn buckets(&mut self, now: Instant) -> Vec<AgedBucket> {
+        self.advance(now);
+        let n = self.ring.len() as u64;
+        debug_assert!(self.head >= n, "bucket numbers start at the ring's length");
+        let since = now.saturating_duration_since(self.origin);
+        // How far `now` is into the newest bucket; each older one began a
+        // whole width earlier.
+        let into_newest = (since.as_nanos() % self.width.as_nanos()) as u64;
+        let mut aged = Vec::new();
+        for back in (0..n).rev() {
+            let bucket = &self.ring[((self.head - back) % n) as usize];
+            if bucket.is_empty() {
+                continue;
+            }
+            let mut hotels: Vec<(i64, Counts)> =
+                bucket.hotels.iter().map(|(id, c)| (*id, *c)).collect();
+            hotels.sort_unstable_by_key(|(id, _)| *id);
+            let widths = self
+                .width
+                .saturating_mul(u32::try_from(back).unwrap_or(u32::MAX));
+            aged.push(AgedBucket {
+                age: Duration::from_nanos(into_newest).saturating_add(widths),
+                overall: bucket.overall,
+                untracked: bucket.untracked,
+                hotels,
+            });
+        }
+        aged
+    }
+
+    /// Adds a bucket `buckets` gave (in this process or another), `age` old
+    /// at `now`, to the bucket of this window that holds its last instant.
+    /// By its end, not its start: this window's buckets need not begin
+    /// where the old ones did, and placed by its end a bucket that had
+    /// ended by `now` stays at least as long as it would have in the old
+    /// window, at most one width longer. One still open at `now` (younger
+    /// than a width) goes to the newest bucket, the latest there is, and
+    /// may leave up to a width early. Its hotels go through the cap like
+    /// new outcomes. Returns whether it was added: a bucket as old as the
+    /// window's span has left it, and is dropped.
+    pub fn restore(&mut self, now: Instant, bucket: AgedBucket) -> bool {
+        self.advance(now);
+        if bucket.age >= self.span() {
+            return false;
+        }
+        let n = self.ring.len() as i128;
+        let width = self.width.as_nanos() as i128;
+        let since = now.saturating_duration_since(self.origin).as_nanos() as i128;
+        // How long before `now` the bucket's last nanosecond was; zero
+        // while the bucket has not ended yet.
+        let end_before_now = (bucket.age.as_nanos() as i128 - width + 1).max(0);
+        let number = n + (since - end_before_now).div_euclid(width);
+        let head = i128::from(self.head);
+        // age < span puts its end within the live numbers, unless `now` is
+        // earlier than a time the window already advanced to.
+        if number > head || number <= head - n {
+            return false;
+        }
+        let slot = number.rem_euclid(n) as usize;
+        self.ring[slot].overall.add(&bucket.overall);
+        self.overall.add(&bucket.overall);
+        self.ring[slot].untracked += bucket.untracked;
+        self.untracked += bucket.untracked;
+        for (hotel_id, counts) in bucket.hotels {
+            // A hotel with nothing counted would sit in the totals until
+            // its bucket expired, taking a place under the cap.
+            if !counts.is_zero() {
+                self.add_hotel(slot, hotel_id, counts);
+            }
+        }
+        true
     }
 
     pub fn overall(&mut self, now: Instant) -> Counts {
@@ -312,6 +421,134 @@ mod tests {
         assert_eq!(w.top(t0, 1, 1)[0].hotel_id, 3);
     }
 
+    /// Overall, untracked and every hotel's counts at `at`.
+    fn figures(w: &mut SlidingWindow, at: Instant) -> (Counts, u64, Vec<HotelShare>) {
+        (w.overall(at), w.untracked(at), w.top(at, 1, usize::MAX))
+    }
+
+    /// 40 outcomes over 52 s into a 50 s window of 10 buckets, 4 hotels.
+    fn busy(t0: Instant) -> (SlidingWindow, Instant) {
+        let mut w = SlidingWindow::new(t0, W, 10, 100);
+        for s in 0..40u64 {
+            let at = t0 + Duration::from_millis(s * 1_300);
+            w.record(at, (s % 4) as i64, take(s % 3 == 0));
+        }
+        (w, t0 + Duration::from_millis(52_000))
+    }
+
+    /// Restored into a window whose buckets begin where the old ones did,
+    /// the buckets give the same figures at once and expire at the same
+    /// times.
+    #[test]
+    fn buckets_restore_to_the_same_figures() {
+        let t0 = Instant::now();
+        let (mut w, at) = busy(t0);
+        let aged = w.buckets(at);
+        assert!(aged.windows(2).all(|p| p[0].age > p[1].age), "oldest first");
+        assert!(aged.iter().all(|b| b.age < w.span()));
+        assert!(w.overall(at).takes < 40, "the oldest already left");
+        // Begun 10 widths after the old one: the same phase.
+        let mut restored = SlidingWindow::new(t0 + Duration::from_secs(50), W, 10, 100);
+        for bucket in aged {
+            assert!(restored.restore(at, bucket));
+        }
+        for ms in (0..60_000).step_by(250) {
+            let later = at + Duration::from_millis(ms);
+            assert_eq!(
+                figures(&mut restored, later),
+                figures(&mut w, later),
+                "{ms} ms on"
+            );
+        }
+        assert_eq!(restored.overall(at + W * 10), Counts::default());
+    }
+
+    /// In a window of another phase (the next process's), the figures are
+    /// the same at once, and each bucket stays at least as long as it would
+    /// have, at most one width longer.
+    #[test]
+    fn buckets_restored_out_of_phase_never_leave_early() {
+        let t0 = Instant::now();
+        let (mut w, at) = busy(t0);
+        let aged = w.buckets(at);
+        // The newest bucket began 2 s before `at`; this window's newest
+        // began 1.7 s before it, so even that one cannot leave early.
+        let mut restored = SlidingWindow::new(at - Duration::from_millis(1_700), W, 10, 100);
+        for bucket in aged {
+            assert!(restored.restore(at, bucket));
+        }
+        assert_eq!(figures(&mut restored, at), figures(&mut w, at));
+        // The old window's takes every 100 ms (a window only moves forward).
+        let steps: Vec<Duration> = (0..600).map(|i| Duration::from_millis(i * 100)).collect();
+        let old: Vec<u64> = steps.iter().map(|d| w.overall(at + *d).takes).collect();
+        let per_width = (W.as_millis() / 100) as usize;
+        for (i, d) in steps.iter().enumerate() {
+            let takes = restored.overall(at + *d).takes;
+            assert!(takes >= old[i], "{d:?} on: left early");
+            assert!(
+                takes <= old[i.saturating_sub(per_width)],
+                "{d:?} on: stayed past a width"
+            );
+        }
+        assert_eq!(restored.overall(at + W * 11), Counts::default());
+    }
+
+    /// Aged by a downtime, the buckets older than the span are dropped and
+    /// the rest kept; a downtime of a whole span drops them all.
+    #[test]
+    fn a_downtime_drops_the_buckets_it_outlasted() {
+        let t0 = Instant::now();
+        let (mut w, at) = busy(t0);
+        let aged = w.buckets(at);
+        let down = Duration::from_secs(20);
+        let mut restored = SlidingWindow::new(at + down, W, 10, 100);
+        let kept = aged
+            .iter()
+            .filter(|b| {
+                restored.restore(
+                    at + down,
+                    AgedBucket {
+                        age: b.age + down,
+                        ..(*b).clone()
+                    },
+                )
+            })
+            .count();
+        assert!(kept > 0 && kept < aged.len(), "{kept} of {}", aged.len());
+        // The same as the old window 20 s on, with nothing new.
+        assert_eq!(
+            figures(&mut restored, at + down),
+            figures(&mut w, at + down)
+        );
+        let mut emptied = SlidingWindow::new(at + w.span(), W, 10, 100);
+        for bucket in aged {
+            let age = bucket.age + w.span();
+            assert!(!emptied.restore(at + w.span(), AgedBucket { age, ..bucket }));
+        }
+        assert_eq!(
+            figures(&mut emptied, at + w.span()),
+            (Counts::default(), 0, vec![])
+        );
+        assert_eq!(emptied.tracked_hotels(), 0);
+    }
+
+    /// Restored hotels go through the cap like new outcomes: past it their
+    /// takes are untracked, and the overall figures are whole.
+    #[test]
+    fn restored_hotels_respect_the_cap() {
+        let t0 = Instant::now();
+        let (mut w, at) = busy(t0);
+        let overall = w.overall(at);
+        let mut capped = SlidingWindow::new(at, W, 10, 2);
+        for bucket in w.buckets(at) {
+            assert!(capped.restore(at, bucket));
+        }
+        assert_eq!(capped.tracked_hotels(), 2);
+        assert_eq!(capped.overall(at), overall);
+        let tracked: u64 = capped.top(at, 1, 10).iter().map(|h| h.counts.takes).sum();
+        assert_eq!(tracked + capped.untracked(at), overall.takes);
+    }
+
     proptest! {
         /// The running totals always equal a recount of the outcomes still
         /// inside the window, whatever the arrival times.
@@ -338,6 +575,29 @@ mod tests {
                     prop_assert_eq!(w.hotel(now, h).stale, want);
                 }
             }
+        }
+
+        /// Whatever the outcomes and the new window's phase, restored
+        /// buckets give the same figures at the moment of the restore.
+        #[test]
+        fn restored_figures_match(
+            events in proptest::collection::vec((0u64..2_000, 0i64..6, any::<bool>()), 1..200),
+            phase_ms in 0u64..2_000,
+        ) {
+            let t0 = Instant::now();
+            let mut events = events;
+            events.sort_by_key(|e| e.0);
+            let mut w = SlidingWindow::new(t0, Duration::from_millis(100), 8, 100);
+            for (ms, hotel, stale) in &events {
+                w.record(t0 + Duration::from_millis(*ms), *hotel, take(*stale));
+            }
+            let at = t0 + Duration::from_millis(2_000);
+            let mut restored =
+                SlidingWindow::new(t0 + Duration::from_millis(phase_ms), Duration::from_millis(100), 8, 100);
+            for bucket in w.buckets(at) {
+                prop_assert!(restored.restore(at, bucket));
+            }
+            prop_assert_eq!(figures(&mut restored, at), figures(&mut w, at));
         }
     }
 }
