@@ -703,3 +703,85 @@ async fn divergence_audit_sees_a_missed_change_until_the_ttl_repairs_it() {
     assert_eq!(s["audit"]["last_pass"]["mismatches"], 0);
     app.stop(Duration::from_secs(5)).await;
 }
+
+/// Issue 21: the 409-after-shown window and `/v1/stale-reads` survive a
+/// graceful restart from a checkpoint, and a take outcome posted before the
+/// restart and again after it counts once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stale_read_window_and_counted_attempts_survive_a_graceful_restart() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    hotel(&client, 1, &[(1, 9)], 10).await;
+    let checkpoints = tempfile::tempdir().unwrap();
+    let settings = || {
+        let mut s = settings_for(&owner.url);
+        s.checkpoint.dir = checkpoints.path().to_str().unwrap().to_string();
+        // Quotes signed before the restart must verify after it.
+        s.stale.quote_key = "ab".repeat(32);
+        s
+    };
+    let app = start(settings()).await;
+    settled(&app, &client).await;
+    let r = get(
+        &app,
+        &format!("/v1/search?hotel_ids=1&room=1&{}", stay_query()),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let quote = offers(&r.json())[&1]["quote"].as_str().unwrap().to_string();
+    let conflict = report("attempt-before", Some(&quote), 1, "conflict").to_string();
+    let taken = report("attempt-taken", Some(&quote), 1, "taken").to_string();
+    for body in [&conflict, &taken] {
+        let r = post(&app, Some(TOKEN), body.as_bytes()).await;
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    }
+    let before = stale_reads(&app).await;
+    assert_eq!(
+        (before["takes"].clone(), before["stale_reads"].clone()),
+        (json!(2), json!(1))
+    );
+    app.stop(Duration::from_secs(30)).await;
+
+    let app = start(settings()).await;
+    wait_for(
+        "the copy to load from the checkpoint",
+        Duration::from_secs(60),
+        || async { app.model.freshness.is_loaded().then_some(()) },
+    )
+    .await;
+    let status = get(&app, "/v1/status").await.json();
+    assert!(
+        status["checkpoint"]["loaded_from"].is_object(),
+        "the restart loaded a checkpoint: {status}"
+    );
+    let after = stale_reads(&app).await;
+    for field in ["takes", "conflicts", "stale_reads", "share", "totals"] {
+        assert_eq!(
+            after[field], before[field],
+            "{field} after the restart: {after}"
+        );
+    }
+    // The same report again: a replay, counted once.
+    let again = post(&app, Some(TOKEN), conflict.as_bytes()).await;
+    assert_eq!(
+        again.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&again.body)
+    );
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    // Another outcome under a counted id is still refused.
+    let r = post(
+        &app,
+        Some(TOKEN),
+        report("attempt-before", Some(&quote), 1, "taken")
+            .to_string()
+            .as_bytes(),
+    )
+    .await;
+    assert_problem(&r, 409, "/problems/attempt-id-reused", Some("attempt_id"));
+    let last = stale_reads(&app).await;
+    assert_eq!(last["takes"], before["takes"], "{last}");
+    assert_eq!(last["stale_reads"], before["stale_reads"], "{last}");
+    app.stop(Duration::from_secs(30)).await;
+}

@@ -88,6 +88,7 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
     let booking_tokens = Arc::new(http::access::booking_tokens(&settings.stale)?);
     let admin_tokens = Arc::new(http::access::admin_tokens(&settings.admin)?);
     let checkpoints = Checkpoints::new(settings.checkpoint.clone());
+    checkpoints.carry_also(stale.clone());
     let refresh = Refresh::new(Duration::from_secs(settings.model.ttl_secs));
     let hotel_index = HotelIndex::new()?;
     // Built before any task starts, so a bad setting leaves nothing running.

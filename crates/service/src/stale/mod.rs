@@ -308,6 +308,18 @@ fn load_key(inline: &str, file: &str) -> Result<Option<Vec<u8>>, SecretFileError
     Ok(Some(bytes))
 }
 
+/// What checkpoints carry of the stale-read loop across a restart.
+impl crate::stream::checkpoints::Carried for StaleReadState {
+    fn carry(&self) -> StaleCarry {
+        StaleReadState::carry(self)
+    }
+
+    fn restore(&self, carry: StaleCarry, written_at: DateTime<Utc>, now: DateTime<Utc>) {
+        let restored = StaleReadState::restore(self, carry, written_at, now);
+        tracing::info!(?restored, "stale-read state restored from the checkpoint");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -28,7 +28,7 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -38,7 +38,9 @@ use tokio_util::sync::CancellationToken;
 use super::StreamStatus;
 use super::refresh::Refresh;
 use super::slot::SlotInfo;
-use crate::checkpoint::{self, CheckpointError, CheckpointSettings, Identity, Loaded, Written};
+use crate::checkpoint::{
+    self, CheckpointError, CheckpointSettings, Identity, Loaded, StaleCarry, Written,
+};
 use crate::lsn::Lsn;
 use crate::metrics;
 use crate::model::ReadModel;
@@ -106,6 +108,17 @@ impl Trigger {
     }
 }
 
+/// State besides the copy that a checkpoint carries across a restart: the
+/// stale-read loop's windows, counted attempt ids and totals. A trait
+/// because that loop (`crate::stale`) reads the stream's status, so the
+/// stream cannot name it; `app` hands it over at start.
+pub trait Carried: Send + Sync {
+    /// What to write, taken just before the write (on its thread).
+    fn carry(&self) -> StaleCarry;
+    /// What a loaded checkpoint carried, written at `written_at`.
+    fn restore(&self, carry: StaleCarry, written_at: DateTime<Utc>, now: DateTime<Utc>);
+}
+
 /// Checkpoints of one process: settings, who the copy belongs to, the
 /// newest durable LSN, and what operators see.
 pub struct Checkpoints {
@@ -121,6 +134,9 @@ pub struct Checkpoints {
     writing: Mutex<()>,
     /// Wakes the checkpointer for a write now (after a snapshot).
     wake: tokio::sync::Notify,
+    /// Set once by `app` before any task starts; without it (benches that
+    /// run a bare projector) an empty stale-read state is written.
+    carried: OnceLock<Arc<dyn Carried>>,
 }
 
 impl Checkpoints {
@@ -132,7 +148,23 @@ impl Checkpoints {
             report: Mutex::new(CheckpointReport::default()),
             writing: Mutex::new(()),
             wake: tokio::sync::Notify::new(),
+            carried: OnceLock::new(),
         })
+    }
+
+    /// Hands over the state carried besides the copy; the first call wins.
+    pub fn carry_also(&self, carried: Arc<dyn Carried>) {
+        if self.carried.set(carried).is_err() {
+            tracing::warn!("checkpoint: the carried state was already set; the second is ignored");
+        }
+    }
+
+    /// Restores what a loaded checkpoint carried besides the copy.
+    pub(super) fn restore_carried(&self, carry: StaleCarry, written_at: Option<DateTime<Utc>>) {
+        let (Some(carried), Some(written_at)) = (self.carried.get(), written_at) else {
+            return;
+        };
+        carried.restore(carry, written_at, Utc::now());
     }
 
     pub fn enabled(&self) -> bool {
@@ -295,8 +327,8 @@ impl Checkpoints {
 
     /// Writes a checkpoint of the published copy now, on a blocking thread,
     /// and raises the durable LSN. `None` when there is nothing to write:
-    /// checkpoints off, no owner identity yet, no copy, or a copy no newer
-    /// than the last durable checkpoint.
+    /// checkpoints off, no owner identity yet, no copy, or (except at
+    /// shutdown) a copy no newer than the last durable checkpoint.
     pub async fn write_now(
         self: &Arc<Checkpoints>,
         model: &Arc<ReadModel>,
@@ -309,12 +341,20 @@ impl Checkpoints {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone()?;
-        if !model.freshness.is_loaded() || self.durable() >= Some(model.freshness.applied()) {
+        if !model.freshness.is_loaded() {
+            return None;
+        }
+        // On the interval, a copy no newer than the last checkpoint is not
+        // written again. At shutdown it is: the stale-read state it
+        // carries moves without the owner (a same-named file is replaced
+        // atomically by the rename).
+        if trigger != Trigger::Shutdown && self.durable() >= Some(model.freshness.applied()) {
             return None;
         }
         let me = self.clone();
         let copy = model.clone();
         let timers = refresh.clone();
+        let carried = self.carried.get().cloned();
         let started = Instant::now();
         let written = tokio::task::spawn_blocking(move || {
             let _one_writer = me.writing.lock().unwrap_or_else(|p| p.into_inner());
@@ -323,7 +363,8 @@ impl Checkpoints {
                 source,
             })?;
             let ttl = timers.remaining();
-            checkpoint::write_model(&dir, &identity, &copy, &ttl)
+            let stale = carried.map_or_else(StaleCarry::default, |c| c.carry());
+            checkpoint::write_model(&dir, &identity, &copy, &ttl, &stale)
         })
         .await
         .unwrap_or_else(|join| {

@@ -496,6 +496,7 @@ impl Projector {
             xids,
             ttl,
             nights,
+            stale,
         } = loaded;
         let downtime = header
             .written_at()
@@ -508,6 +509,7 @@ impl Projector {
         // know every transaction the copy holds.
         self.model.xids.restore(xids);
         self.refresh.restore(&tables, &ttl, downtime);
+        self.checkpoints.restore_carried(stale, header.written_at());
         self.model.replace(tables);
         self.model.freshness.require_catch_up_to(owner_now);
         self.index.mark_all();
