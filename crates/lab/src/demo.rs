@@ -93,6 +93,8 @@ pub enum DemoError {
     NotReady(#[from] NotReady),
     #[error("the copy differs from the owner in {0} inventory rows")]
     Diverged(u64),
+    #[error("cannot make a directory for the demo's checkpoints: {0}")]
+    CheckpointDir(std::io::Error),
 }
 
 /// What the demo's own actors (not the simulated guests) did.
@@ -136,7 +138,11 @@ pub async fn run(options: DemoOptions, stop: CancellationToken) -> Result<(), De
     let data = dataset(&client, today).await?;
 
     let token = random_hex(24);
-    let app = start_copy(&options, &owner_db.url, &token).await?;
+    // Checkpoints on, in a directory that lives as long as the demo: it
+    // shows them being written (the log, /v1/status) as a deployment with a
+    // volume would, without leaving files behind.
+    let checkpoints = tempfile::tempdir().map_err(DemoError::CheckpointDir)?;
+    let app = start_copy(&options, &owner_db.url, &token, checkpoints.path()).await?;
     let loaded = tokio::select! {
         biased;
         _ = stop.cancelled() => false,
@@ -217,7 +223,12 @@ async fn seed_if_empty(
 
 /// Starts the projector and the API on the demo's own slot, with `token` as
 /// the simulated booking service's.
-async fn start_copy(options: &DemoOptions, owner_url: &str, token: &str) -> Result<App, DemoError> {
+async fn start_copy(
+    options: &DemoOptions,
+    owner_url: &str,
+    token: &str,
+    checkpoints: &std::path::Path,
+) -> Result<App, DemoError> {
     // `VACANCY_*` variables still apply (e.g. `VACANCY_ADMIN__TOKENS`, or
     // `VACANCY_STALE__BOOKING_TOKENS` for a client of its own beside the
     // simulated guests, as .ci/api-fuzz does); the demo's own owner, slot,
@@ -228,6 +239,7 @@ async fn start_copy(options: &DemoOptions, owner_url: &str, token: &str) -> Resu
     settings.stream.slot = DEMO_SLOT.to_string();
     settings.stale.booking_tokens.push(token.to_string());
     settings.stale.quote_key = random_hex(32);
+    settings.checkpoint.dir = checkpoints.display().to_string();
     Ok(App::bind_and_start(settings).await?)
 }
 

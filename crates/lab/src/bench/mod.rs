@@ -15,6 +15,7 @@
 //! - `snapshot`: snapshot load rate, against server-side `COPY ... TO '/dev/null'`.
 //! - `memory`: resident bytes per inventory row once the copy is loaded.
 //! - `faults`: recovery and divergence per fault (`crate::bench::faults`).
+//! - `restart`: a restart from a checkpoint beside the first start's snapshot.
 //!
 //! Each measurement is a module named as its subcommand. This one holds the
 //! command line, the owner under test (prepared once, its slots and
@@ -26,6 +27,7 @@ mod apply;
 pub mod faults;
 mod latency;
 mod memory;
+mod restart;
 pub mod search;
 mod snapshot;
 pub mod stale;
@@ -132,6 +134,30 @@ pub enum BenchCommand {
     /// SIGKILL, slot dropped or invalidated, owner unreachable, failing
     /// writes): recovery time, divergent rows, failed requests.
     Faults(crate::bench::faults::FaultArgs),
+    /// Time to ready of a restart from a checkpoint (after SIGTERM and a
+    /// downtime under holds, and after SIGKILL) beside the first start's
+    /// full snapshot, with the checkpoint's size and write time and the rows
+    /// read from the owner. Writes to the owner.
+    Restart {
+        #[command(flatten)]
+        owner: OwnerArgs,
+        /// Seconds the copy is down between the graceful stop and the restart.
+        #[arg(long, default_value_t = 60)]
+        downtime_secs: u64,
+        /// Holds per second on the owner while it is down (and before the SIGKILL).
+        #[arg(long, default_value_t = 1000)]
+        holds_per_second: u32,
+        /// Seconds of holds between the restart and the SIGKILL.
+        #[arg(long, default_value_t = 30)]
+        killed_after_secs: u64,
+        /// checkpoint.interval_secs for the copy under test.
+        #[arg(long, default_value_t = 300)]
+        interval_secs: u64,
+        /// Keep the checkpoints and the copy's logs here (default: a
+        /// temporary directory, removed at the end).
+        #[arg(long)]
+        work_dir: Option<PathBuf>,
+    },
     /// Load-test /v1/search beside the same question asked of the owner in SQL.
     Search(crate::bench::search::SearchBenchArgs),
     /// The copy's 409s (after a showing the owner refused at the moment the
@@ -250,6 +276,24 @@ pub async fn run(command: BenchCommand) -> Result<(), BenchError> {
                 before: Duration::from_secs(before_secs),
             };
             owner.guarded(wait::run(&owner, &options)).await
+        }
+        BenchCommand::Restart {
+            owner,
+            downtime_secs,
+            holds_per_second,
+            killed_after_secs,
+            interval_secs,
+            work_dir,
+        } => {
+            let owner = Owner::prepare(&owner).await?;
+            let options = restart::RestartOptions {
+                downtime: Duration::from_secs(downtime_secs),
+                holds_per_second,
+                killed_after: Duration::from_secs(killed_after_secs),
+                interval_secs: interval_secs.max(1),
+                work_dir,
+            };
+            restart::run(&owner, &options).await
         }
         BenchCommand::Faults(args) => Ok(crate::bench::faults::run(args).await?),
         BenchCommand::Search(args) => Ok(crate::bench::search::run(args).await?),

@@ -25,7 +25,7 @@
 use std::io::{self, Read, Write};
 use std::time::Duration;
 
-use chrono::{DateTime, Datelike, NaiveDate, Utc};
+use chrono::{DateTime, NaiveDate, Utc};
 use serde::ser::{SerializeSeq, SerializeStruct};
 use serde::{Deserialize, Serialize, Serializer};
 
@@ -270,9 +270,10 @@ impl CalendarOut<'_> {
     /// The first night's day, and whether the calendar's span fits
     /// `MAX_SPAN_DAYS`.
     pub fn span(&self) -> Option<(i32, i32)> {
-        let mut nights = self.view.iter();
-        let first = day(nights.next()?.0);
-        let last = nights.last().map_or(first, |(n, _)| day(n));
+        // From both ends: no walk over every night just for the span.
+        let mut nights = self.view.days();
+        let first = nights.next()?.0;
+        let last = nights.next_back().map_or(first, |(d, _)| d);
         Some((first, last))
     }
 }
@@ -305,8 +306,7 @@ impl Serialize for NightsOut<'_> {
         let mut seq = serializer.serialize_seq(Some(self.view.len()))?;
         let mut previous = self.start - 1;
         let mut written = 0usize;
-        for (night, counts) in self.view.iter() {
-            let d = day(night);
+        for (d, counts) in self.view.days() {
             debug_assert!(d > previous, "a calendar's nights come in date order");
             let night_record = NightRecord {
                 gap: d.abs_diff(previous),
@@ -561,11 +561,6 @@ pub struct EndRecord {
     /// Window buckets (not frames: a bucket's later parts are not counted).
     pub window_buckets: u64,
     pub attempts: u64,
-}
-
-/// Days since 1970-01-01.
-pub fn day(night: NaiveDate) -> i32 {
-    night.num_days_from_ce() - UNIX_EPOCH_DAYS_FROM_CE
 }
 
 /// The date `d` days after 1970-01-01, when chrono can represent it.

@@ -130,6 +130,15 @@ impl Calendar {
     }
 
     fn set_limit(&mut self, d: i32, limit: Option<i32>) {
+        // Past the last limit: a calendar filled in date order (a snapshot,
+        // a checkpoint's load) appends or does nothing, without a search
+        // per night (it was a seventh of a restart's load).
+        if self.limits.last().is_none_or(|(last, _)| *last < d) {
+            if let Some(l) = limit {
+                self.limits.push((d, l));
+            }
+            return;
+        }
         match (self.limits.binary_search_by_key(&d, |(day, _)| *day), limit) {
             (Ok(at), Some(l)) => self.limits[at].1 = l,
             (Ok(at), None) => {
@@ -151,8 +160,14 @@ impl Calendar {
 
     /// Sets one night, growing the calendar at either end as needed.
     pub fn set(&mut self, night: NaiveDate, counts: NightCounts) -> Result<(), UnstorableValue> {
+        self.set_day(day(night), counts)
+    }
+
+    /// As `set`, by day since 1970-01-01: a checkpoint stores nights so,
+    /// and a restart loads 73M of them (two date conversions each were a
+    /// measurable share of the load).
+    pub fn set_day(&mut self, d: i32, counts: NightCounts) -> Result<(), UnstorableValue> {
         let packed = Packed::pack(counts).ok_or(UnstorableValue(i32::MIN))?;
-        let d = day(night);
         if self.nights.is_empty() {
             self.first = d;
         }

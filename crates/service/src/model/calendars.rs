@@ -699,6 +699,13 @@ impl<'a> CalendarView<'a> {
         (block.first..block.end).filter_map(move |d| Some((date(d), block.night(col, d)?)))
     }
 
+    /// As `iter`, with each night as its day since 1970-01-01 (the
+    /// checkpoint's unit): no date conversion per night.
+    pub fn days(&self) -> impl DoubleEndedIterator<Item = (i32, NightCounts)> + use<'a> {
+        let (block, col) = (self.block, self.col);
+        (block.first..block.end).filter_map(move |d| Some((d, block.night(col, d)?)))
+    }
+
     /// The `nights` nights from `check_in` on, each `None` when it has no
     /// row: a strided walk over a few adjacent rows, the inner loop of search.
     pub fn stay(

@@ -28,6 +28,8 @@ pub struct Serve {
     name: String,
     token_file: PathBuf,
     starts: u32,
+    /// More `VACANCY_*` settings for every start (bench restart's checkpoints).
+    env: Vec<(String, String)>,
 }
 
 impl Serve {
@@ -35,12 +37,30 @@ impl Serve {
     /// bench's slot, publication and booking token; logs go to
     /// `dir/<name>-<start>.log`.
     pub fn start(exe: &Path, url: &str, dir: &Path, name: &str) -> Result<Serve, FaultBenchError> {
+        Self::start_with_env(exe, url, dir, name, Vec::new())
+    }
+
+    /// As `start`, with more settings in the environment of every start.
+    pub fn start_with_env(
+        exe: &Path,
+        url: &str,
+        dir: &Path,
+        name: &str,
+        env: Vec<(String, String)>,
+    ) -> Result<Serve, FaultBenchError> {
         let token_file = dir.join("booking-tokens");
         std::fs::write(&token_file, format!("{BOOKING_TOKEN}\n"))?;
         // A free port: bind, read it, let go. The child binds it a moment
         // later, and again after a restart, so load loops keep one address.
         let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
-        let child = spawn(exe, url, addr, dir, name, 1, &token_file)?;
+        let child = spawn(
+            exe,
+            url,
+            addr,
+            &dir.join(format!("{name}-1.log")),
+            &token_file,
+            &env,
+        )?;
         Ok(Serve {
             child,
             addr,
@@ -50,7 +70,18 @@ impl Serve {
             name: name.to_string(),
             token_file,
             starts: 1,
+            env,
         })
+    }
+
+    /// The log of the current start.
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join(format!("{}-{}.log", self.name, self.starts))
+    }
+
+    /// Waits, at most `limit`, for the process to exit; whether it did.
+    pub async fn exited_within(&mut self, limit: Duration) -> bool {
+        tokio::time::timeout(limit, self.child.wait()).await.is_ok()
     }
 
     /// SIGKILL: no shutdown hook runs, no last acknowledgement is sent.
@@ -66,10 +97,9 @@ impl Serve {
             &self.exe,
             &self.url,
             self.addr,
-            &self.dir,
-            &self.name,
-            self.starts,
+            &self.log_path(),
             &self.token_file,
+            &self.env,
         )?;
         Ok(())
     }
@@ -140,7 +170,7 @@ impl Serve {
     }
 
     /// The status fields that say why a copy is not caught up.
-    pub(super) async fn status_line(&self) -> String {
+    pub(crate) async fn status_line(&self) -> String {
         match self.status().await {
             Some(s) => format!(
                 "phase {}, connected {}, resnapshotting {}, applied {}, last error {}",
@@ -151,10 +181,7 @@ impl Serve {
                 s["last_error"]
             ),
             None => {
-                let log = std::fs::read_to_string(
-                    self.dir.join(format!("{}-{}.log", self.name, self.starts)),
-                )
-                .unwrap_or_default();
+                let log = std::fs::read_to_string(self.log_path()).unwrap_or_default();
                 let lines: Vec<&str> = log.lines().collect();
                 format!(
                     "no answer; log ends: {}",
@@ -189,12 +216,11 @@ fn spawn(
     exe: &Path,
     url: &str,
     addr: SocketAddr,
-    dir: &Path,
-    name: &str,
-    start: u32,
+    log: &Path,
     token_file: &Path,
+    env: &[(String, String)],
 ) -> Result<Child, FaultBenchError> {
-    let log = std::fs::File::create(dir.join(format!("{name}-{start}.log")))?;
+    let log = std::fs::File::create(log)?;
     let child = Command::new(exe)
         .arg("serve")
         .env("VACANCY_OWNER_URL", url)
@@ -203,6 +229,7 @@ fn spawn(
         .env("VACANCY_STREAM__PUBLICATION", PUBLICATION)
         .env("VACANCY_STREAM__SLOT_WATCH_INTERVAL_MS", "1000")
         .env("VACANCY_STALE__BOOKING_TOKENS_FILE", token_file)
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .stdin(Stdio::null())
         .stdout(Stdio::from(log.try_clone()?))
         .stderr(Stdio::from(log))
