@@ -285,3 +285,67 @@ async fn the_audit_does_not_count_a_commit_the_owner_still_hides() {
     writer.batch_execute("ROLLBACK").await.unwrap();
     app.stop(Duration::from_secs(5)).await;
 }
+
+/// Issue 21: the applied-xid ring rides in the checkpoint. A copy restarted
+/// from a checkpoint that holds a commit the owner still hides must not
+/// trust an owner snapshot that hides it: the TTL re-read is deferred, not
+/// merged over the take.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn across_a_restart_from_a_checkpoint_a_ttl_reread_never_undoes_a_hidden_commit() {
+    let owner = owner_with_a_missing_standby().await;
+    let client = owner.client().await;
+    let checkpoints = tempfile::tempdir().unwrap();
+    let dir = checkpoints.path().to_str().unwrap().to_string();
+    let tune = |s: &mut Settings| {
+        s.owner.query_timeout_ms = 1000;
+        s.checkpoint.dir = dir.clone();
+    };
+    let first = start(&owner, tune).await;
+    let night = first_night() + chrono::Days::new(2);
+    let hidden = Hidden::take(&owner, &first, key(1), night).await;
+    // A graceful stop: the checkpoint holds the take and its xid.
+    first.stop(Duration::from_secs(30)).await;
+
+    let second = start(&owner, tune).await;
+    let status = second.checkpoints.report();
+    assert!(
+        status.loaded_from.is_some(),
+        "the restart loaded the checkpoint: {status:?}"
+    );
+    assert_eq!(copy_taken(&second, key(1), night), Some(1));
+    assert_eq!(
+        owner_taken(&client, key(1), night).await,
+        0,
+        "the owner still hides the commit"
+    );
+    second.refresh.request([key(1)]);
+    wait_for(
+        "the re-read to give up on a snapshot that hides the commit",
+        Duration::from_secs(30),
+        || async {
+            let (deferred, merged) = (
+                second.refresh.deferred.load(Ordering::Relaxed),
+                second.refresh.merged.load(Ordering::Relaxed),
+            );
+            (deferred > 0 || merged > 0).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        second.refresh.merged.load(Ordering::Relaxed),
+        0,
+        "after the restart, a re-read was merged although the owner hid a commit the checkpoint had"
+    );
+    assert_eq!(
+        copy_taken(&second, key(1), night),
+        Some(1),
+        "the take was undone"
+    );
+    hidden.reveal(&client).await;
+    wait_for("the re-read to merge", Duration::from_secs(30), || async {
+        (second.refresh.merged.load(Ordering::Relaxed) > 0).then_some(())
+    })
+    .await;
+    assert_eq!(copy_taken(&second, key(1), night), Some(1));
+    second.stop(Duration::from_secs(5)).await;
+}

@@ -33,6 +33,8 @@ pub struct App {
     pub hotel_index: Arc<HotelIndex>,
     /// Quote key, take-outcome ledger, bypass policy, divergence audit.
     pub stale: Arc<StaleReadState>,
+    /// Where the copy came from and the newest checkpoint written.
+    pub checkpoints: Arc<Checkpoints>,
     pub addr: std::net::SocketAddr,
     shutdown: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
@@ -192,6 +194,7 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
         refresh,
         hotel_index,
         stale,
+        checkpoints,
         addr,
         shutdown,
         tasks,

@@ -62,7 +62,15 @@ async fn inventory_scans(client: &Client) -> Result<(i64, i64), BenchError> {
 /// Seconds from now until `/readyz` answers 200.
 async fn until_ready(serve: &Serve, started: Instant, what: &str) -> Result<f64, BenchError> {
     loop {
-        if let Ok(r) = http(serve.addr, "GET", "/readyz", None, None, Duration::from_secs(2)).await
+        if let Ok(r) = http(
+            serve.addr,
+            "GET",
+            "/readyz",
+            None,
+            None,
+            Duration::from_secs(2),
+        )
+        .await
             && r.status == 200
         {
             return Ok(started.elapsed().as_secs_f64());
@@ -108,7 +116,12 @@ fn shutdown_checkpoint(log: &Path) -> Option<(f64, u64)> {
         .filter(|v| {
             v["fields"]["message"] == "checkpoint written" && v["fields"]["trigger"] == "shutdown"
         })
-        .filter_map(|v| Some((v["fields"]["seconds"].as_f64()?, v["fields"]["bytes"].as_u64()?)))
+        .filter_map(|v| {
+            Some((
+                v["fields"]["seconds"].as_f64()?,
+                v["fields"]["bytes"].as_u64()?,
+            ))
+        })
         .next_back()
 }
 
@@ -124,7 +137,8 @@ async fn run_holds(
     for worker in 0..HOLD_CLIENTS {
         let client = vacancy_service::connect(&url, CONNECT_TIMEOUT).await?;
         let stop = stop.clone();
-        let period = Duration::from_secs_f64(f64::from(HOLD_CLIENTS) / f64::from(per_second.max(1)));
+        let period =
+            Duration::from_secs_f64(f64::from(HOLD_CLIENTS) / f64::from(per_second.max(1)));
         tasks.push(tokio::spawn(async move {
             let hold = client
                 .prepare(
@@ -144,9 +158,12 @@ async fn run_holds(
                 }
                 let hotel = rng.random_range(1..=shape.hotels);
                 let room_type = rng.random_range(1..=shape.room_types);
-                let night = shape.first_night
-                    + chrono::Days::new(rng.random_range(0..shape.nights) as u64);
-                done += client.execute(&hold, &[&hotel, &room_type, &night]).await?.min(1);
+                let night =
+                    shape.first_night + chrono::Days::new(rng.random_range(0..shape.nights) as u64);
+                done += client
+                    .execute(&hold, &[&hotel, &room_type, &night])
+                    .await?
+                    .min(1);
             }
         }));
     }
@@ -166,7 +183,12 @@ async fn holds_for(
 ) -> Result<(u64, u64), BenchError> {
     let from = slot::current_wal_lsn(client).await?;
     let stop = CancellationToken::new();
-    let holds = tokio::spawn(run_holds(owner.url().to_string(), owner.shape, per_second, stop.clone()));
+    let holds = tokio::spawn(run_holds(
+        owner.url().to_string(),
+        owner.shape,
+        per_second,
+        stop.clone(),
+    ));
     tokio::time::sleep(length).await;
     stop.cancel();
     let done = holds.await.map_err(std::io::Error::other)??;
@@ -183,11 +205,18 @@ pub(super) async fn run(owner: &Owner, o: &RestartOptions) -> Result<(), BenchEr
     print_header("restart", owner, &client).await?;
     slot::drop_slot(&client, faults::SLOT).await?;
     // A given directory is kept (its logs show where a start spent its time).
-    let temporary = tempfile::Builder::new().prefix("vacancy-restart-").tempdir()?;
-    let work = o.work_dir.clone().unwrap_or_else(|| temporary.path().to_path_buf());
+    let temporary = tempfile::Builder::new()
+        .prefix("vacancy-restart-")
+        .tempdir()?;
+    let work = o
+        .work_dir
+        .clone()
+        .unwrap_or_else(|| temporary.path().to_path_buf());
     std::fs::create_dir_all(&work)?;
     let checkpoints = work.join("checkpoints");
     let env = vec![
+        // The shutdown checkpoint's write time is read back from the log.
+        ("VACANCY_LOG__FORMAT".to_string(), "json".to_string()),
         (
             "VACANCY_CHECKPOINT__DIR".to_string(),
             checkpoints.display().to_string(),
@@ -215,7 +244,9 @@ pub(super) async fn run(owner: &Owner, o: &RestartOptions) -> Result<(), BenchEr
     let mut serve = Serve::start_with_env(&exe, owner.url(), &work, "serve", env)?;
     let first = until_ready(&serve, started, "the first start to be ready").await?;
     let first_status = serve.status().await.unwrap_or(Value::Null);
-    let first_rows = first_status["snapshot"]["rows_loaded"].as_u64().unwrap_or(0);
+    let first_rows = first_status["snapshot"]["rows_loaded"]
+        .as_u64()
+        .unwrap_or(0);
     let written = written_checkpoint(&serve).await?;
     let scans_first = inventory_scans(&client).await?;
 
@@ -231,7 +262,8 @@ pub(super) async fn run(owner: &Owner, o: &RestartOptions) -> Result<(), BenchEr
         .into());
     }
     let stop_seconds = stopping.elapsed().as_secs_f64();
-    let (shutdown_write, shutdown_bytes) = shutdown_checkpoint(&serve.log_path()).unwrap_or((0.0, 0));
+    let (shutdown_write, shutdown_bytes) =
+        shutdown_checkpoint(&serve.log_path()).unwrap_or((0.0, 0));
 
     // 3. Downtime under holds.
     let (down_holds, down_wal) = holds_for(owner, &client, o.holds_per_second, o.downtime).await?;
@@ -254,11 +286,14 @@ pub(super) async fn run(owner: &Owner, o: &RestartOptions) -> Result<(), BenchEr
     serve.kill().await;
     let killed_restarting = Instant::now();
     serve.restart()?;
-    let killed_restart = until_ready(&serve, killed_restarting, "the restart after SIGKILL").await?;
+    let killed_restart =
+        until_ready(&serve, killed_restarting, "the restart after SIGKILL").await?;
     let killed_status = serve.status().await.unwrap_or(Value::Null);
     let killed_loaded = &killed_status["checkpoint"]["loaded_from"];
     let replayed = match (
-        killed_loaded["lsn"].as_str().and_then(|l| l.parse::<Lsn>().ok()),
+        killed_loaded["lsn"]
+            .as_str()
+            .and_then(|l| l.parse::<Lsn>().ok()),
         applied_at_kill,
     ) {
         (Some(from), Some(to)) => from.bytes_until(to),
@@ -268,7 +303,9 @@ pub(super) async fn run(owner: &Owner, o: &RestartOptions) -> Result<(), BenchEr
     slot::drop_slot(&client, faults::SLOT).await?;
 
     let wal_rate = down_wal as f64 / o.downtime.as_secs_f64().max(1e-9);
-    println!("| | seconds to ready | rows read from the owner's inventory by sequential scans | from |");
+    println!(
+        "| | seconds to ready | rows read from the owner's inventory by sequential scans | from |"
+    );
     println!("|---|---:|---:|---|");
     println!(
         "| first start (full snapshot) | {first:.2} | {} | snapshot of {first_rows} rows |",
@@ -317,7 +354,11 @@ pub(super) async fn run(owner: &Owner, o: &RestartOptions) -> Result<(), BenchEr
     println!(
         "goal >= 8x faster than the snapshot start: {:.1}x, {}",
         first / restart.max(1e-9),
-        if first >= 8.0 * restart { "met" } else { "MISSED" }
+        if first >= 8.0 * restart {
+            "met"
+        } else {
+            "MISSED"
+        }
     );
     println!(
         "goal no COPY on the owner: {}",
