@@ -361,3 +361,141 @@ async fn every_unusable_checkpoint_falls_back_to_a_snapshot_with_its_reason() {
     )
     .await;
 }
+
+/// The slot's active walsender pid, if any.
+async fn slot_holder(client: &Client) -> Option<i32> {
+    client
+        .query_one(
+            "SELECT active_pid FROM pg_replication_slots WHERE slot_name = 'vacancy'",
+            &[],
+        )
+        .await
+        .expect("the slot exists")
+        .get(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_still_held_is_waited_for_not_taken() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    let logs = tempfile::tempdir().unwrap();
+    let dir = logs.path().join("checkpoints");
+    let seed = test_seed();
+
+    let mut holder = start(&owner.url, logs.path(), &dir, "holder");
+    let target = vacancy_service::slot::current_wal_lsn(&client)
+        .await
+        .unwrap();
+    holder.caught_up(target, Duration::from_secs(90)).await;
+    let pid = wait_for("the holder to stream", Duration::from_secs(30), || async {
+        slot_holder(&client).await
+    })
+    .await;
+
+    // A second process on the same slot and directory waits for the slot
+    // instead of taking it or replacing it.
+    let waiter = start(&owner.url, logs.path(), &dir, "waiter");
+    wait_for(
+        "the waiter to say it waits",
+        Duration::from_secs(60),
+        || async {
+            let log = std::fs::read_to_string(&waiter.log).unwrap_or_default();
+            log.contains("slot still held by a walsender").then_some(())
+        },
+    )
+    .await;
+    run_workload(&owner, seed, 2, 10).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        slot_holder(&client).await,
+        Some(pid),
+        "the waiter left the slot to its holder:\n{}",
+        waiter.log_tail()
+    );
+    let status = waiter.status().await.expect("the waiter answers");
+    assert!(status["checkpoint"]["loaded_from"].is_null(), "{status}");
+    assert_ne!(status["snapshot"]["phase"], "loaded", "{status}");
+
+    // Once the holder has stopped (its last checkpoint durable, the slot
+    // acknowledged to it), the waiter loads that checkpoint and resumes.
+    stop_gracefully(&mut holder).await;
+    let last = checkpoint_files(&dir)
+        .last()
+        .map(|f| lsn_of(f))
+        .expect("a checkpoint");
+    run_workload(&owner, seed ^ 0x22, 2, 10).await;
+    assert_binary_converged(&waiter, &client).await;
+    let status = waiter.status().await.expect("status");
+    assert_eq!(
+        status["checkpoint"]["loaded_from"]["lsn"].as_str(),
+        Some(last.to_string().as_str()),
+        "{status}"
+    );
+    assert_eq!(status["snapshot"]["rows_loaded"], 0, "{status}");
+}
+
+async fn signal(serve: &Serve, name: &str) {
+    let sent = std::process::Command::new("kill")
+        .args(["-s", name, &serve.child.id().to_string()])
+        .status()
+        .expect("run kill");
+    assert!(sent.success(), "kill -s {name} failed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_acknowledged_past_the_copy_is_not_resumed() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    let logs = tempfile::tempdir().unwrap();
+    let seed = test_seed();
+    // Checkpoints off: the check is the resume path's own.
+    let serve = Serve::start(&owner.url, logs.path(), "copy");
+    let target = vacancy_service::slot::current_wal_lsn(&client)
+        .await
+        .unwrap();
+    serve.caught_up(target, Duration::from_secs(90)).await;
+
+    // Frozen, its walsender ended: the slot is free while the copy is
+    // behind, and an operator advances it past changes the copy never saw.
+    signal(&serve, "STOP").await;
+    client
+        .execute(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'vacancy'",
+            &[],
+        )
+        .await
+        .unwrap();
+    released_slot(&client).await;
+    run_workload(&owner, seed, 2, 10).await;
+    let flushed: PgLsn = client
+        .query_one("SELECT pg_current_wal_lsn()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    wait_for("the owner to flush", Duration::from_secs(10), || async {
+        let row = client
+            .query_one("SELECT pg_current_wal_flush_lsn() >= $1", &[&flushed])
+            .await
+            .unwrap();
+        row.get::<_, bool>(0).then_some(())
+    })
+    .await;
+    client
+        .execute(
+            "SELECT pg_replication_slot_advance('vacancy', $1)",
+            &[&flushed],
+        )
+        .await
+        .expect("advance the slot");
+    signal(&serve, "CONT").await;
+
+    // Resuming there would skip the workload; the copy takes a snapshot.
+    assert_binary_converged(&serve, &client).await;
+    let metrics = crate::api::get(serve.addr, "/metrics").await.2;
+    assert!(
+        metrics.contains("vacancy_resnapshots_total{reason=\"slot_ahead\"} 1"),
+        "the copy took a snapshot because the slot was ahead of it"
+    );
+}

@@ -471,7 +471,7 @@ pub fn init() {
     for op in ["upsert", "delete", "truncate"] {
         CHANGES_APPLIED.with_label_values(&[op]);
     }
-    for reason in ["initial", "slot_missing", "slot_lost"] {
+    for reason in ["initial", "slot_missing", "slot_lost", "slot_ahead"] {
         RESNAPSHOTS.with_label_values(&[reason]);
     }
     for table in ["hotels", "room_types", "inventory"] {

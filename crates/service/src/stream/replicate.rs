@@ -204,6 +204,8 @@ enum SnapshotReason {
     Initial,
     SlotMissing,
     SlotLost,
+    /// The slot was acknowledged past the copy's applied position.
+    SlotAhead,
     /// An operator asked (`POST /v1/admin/resnapshot`).
     Requested,
 }
@@ -214,6 +216,7 @@ impl SnapshotReason {
             SnapshotReason::Initial => "initial",
             SnapshotReason::SlotMissing => "slot_missing",
             SnapshotReason::SlotLost => "slot_lost",
+            SnapshotReason::SlotAhead => "slot_ahead",
             SnapshotReason::Requested => "requested",
         }
     }
@@ -340,7 +343,14 @@ impl Projector {
         let endpoint = Endpoint::from_settings(&self.owner).map_err(OwnerError::from)?;
         let mut client = endpoint.connect(self.owner.connect_timeout()).await?;
         slot::ensure_publication(&client, &s.publication, &s.schema).await?;
-        let info = slot::slot_info(&client, &s.slot).await?;
+        let mut info = slot::slot_info(&client, &s.slot).await?;
+        if info.as_ref().is_some_and(|i| i.active) {
+            // Held by a walsender: usually the last process's, which has
+            // not noticed its client is gone. Wait for it (bounded; the
+            // session retries) rather than take the slot from whoever holds
+            // it or decide anything from a position still moving.
+            info = self.wait_slot_released(&client).await?;
+        }
         let streaming = if s.stream_in_progress {
             StreamingMode::On
         } else {
@@ -392,6 +402,16 @@ impl Projector {
             _ if !self.model.freshness.is_loaded() => Some(SnapshotReason::Initial),
             None => Some(SnapshotReason::SlotMissing),
             Some(i) if i.is_lost() => Some(SnapshotReason::SlotLost),
+            // Acknowledged past what the copy holds (by another process on
+            // the same slot, or an operator's pg_replication_slot_advance):
+            // the server would start there and the changes between would
+            // never arrive.
+            Some(i)
+                if i.confirmed_flush
+                    .is_some_and(|c| c > self.model.freshness.applied()) =>
+            {
+                Some(SnapshotReason::SlotAhead)
+            }
             Some(_) if asked.is_some() => Some(SnapshotReason::Requested),
             Some(_) => None,
         };
@@ -407,16 +427,13 @@ impl Projector {
                     tracing::warn!(slot = %s.slot, reason = reason.label(), "resnapshot requested; taking a new snapshot while the old copy serves, marked stale");
                     self.status.resnapshotting.store(true, Ordering::Release);
                 }
-                SnapshotReason::SlotMissing | SnapshotReason::SlotLost => {
+                SnapshotReason::SlotMissing
+                | SnapshotReason::SlotLost
+                | SnapshotReason::SlotAhead => {
                     tracing::error!(slot = %s.slot, reason = reason.label(), "slot cannot be resumed; taking a new snapshot while the old copy serves, marked stale");
                     self.status.resnapshotting.store(true, Ordering::Release);
                 }
             }
-        } else if info.as_ref().is_some_and(|i| i.active) {
-            // The last process's walsender has not exited yet (it notices
-            // a dead client only at wal_sender_timeout): wait for it rather
-            // than take the slot from it or replace it.
-            self.wait_slot_released(&client).await?;
         }
 
         let start_at = if let Some(reason) = reason {
@@ -519,21 +536,25 @@ impl Projector {
     }
 
     /// Waits, at most the connect timeout, until no walsender holds the
-    /// slot; an error (and the session's retry with backoff) otherwise.
-    async fn wait_slot_released(&self, client: &tokio_postgres::Client) -> Result<(), StreamError> {
+    /// slot, and returns its state then; an error (and the session's retry
+    /// with backoff) otherwise.
+    async fn wait_slot_released(
+        &self,
+        client: &tokio_postgres::Client,
+    ) -> Result<Option<SlotInfo>, StreamError> {
         let deadline = Instant::now() + self.owner.connect_timeout();
         loop {
             let info = slot::slot_info(client, &self.stream.slot).await?;
-            let Some(info) = info.filter(|i| i.active) else {
-                return Ok(());
+            let Some(held) = info.as_ref().filter(|i| i.active) else {
+                return Ok(info);
             };
             if Instant::now() >= deadline {
                 return Err(StreamError::SlotBusy {
                     slot: self.stream.slot.clone(),
-                    pid: info.active_pid,
+                    pid: held.active_pid,
                 });
             }
-            tracing::info!(slot = %self.stream.slot, pid = ?info.active_pid, "slot still held by a walsender; waiting");
+            tracing::info!(slot = %self.stream.slot, pid = ?held.active_pid, "slot still held by a walsender; waiting");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
