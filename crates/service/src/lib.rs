@@ -66,7 +66,7 @@ pub use owner::endpoint::{PasswordSources, redacted_url};
 pub use owner::{Endpoint, EndpointError, OwnerError, SslMode, connect};
 pub use search::{FreshReads, WhenLagging};
 pub use stale::token::QuoteKey;
-pub use stream::checkpoints::Checkpoints;
+pub use stream::checkpoints::{Checkpoints, Trigger as CheckpointTrigger};
 pub use stream::refresh::Refresh;
 pub use stream::slot;
 pub use stream::snapshot::SnapshotPhase;

@@ -129,6 +129,10 @@ pub enum BenchCommand {
         /// Seconds of load before the transaction.
         #[arg(long, default_value_t = 10)]
         before_secs: u64,
+        /// What the second window measures: the repricing transaction, or
+        /// one checkpoint's write (with checkpoints on, under holds).
+        #[arg(long, value_enum, default_value_t = wait::During::Repricing)]
+        during: wait::During,
     },
     /// The convergence workload once per fault (walsender, owner restarts,
     /// SIGKILL, slot dropped or invalidated, owner unreachable, failing
@@ -268,12 +272,14 @@ pub async fn run(command: BenchCommand) -> Result<(), BenchError> {
             update_nights,
             clients,
             before_secs,
+            during,
         } => {
             let owner = Owner::prepare(&owner).await?;
             let options = wait::WaitOptions {
                 update_nights: update_nights.max(1),
                 clients: clients.max(1),
                 before: Duration::from_secs(before_secs),
+                during,
             };
             owner.guarded(wait::run(&owner, &options)).await
         }

@@ -33,7 +33,7 @@ const POLL: Duration = Duration::from_millis(20);
 /// Connections the holds are spread over: each commit waits for its WAL
 /// flush (the owner runs with fsync and synchronous_commit on), so 1,000
 /// holds/s needs more than a few in flight.
-const HOLD_CLIENTS: u32 = 32;
+const HOLD_CLIENTS: u32 = 64;
 
 pub struct RestartOptions {
     pub downtime: Duration,
@@ -127,7 +127,7 @@ fn shutdown_checkpoint(log: &Path) -> Option<(f64, u64)> {
 
 /// Holds (one unit taken from one random night) at `per_second` until
 /// `stop`; returns how many committed.
-async fn run_holds(
+pub(super) async fn run_holds(
     url: String,
     shape: super::Shape,
     per_second: u32,

@@ -1,6 +1,8 @@
 //! `vacancy bench wait`: how long a search waits to get at the copy, and
 //! what guests see, before and during the apply of one large owner
-//! transaction (a revenue job repricing every hotel's next nights).
+//! transaction (a revenue job repricing every hotel's next nights), or
+//! before and during the write of one checkpoint (`--during checkpoint`,
+//! issue 21) while the owner takes holds, with the apply time beside it.
 //!
 //! The wait is read in the process, from `vacancy_search_model_wait_seconds`,
 //! since a client's maximum on a shared two-core box mostly measures the
@@ -16,8 +18,10 @@ use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tokio::net::TcpListener;
 
-use vacancy_service::metrics::SEARCH_MODEL_WAIT;
-use vacancy_service::slot;
+use prometheus::Histogram;
+use tokio_util::sync::CancellationToken;
+use vacancy_service::metrics::{APPLY_DURATION, SEARCH_MODEL_WAIT};
+use vacancy_service::{CheckpointTrigger, slot};
 
 use super::{
     BenchError, CONNECT_TIMEOUT, LOAD_LIMIT, Owner, POLL, VACANCY_SLOT, bench_settings,
@@ -34,7 +38,21 @@ pub(super) struct WaitOptions {
     pub(super) clients: u32,
     /// Length of the window before the transaction.
     pub(super) before: Duration,
+    pub(super) during: During,
 }
+
+/// What the second window measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum During {
+    /// One owner transaction that reprices every hotel's next nights.
+    Repricing,
+    /// One checkpoint written from the copy (checkpoints on), while the
+    /// owner takes holds so that apply runs beside it.
+    Checkpoint,
+}
+
+/// Holds per second on the owner in `--during checkpoint`, so apply runs in both windows.
+const CHECKPOINT_HOLDS_PER_SECOND: u32 = 200;
 
 /// Cumulative bucket counts of the wait histogram, by upper bound (seconds).
 #[derive(Debug, Clone, Default)]
@@ -46,7 +64,11 @@ struct WaitBuckets {
 
 impl WaitBuckets {
     fn now() -> WaitBuckets {
-        let families = SEARCH_MODEL_WAIT.collect();
+        Self::of(&SEARCH_MODEL_WAIT)
+    }
+
+    fn of(metric: &Histogram) -> WaitBuckets {
+        let families = metric.collect();
         let Some(histogram) = families
             .first()
             .and_then(|f| f.get_metric().first())
@@ -172,6 +194,11 @@ pub(super) async fn run(owner: &Owner, options: &WaitOptions) -> Result<(), Benc
     let mut settings = bench_settings(owner.url());
     // Copy only: the owner reads of few-unit rows would measure the owner.
     settings.search.few_units_threshold = 0;
+    // Kept until the end of the run: the checkpoints go here.
+    let checkpoints = tempfile::Builder::new().prefix("vacancy-wait-").tempdir()?;
+    if options.during == During::Checkpoint {
+        settings.checkpoint.dir = checkpoints.path().display().to_string();
+    }
     let app = vacancy_service::start(settings, listener)?;
     let http = HttpClient::new(app.addr, Duration::from_secs(30))
         .map_err(|e| BenchError::Io(std::io::Error::other(e.to_string())))?;
@@ -203,22 +230,79 @@ pub(super) async fn run(owner: &Owner, options: &WaitOptions) -> Result<(), Benc
         })
         .collect();
 
+    let holds_stop = CancellationToken::new();
+    let holds = if options.during == During::Checkpoint {
+        // The checkpoint taken right after the snapshot must be durable
+        // first, or the write measured would queue behind it.
+        wait_until(
+            "the first checkpoint",
+            LOAD_LIMIT,
+            POLL,
+            &app.status,
+            || app.checkpoints.report().last_written.is_some(),
+        )
+        .await?;
+        Some(tokio::spawn(super::restart::run_holds(
+            owner.url().to_string(),
+            owner.shape,
+            CHECKPOINT_HOLDS_PER_SECOND,
+            holds_stop.clone(),
+        )))
+    } else {
+        None
+    };
     let started = WaitBuckets::now();
+    let apply_started = WaitBuckets::of(&APPLY_DURATION);
     let before_from = Instant::now();
     tokio::time::sleep(options.before).await;
     let before = WaitBuckets::now().since(&started);
     let before_to = Instant::now();
 
-    let repricing = reprice_every_hotel(owner, &client, update_nights).await?;
-    let (sql, committed, during_from) = (
-        repricing.sql,
-        repricing.committed_in,
-        repricing.committed_at,
-    );
+    let apply_before = WaitBuckets::of(&APPLY_DURATION).since(&apply_started);
     let mark = WaitBuckets::now();
-    wait_caught_up(&app, &client).await?;
+    let apply_mark = WaitBuckets::of(&APPLY_DURATION);
+    let (what, during_from) = match options.during {
+        During::Repricing => {
+            let repricing = reprice_every_hotel(owner, &client, update_nights).await?;
+            let committed_at = repricing.committed_at;
+            wait_caught_up(&app, &client).await?;
+            let what = format!(
+                "transaction: {}\n             {rows_changed} rows; the owner committed it in {:.1} s; \
+                 the copy applied it {:.1} s after the commit",
+                repricing.sql,
+                repricing.committed_in.as_secs_f64(),
+                committed_at.elapsed().as_secs_f64()
+            );
+            (what, committed_at)
+        }
+        During::Checkpoint => {
+            let from = Instant::now();
+            let written = app
+                .checkpoints
+                .write_now(&app.model, &app.refresh, CheckpointTrigger::Interval)
+                .await;
+            let what = match written {
+                Some(Ok(w)) => format!(
+                    "checkpoint:  {} bytes, {} nights, written in {:.2} s while the owner took {CHECKPOINT_HOLDS_PER_SECOND} holds/s",
+                    w.bytes,
+                    w.nights,
+                    from.elapsed().as_secs_f64()
+                ),
+                Some(Err(error)) => return Err(std::io::Error::other(error.to_string()).into()),
+                None => {
+                    return Err(std::io::Error::other(
+                        "no checkpoint was written: the copy did not move since the last",
+                    )
+                    .into());
+                }
+            };
+            (what, from)
+        }
+    };
     let during_to = Instant::now();
     let during = WaitBuckets::now().since(&mark);
+    let apply_during = WaitBuckets::of(&APPLY_DURATION).since(&apply_mark);
+    holds_stop.cancel();
     stop.store(true, Ordering::Release);
     let (mut answered, mut failures) = (Vec::new(), 0);
     for c in clients {
@@ -226,19 +310,15 @@ pub(super) async fn run(owner: &Owner, options: &WaitOptions) -> Result<(), Benc
         answered.extend(mine);
         failures += failed;
     }
-    app.stop(Duration::from_secs(10)).await;
-    let applied_after = during_to - during_from;
+    app.stop(Duration::from_secs(60)).await;
+    if let Some(holds) = holds {
+        holds.await.map_err(std::io::Error::other)??;
+    }
 
     let before_client = window(&answered, before_from, before_to);
     let during_client = window(&answered, during_from, during_to);
     let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "transaction: {sql}\n             {rows_changed} rows; the owner committed it in {:.1} s; \
-         the copy applied it {:.1} s after the commit",
-        committed.as_secs_f64(),
-        applied_after.as_secs_f64()
-    );
+    let _ = writeln!(out, "{what}");
     let _ = writeln!(
         out,
         "load:        {} clients searching the 20 largest cities (copy only), stays in the repriced nights",
@@ -246,26 +326,35 @@ pub(super) async fn run(owner: &Owner, options: &WaitOptions) -> Result<(), Benc
     );
     let _ = writeln!(
         out,
-        "windows:     before = {:.0} s of load before the transaction; during = from the owner's \
-         commit until the copy applied it",
-        options.before.as_secs_f64()
+        "windows:     before = {:.0} s of load before; during = {}",
+        options.before.as_secs_f64(),
+        match options.during {
+            During::Repricing => "from the owner's commit until the copy applied it",
+            During::Checkpoint => "the checkpoint's write, from start to durable",
+        }
     );
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "| window | reads of the copy | wait p99.9 (in process, goal ≤ 1 ms) | wait max (goal ≤ 10 ms) | searches | client p50 | client p99 | client max |"
+        "| window | reads of the copy | wait p99.9 (in process, goal ≤ 1 ms) | wait max (goal ≤ 10 ms) | transactions applied | apply p99 (CPU included) | apply max | searches | client p50 | client p99 | client max |"
     );
-    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|");
-    for (name, wait, latencies) in [
-        ("before", &before, &before_client),
-        ("during", &during, &during_client),
+    let _ = writeln!(
+        out,
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for (name, wait, apply, latencies) in [
+        ("before", &before, &apply_before, &before_client),
+        ("during", &during, &apply_during, &during_client),
     ] {
         let _ = writeln!(
             out,
-            "| {name} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {name} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             wait.count,
             bound_text(wait.bound_of(0.999)),
             bound_text(wait.bound_of(1.0)),
+            apply.count,
+            bound_text(apply.bound_of(0.99)),
+            bound_text(apply.bound_of(1.0)),
             latencies.len(),
             ms(latencies.percentile(0.5)),
             ms(latencies.percentile(0.99)),
