@@ -634,34 +634,42 @@ impl HotelCalendars {
 /// A calendar's nights, checked: in date order, within `MAX_SPAN_DAYS`,
 /// on dates chrono can represent, with storable values.
 fn calendar_of(record: &CalendarRecord) -> Result<Calendar, String> {
-    if record.nights.is_empty() {
+    let Some(first_gap) = record.nights.first().map(|n| n.gap) else {
         return Err("no nights".to_string());
-    }
-    let mut calendar = Calendar::default();
-    let mut previous = record
+    };
+    let before_start = record
         .start
         .checked_sub(1)
         .ok_or_else(|| format!("starts at day {}", record.start))?;
+    // Every gap checked first, and the span found, so the nights are laid
+    // out in one allocation and the second walk adds without checks.
+    let mut last = before_start;
     for night in &record.nights {
-        let d = i32::try_from(night.gap)
+        last = i32::try_from(night.gap)
             .ok()
             .filter(|gap| *gap >= 1)
-            .and_then(|gap| previous.checked_add(gap))
-            .ok_or_else(|| format!("a gap of {} days after day {previous}", night.gap))?;
-        if i64::from(d) - i64::from(record.start) >= i64::from(MAX_SPAN_DAYS) {
+            .and_then(|gap| last.checked_add(gap))
+            .ok_or_else(|| format!("a gap of {} days after day {last}", night.gap))?;
+        if i64::from(last) - i64::from(record.start) >= i64::from(MAX_SPAN_DAYS) {
             return Err(format!("spans more than {MAX_SPAN_DAYS} days"));
         }
-        calendar
-            .set_day(d, night.counts())
-            .map_err(|e| format!("day {d}: {e}"))?;
-        previous = d;
     }
     // Nights ascend from `start`: the first and the last being dates, every
     // one is (checked once, not per night).
-    for d in [record.start, previous] {
+    for d in [record.start, last] {
         if date(d).is_none() {
             return Err(format!("day {d} is not a date"));
         }
     }
+    let first = before_start + first_gap as i32;
+    let mut calendar = Calendar::spanning(first, last);
+    let mut d = before_start;
+    for night in &record.nights {
+        d += night.gap as i32;
+        calendar
+            .set_day(d, night.counts())
+            .map_err(|e| format!("day {d}: {e}"))?;
+    }
+    debug_assert_eq!(d, last);
     Ok(calendar)
 }

@@ -163,11 +163,37 @@ impl Calendar {
         self.set_day(day(night), counts)
     }
 
+    /// An empty calendar laid out for the days `first..=last` in one
+    /// allocation, so that filling it (a checkpoint's load, 73M nights)
+    /// never grows it night by night.
+    pub fn spanning(first: i32, last: i32) -> Calendar {
+        debug_assert!(first <= last);
+        let span = usize::try_from(i64::from(last) - i64::from(first) + 1).unwrap_or(0);
+        Calendar {
+            first,
+            nights: vec![Packed::EMPTY; span],
+            present: 0,
+            limits: Vec::new(),
+        }
+    }
+
     /// As `set`, by day since 1970-01-01: a checkpoint stores nights so,
     /// and a restart loads 73M of them (two date conversions each were a
     /// measurable share of the load).
     pub fn set_day(&mut self, d: i32, counts: NightCounts) -> Result<(), UnstorableValue> {
         let packed = Packed::pack(counts).ok_or(UnstorableValue(i32::MIN))?;
+        if let Some(slot) = usize::try_from(i64::from(d) - i64::from(self.first))
+            .ok()
+            .and_then(|i| self.nights.get_mut(i))
+        {
+            // Within the span already laid out: no growth.
+            if slot.total == ABSENT {
+                self.present += 1;
+            }
+            *slot = packed;
+            self.set_limit(d, counts.sell_limit);
+            return Ok(());
+        }
         if self.nights.is_empty() {
             self.first = d;
         }

@@ -210,8 +210,11 @@ impl Checkpoints {
         *self.identity.lock().unwrap_or_else(|p| p.into_inner()) = Some(identity);
     }
 
-    /// Asks the checkpointer for a write as soon as it can.
-    pub(super) fn request_write(&self) {
+    /// A snapshot replaced the copy: no checkpoint covers it yet (the last
+    /// one may even be of another timeline, with higher LSNs), so nothing
+    /// is acknowledged until one does; ask the checkpointer for one now.
+    pub(super) fn copy_replaced(&self) {
+        self.durable.store(0, Ordering::Release);
         self.wake.notify_one();
     }
 

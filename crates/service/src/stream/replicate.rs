@@ -463,7 +463,7 @@ impl Projector {
                 .inc();
             // Until a checkpoint covers the new copy, a restart would take
             // another snapshot and the slot cannot be acknowledged.
-            self.checkpoints.request_write();
+            self.checkpoints.copy_replaced();
             at
         } else {
             // With checkpoints on, from the newest durable one rather than
