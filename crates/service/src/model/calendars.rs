@@ -628,6 +628,42 @@ impl<'a> HotelCalendars<'a> {
         acc
     }
 
+    /// Reads one word of each cache line that `fold_stay_into` over this
+    /// stay will read (the column ids, the first sell limit, the stay's
+    /// rows) and returns a checksum of them, for the caller to pass to
+    /// `std::hint::black_box`. Search calls it for every candidate hotel
+    /// before folding any: the loads of different hotels do not depend on
+    /// each other, so their cache misses overlap, where a fold that met them
+    /// hotel by hotel waited for each in turn (most of ranking's time).
+    pub fn touch_stay(&self, check_in: NaiveDate, nights: usize) -> u32 {
+        /// Cells per 64-byte line, rounded down: stepping by it reads
+        /// every line a row spans.
+        const CELLS_PER_LINE: usize = 64 / std::mem::size_of::<Packed>();
+        let b = self.block;
+        let start = day(check_in);
+        let mut sum = b.types.first().map_or(0, |&id| id as u32);
+        // The line where `first_limit_from` starts its walk, without the
+        // walk: a branch on a value still being fetched would stall every
+        // touch after it, those of the next hotels too.
+        let (n, rows) = (b.limits.len(), b.rows());
+        if n > 0 && rows > 0 {
+            let offset = (i64::from(start) - i64::from(b.first)).clamp(0, rows as i64) as usize;
+            sum = sum.wrapping_add(b.limits[(offset * n / rows).min(n - 1)].2 as u32);
+        }
+        for i in 0..nights {
+            let Some(cells) = start.checked_add(i as i32).and_then(|d| b.row(d)) else {
+                continue;
+            };
+            for p in cells.iter().step_by(CELLS_PER_LINE) {
+                sum = sum.wrapping_add(p.total as u32);
+            }
+            if let Some(last) = cells.last() {
+                sum = sum.wrapping_add(last.total as u32);
+            }
+        }
+        sum
+    }
+
     /// `fold_stay` into a caller's vector (cleared first), so a search over
     /// hundreds of hotels reuses one allocation.
     pub fn fold_stay_into<T: Clone>(

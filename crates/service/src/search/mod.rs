@@ -36,7 +36,8 @@ use crate::index::{HotelIndex, IndexError, Place};
 use crate::lsn::Lsn;
 use crate::metrics;
 use crate::model::calendars::HotelCalendars;
-use crate::model::{CalendarKey, Hotel, NightCounts, ReadModel, RoomType, Tables};
+use crate::model::room_types::Beds;
+use crate::model::{CalendarKey, Hotel, NightCounts, ReadModel, Tables};
 pub use crate::model::{Source, Stay};
 use crate::owner::OwnerSettings;
 use crate::stale::StaleReadState;
@@ -1059,10 +1060,16 @@ fn locate<'t>(
     // `rank_in_copy_for_page` cost a twentieth of a search in reallocation
     // and copying.
     let mut located = Vec::with_capacity(candidates.len());
-    located.extend(candidates.iter().filter_map(|(id, score)| {
-        let hotel = t.hotels.get(id).filter(|h| still_matches(h, req))?;
-        Some((hotel, *score))
-    }));
+    // Every candidate looked up first, then matched: a loop that does one
+    // thing per hotel lets the cache misses of many hotels overlap (the map's
+    // slot here, the city's bytes in the match), where doing both per
+    // hotel waited for each hotel's misses in turn.
+    located.extend(
+        candidates
+            .iter()
+            .filter_map(|(id, score)| Some((t.hotels.get(id)?, *score))),
+    );
+    located.retain(|(hotel, _)| still_matches(hotel, req));
     located
 }
 
@@ -1072,11 +1079,42 @@ fn rank_in_copy_for_page(t: &Tables, located: &[(&Hotel, f32)], req: &SearchRequ
     let mut folded = Vec::new();
     let mut shown_types = Vec::with_capacity(located.len() * SHOWN_TYPES_PER_HOTEL);
     let mut ranked: Vec<(Rank, std::ops::Range<usize>)> = Vec::with_capacity(located.len());
-    ranked.extend(located.iter().filter_map(|&(hotel, score)| {
-        let start = shown_types.len();
-        let rank = rank_in_copy(t, hotel, score, req, &mut folded, &mut shown_types)?;
-        Some((rank, start..shown_types.len()))
+    // Most of ranking's time was waiting on memory, one hotel after the
+    // other: its block, its rows, its room types. So every hotel's block
+    // and room types are looked up first, then what ranking will read of
+    // them is touched, then the hotels are ranked: each step is a loop of
+    // loads that do not depend on one another, whose misses overlap.
+    let mut found = Vec::with_capacity(located.len());
+    found.extend(located.iter().map(|&(hotel, score)| {
+        let calendars = t.calendars.hotel(hotel.id);
+        (hotel, score, calendars, t.room_types.beds_of_hotel(hotel.id))
     }));
+    let nights = req.stay.len() as usize;
+    let touched = found.iter().fold(0u32, |sum, (_, _, calendars, room_types)| {
+        let rows = calendars.map_or(0, |c| c.touch_stay(req.stay.check_in, nights));
+        room_types
+            .iter()
+            .fold(sum.wrapping_add(rows), |s, rt| s.wrapping_add(rt.max_guests as u32))
+    });
+    // Keeps the touching loads from being optimised away.
+    std::hint::black_box(touched);
+    ranked.extend(
+        found
+            .into_iter()
+            .filter_map(|(hotel, score, calendars, room_types)| {
+                let start = shown_types.len();
+                let rank = rank_in_copy(
+                    hotel,
+                    score,
+                    calendars,
+                    room_types,
+                    req,
+                    &mut folded,
+                    &mut shown_types,
+                )?;
+                Some((rank, start..shown_types.len()))
+            }),
+    );
     ranked.sort_by(|a, b| order(&a.0, &b.0, req.sort));
     // Each round of the page takes at most `limit` hotels.
     let from_offset = ranked
@@ -1231,9 +1269,19 @@ fn fold_hotel<'t>(
     stay: Stay,
     folded: &mut Vec<OfferSoFar>,
 ) -> (Option<HotelCalendars<'t>>, &'t [i64]) {
-    folded.clear();
     let calendars = t.calendars.hotel(hotel_id);
-    let columns = match calendars {
+    (calendars, fold_calendars(calendars, stay, folded))
+}
+
+/// `fold_hotel` over a block already looked up; returns its columns' room
+/// type ids (none without a block).
+fn fold_calendars<'t>(
+    calendars: Option<HotelCalendars<'t>>,
+    stay: Stay,
+    folded: &mut Vec<OfferSoFar>,
+) -> &'t [i64] {
+    folded.clear();
+    match calendars {
         Some(c) => {
             let nights = stay.len() as usize;
             c.fold_stay_into(
@@ -1246,8 +1294,7 @@ fn fold_hotel<'t>(
             c.room_type_ids()
         }
         None => &[],
-    };
-    (calendars, columns)
+    }
 }
 
 /// The room types with at least `min_guests` beds, each with its offer over
@@ -1255,11 +1302,11 @@ fn fold_hotel<'t>(
 /// id, so one forward walk pairs them (a room type without nights has no
 /// column, and no offer).
 fn with_offers<'a>(
-    room_types: &'a [RoomType],
+    room_types: &'a [Beds],
     columns: &'a [i64],
     folded: &'a [OfferSoFar],
     min_guests: i16,
-) -> impl Iterator<Item = (&'a RoomType, Option<(i32, Option<i64>)>)> + Clone + 'a {
+) -> impl Iterator<Item = (&'a Beds, Option<(i32, Option<i64>)>)> + Clone + 'a {
     let mut col = 0;
     room_types.iter().filter_map(move |rt| {
         while columns.get(col).is_some_and(|&id| id < rt.id) {
@@ -1277,20 +1324,21 @@ fn with_offers<'a>(
     })
 }
 
-/// Where `hotel` sorts for `req`, straight from the copy's calendars; `None`
-/// when the copy shows no way to place the party. `folded` is scratch
-/// space; the room types that may be shown go on `shown_types`.
+/// Where `hotel` sorts for `req`, straight from its block of the copy's
+/// calendars and its room types; `None` when the copy shows no way to place
+/// the party. `folded` is scratch space; the room types that may be shown
+/// go on `shown_types`.
 fn rank_in_copy(
-    t: &Tables,
     hotel: &Hotel,
     score: f32,
+    calendars: Option<HotelCalendars<'_>>,
+    room_types: &[Beds],
     req: &SearchRequest,
     folded: &mut Vec<OfferSoFar>,
     shown_types: &mut Vec<ShownType>,
 ) -> Option<Rank> {
     let smallest = smallest_room(&req.rooms);
-    let (_, columns) = fold_hotel(t, hotel.id, req.stay, folded);
-    let room_types = t.room_types.of_hotel(hotel.id);
+    let columns = fold_calendars(calendars, req.stay, folded);
     let types =
         with_offers(room_types, columns, folded, smallest).map(|(rt, o)| (rt.id, rt.max_guests, o));
     rank_of(
@@ -1320,7 +1368,7 @@ fn read_hotel(
     let hotel_id = hotel.id;
     let len = stay.len() as usize;
     let (calendars, columns) = fold_hotel(t, hotel_id, stay, folded);
-    let room_types = t.room_types.of_hotel(hotel_id);
+    let room_types = t.room_types.beds_of_hotel(hotel_id);
     let types = with_offers(room_types, columns, folded, min_guests)
         .filter(|(_, offer)| !offered_only || offer.is_some())
         .map(|(rt, offer)| TypeNights {
