@@ -988,8 +988,14 @@ fn apply_owner_nights(hotels: &mut [HotelNights], read: &OwnerNights) {
         match read {
             OwnerNights::Read(calendars) | OwnerNights::Confirmed(calendars) => {
                 if let Some(nights) = calendars.nights(&t.key) {
-                    t.nights = nights.to_vec();
-                    t.offer = offer(&t.nights);
+                    // Nights are copied only where the caller kept the copy's
+                    // (availability, and answers read whole from the owner);
+                    // a page's few-unit room types need only the offer, and
+                    // a copy each was an allocation per room type read.
+                    if !t.nights.is_empty() {
+                        t.nights = nights.to_vec();
+                    }
+                    t.offer = offer(nights);
                     t.source = match read {
                         OwnerNights::Confirmed(_) => Source::Confirmed,
                         _ => Source::Owner,
