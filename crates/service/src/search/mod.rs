@@ -41,7 +41,7 @@ use crate::model::{CalendarKey, Hotel, NightCounts, ReadModel, Tables};
 pub use crate::model::{Source, Stay};
 use crate::owner::OwnerSettings;
 use crate::stale::StaleReadState;
-use crate::stale::token::{Quote, QuoteKey};
+use crate::stale::token::{Quote, QuoteKey, Token};
 use confirm::{ConfirmError, Confirmer};
 use owner_read::{OwnerCalendars, OwnerReader, Reason};
 use params::{AvailabilityRequest, Cursor, SearchRequest, Sort};
@@ -59,7 +59,8 @@ pub struct RoomOffer {
     pub low_availability: bool,
     pub source: Source,
     /// Opaque: send it back with the take's outcome (`POST /v1/take-outcomes`).
-    pub quote: String,
+    #[schema(value_type = String)]
+    pub quote: Token,
 }
 
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
@@ -163,7 +164,7 @@ struct QuoteContext {
 }
 
 impl QuoteContext {
-    fn sign(&self, key: &QuoteKey, k: CalendarKey, free_units: i32, source: Source) -> String {
+    fn sign(&self, key: &QuoteKey, k: CalendarKey, free_units: i32, source: Source) -> Token {
         let lsn = match (source, self.confirmed) {
             (Source::Confirmed, Some(at)) => at,
             _ => self.lsn,
@@ -181,7 +182,7 @@ impl QuoteContext {
         };
         // Stays are checked (1 to 30 nights) before a search runs, and
         // signing refuses only stays that do not fit in a u16.
-        key.sign(&quote).unwrap_or_default()
+        key.sign_token(&quote).unwrap_or_default()
     }
 }
 
@@ -468,7 +469,8 @@ impl Search {
             .into_iter()
             .filter_map(|h| Some((self.rank(&h, &req.rooms, req.max_price_cents)?, h)))
             .collect();
-        matched.sort_by(|a, b| order(&a.0, &b.0, req.sort));
+        // Unstable is enough: `order` breaks every tie by hotel id.
+        matched.sort_unstable_by(|a, b| order(&a.0, &b.0, req.sort));
         Ranked {
             total: matched.len(),
             from_offset: matched.into_iter().skip(req.offset).collect(),
@@ -824,7 +826,7 @@ impl Search {
                 price_cents: price,
                 low_availability: free <= self.few_units,
                 source: t.source,
-                quote: String::new(),
+                quote: Token::default(),
             })
         }));
         Some(HotelResult {
@@ -969,7 +971,8 @@ pub struct RoomAvailability {
     pub low_availability: bool,
     pub source: Source,
     /// Opaque: send it back with the take's outcome (`POST /v1/take-outcomes`).
-    pub quote: String,
+    #[schema(value_type = String)]
+    pub quote: Token,
 }
 
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
@@ -1093,15 +1096,22 @@ fn rank_in_copy_for_page(t: &Tables, located: &[(&Hotel, f32)], req: &SearchRequ
     let mut found = Vec::with_capacity(located.len());
     found.extend(located.iter().map(|&(hotel, score)| {
         let calendars = t.calendars.hotel(hotel.id);
-        (hotel, score, calendars, t.room_types.beds_of_hotel(hotel.id))
+        (
+            hotel,
+            score,
+            calendars,
+            t.room_types.beds_of_hotel(hotel.id),
+        )
     }));
     let nights = req.stay.len() as usize;
-    let touched = found.iter().fold(0u32, |sum, (_, _, calendars, room_types)| {
-        let rows = calendars.map_or(0, |c| c.touch_stay(req.stay.check_in, nights));
-        room_types
-            .iter()
-            .fold(sum.wrapping_add(rows), |s, rt| s.wrapping_add(rt.max_guests as u32))
-    });
+    let touched = found
+        .iter()
+        .fold(0u32, |sum, (_, _, calendars, room_types)| {
+            let rows = calendars.map_or(0, |c| c.touch_stay(req.stay.check_in, nights));
+            room_types.iter().fold(sum.wrapping_add(rows), |s, rt| {
+                s.wrapping_add(rt.max_guests as u32)
+            })
+        });
     // Keeps the touching loads from being optimised away.
     std::hint::black_box(touched);
     ranked.extend(
@@ -1121,7 +1131,9 @@ fn rank_in_copy_for_page(t: &Tables, located: &[(&Hotel, f32)], req: &SearchRequ
                 Some((rank, start..shown_types.len()))
             }),
     );
-    ranked.sort_by(|a, b| order(&a.0, &b.0, req.sort));
+    // Unstable is enough: `order` breaks every tie by hotel id, and a
+    // hotel is ranked once, so no two entries compare equal.
+    ranked.sort_unstable_by(|a, b| order(&a.0, &b.0, req.sort));
     // Each round of the page takes at most `limit` hotels.
     let from_offset = ranked
         .iter()

@@ -116,13 +116,23 @@ impl QuoteKey {
     }
 
     pub fn sign(&self, quote: &Quote) -> Result<String, QuoteError> {
-        let mut token = [0u8; MAX_TOKEN_LEN];
-        let len = encode_payload(quote, &mut token[..MAX_PAYLOAD_LEN])?;
+        self.sign_token(quote).map(|t| t.as_str().to_owned())
+    }
+
+    /// `sign`, into a `Token` held inline.
+    pub fn sign_token(&self, quote: &Quote) -> Result<Token, QuoteError> {
+        let mut raw = [0u8; MAX_TOKEN_LEN];
+        let len = encode_payload(quote, &mut raw[..MAX_PAYLOAD_LEN])?;
         let mut mac = self.mac.clone();
-        mac.update(&token[..len]);
+        mac.update(&raw[..len]);
         let full = mac.finalize().into_bytes();
-        token[len..len + TAG_LEN].copy_from_slice(&full[..TAG_LEN]);
-        Ok(URL_SAFE_NO_PAD.encode(&token[..len + TAG_LEN]))
+        raw[len..len + TAG_LEN].copy_from_slice(&full[..TAG_LEN]);
+        let mut token = Token::default();
+        let written = URL_SAFE_NO_PAD
+            .encode_slice(&raw[..len + TAG_LEN], &mut token.text)
+            .map_err(|_| QuoteError::BadField)?;
+        token.len = u8::try_from(written).map_err(|_| QuoteError::BadField)?;
+        Ok(token)
     }
 
     pub fn verify(&self, token: &str) -> Result<Quote, QuoteError> {
@@ -142,6 +152,49 @@ impl QuoteKey {
         mac.verify_truncated_left(tag)
             .map_err(|_| QuoteError::BadSignature)?;
         decode_payload(payload)
+    }
+}
+
+/// A signed token, held inline: an answer carries one per room type shown,
+/// and a `String` each was an allocation per room type. Serialized as its
+/// text; empty by default (a room type not yet quoted).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Token {
+    len: u8,
+    text: [u8; MAX_ENCODED_LEN],
+}
+
+impl Token {
+    pub fn as_str(&self) -> &str {
+        // base64url text is ASCII; the empty fallback is never taken.
+        std::str::from_utf8(&self.text[..usize::from(self.len)]).unwrap_or_default()
+    }
+}
+
+impl Default for Token {
+    fn default() -> Token {
+        Token {
+            len: 0,
+            text: [0; MAX_ENCODED_LEN],
+        }
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl std::fmt::Display for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl serde::Serialize for Token {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
     }
 }
 
@@ -212,8 +265,7 @@ fn decode_payload(p: &[u8]) -> Result<Quote, QuoteError> {
         3 => Source::Confirmed,
         _ => return Err(QuoteError::BadField),
     };
-    let check_in =
-        NaiveDate::from_num_days_from_ce_opt(w.check_in).ok_or(QuoteError::BadField)?;
+    let check_in = NaiveDate::from_num_days_from_ce_opt(w.check_in).ok_or(QuoteError::BadField)?;
     let check_out = check_in
         .checked_add_days(chrono::Days::new(u64::from(w.nights)))
         .ok_or(QuoteError::BadField)?;
@@ -270,6 +322,18 @@ mod tests {
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         );
         assert_eq!(key.verify(&token), Ok(quote()));
+    }
+
+    #[test]
+    fn an_inline_token_is_the_same_text() {
+        let key = QuoteKey::new(&[7u8; 32]);
+        let token = key.sign_token(&quote()).unwrap();
+        assert_eq!(token.as_str(), key.sign(&quote()).unwrap());
+        assert_eq!(
+            serde_json::to_string(&token).unwrap(),
+            format!("\"{token}\"")
+        );
+        assert_eq!(Token::default().as_str(), "");
     }
 
     #[test]
