@@ -1104,14 +1104,16 @@ fn rank_in_copy_for_page(t: &Tables, located: &[(&Hotel, f32)], req: &SearchRequ
         )
     }));
     let nights = req.stay.len() as usize;
-    let touched = found
-        .iter()
-        .fold(0u32, |sum, (_, _, calendars, room_types)| {
-            let rows = calendars.map_or(0, |c| c.touch_stay(req.stay.check_in, nights));
-            room_types.iter().fold(sum.wrapping_add(rows), |s, rt| {
-                s.wrapping_add(rt.max_guests as u32)
-            })
-        });
+    let touched = HotelCalendars::touch_stays(
+        found.iter().filter_map(|(_, _, calendars, _)| *calendars),
+        req.stay.check_in,
+        nights,
+    );
+    let touched = found.iter().fold(touched, |sum, (_, _, _, room_types)| {
+        room_types
+            .iter()
+            .fold(sum, |s, rt| s.wrapping_add(rt.max_guests as u32))
+    });
     // Keeps the touching loads from being optimised away.
     std::hint::black_box(touched);
     ranked.extend(
