@@ -628,6 +628,51 @@ impl<'a> HotelCalendars<'a> {
         acc
     }
 
+    /// Reads one word of each cache line that `fold_stay_into` over this
+    /// stay will read, for every hotel of `hotels` (the column ids, the
+    /// first sell limit, the stay's rows), and returns a checksum of them,
+    /// for the caller to pass to `std::hint::black_box`. Search calls it for
+    /// a question's candidates before folding any: a fold that met each
+    /// hotel's cache misses in turn spent most of ranking's time waiting.
+    /// In two passes, what locates the rows (the page) for every hotel and
+    /// then the rows themselves, so each pass is a short loop of loads that
+    /// do not depend on one another and the misses of many hotels are in
+    /// flight at once.
+    pub fn touch_stays(
+        hotels: impl Iterator<Item = HotelCalendars<'a>>,
+        check_in: NaiveDate,
+        nights: usize,
+    ) -> u32 {
+        /// Cells per 64-byte line, rounded down: stepping by it reads
+        /// every line a row spans.
+        const CELLS_PER_LINE: usize = 64 / std::mem::size_of::<Packed>();
+        let start = day(check_in);
+        let mut sum = 0u32;
+        let mut rows: Vec<&[Packed]> = Vec::with_capacity(hotels.size_hint().0 * nights);
+        for hotel in hotels {
+            let b = hotel.block;
+            sum = sum.wrapping_add(b.types.first().map_or(0, |&id| id as u32));
+            // The line where `first_limit_from` starts its walk, without
+            // the walk: a branch on a value still being fetched would stall
+            // every load after it, those of the next hotels too.
+            let (n, span) = (b.limits.len(), b.rows());
+            if n > 0 && span > 0 {
+                let offset = (i64::from(start) - i64::from(b.first)).clamp(0, span as i64) as usize;
+                sum = sum.wrapping_add(b.limits[(offset * n / span).min(n - 1)].2 as u32);
+            }
+            rows.extend((0..nights).filter_map(|i| b.row(start.checked_add(i as i32)?)));
+        }
+        for cells in rows {
+            for p in cells.iter().step_by(CELLS_PER_LINE) {
+                sum = sum.wrapping_add(p.total as u32);
+            }
+            if let Some(last) = cells.last() {
+                sum = sum.wrapping_add(last.total as u32);
+            }
+        }
+        sum
+    }
+
     /// `fold_stay` into a caller's vector (cleared first), so a search over
     /// hundreds of hotels reuses one allocation.
     pub fn fold_stay_into<T: Clone>(

@@ -36,11 +36,12 @@ use crate::index::{HotelIndex, IndexError, Place};
 use crate::lsn::Lsn;
 use crate::metrics;
 use crate::model::calendars::HotelCalendars;
-use crate::model::{CalendarKey, Hotel, NightCounts, ReadModel, RoomType, Tables};
+use crate::model::room_types::Beds;
+use crate::model::{CalendarKey, Hotel, NightCounts, ReadModel, Tables};
 pub use crate::model::{Source, Stay};
 use crate::owner::OwnerSettings;
 use crate::stale::StaleReadState;
-use crate::stale::token::{Quote, QuoteKey};
+use crate::stale::token::{Quote, QuoteKey, Token};
 use confirm::{ConfirmError, Confirmer};
 use owner_read::{OwnerCalendars, OwnerReader, Reason};
 use params::{AvailabilityRequest, Cursor, SearchRequest, Sort};
@@ -58,7 +59,8 @@ pub struct RoomOffer {
     pub low_availability: bool,
     pub source: Source,
     /// Opaque: send it back with the take's outcome (`POST /v1/take-outcomes`).
-    pub quote: String,
+    #[schema(value_type = String)]
+    pub quote: Token,
 }
 
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
@@ -162,7 +164,7 @@ struct QuoteContext {
 }
 
 impl QuoteContext {
-    fn sign(&self, key: &QuoteKey, k: CalendarKey, free_units: i32, source: Source) -> String {
+    fn sign(&self, key: &QuoteKey, k: CalendarKey, free_units: i32, source: Source) -> Token {
         let lsn = match (source, self.confirmed) {
             (Source::Confirmed, Some(at)) => at,
             _ => self.lsn,
@@ -180,7 +182,7 @@ impl QuoteContext {
         };
         // Stays are checked (1 to 30 nights) before a search runs, and
         // signing refuses only stays that do not fit in a u16.
-        key.sign(&quote).unwrap_or_default()
+        key.sign_token(&quote).unwrap_or_default()
     }
 }
 
@@ -467,7 +469,8 @@ impl Search {
             .into_iter()
             .filter_map(|h| Some((self.rank(&h, &req.rooms, req.max_price_cents)?, h)))
             .collect();
-        matched.sort_by(|a, b| order(&a.0, &b.0, req.sort));
+        // Unstable is enough: `order` breaks every tie by hotel id.
+        matched.sort_unstable_by(|a, b| order(&a.0, &b.0, req.sort));
         Ranked {
             total: matched.len(),
             from_offset: matched.into_iter().skip(req.offset).collect(),
@@ -823,7 +826,7 @@ impl Search {
                 price_cents: price,
                 low_availability: free <= self.few_units,
                 source: t.source,
-                quote: String::new(),
+                quote: Token::default(),
             })
         }));
         Some(HotelResult {
@@ -968,7 +971,8 @@ pub struct RoomAvailability {
     pub low_availability: bool,
     pub source: Source,
     /// Opaque: send it back with the take's outcome (`POST /v1/take-outcomes`).
-    pub quote: String,
+    #[schema(value_type = String)]
+    pub quote: Token,
 }
 
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
@@ -987,8 +991,14 @@ fn apply_owner_nights(hotels: &mut [HotelNights], read: &OwnerNights) {
         match read {
             OwnerNights::Read(calendars) | OwnerNights::Confirmed(calendars) => {
                 if let Some(nights) = calendars.nights(&t.key) {
-                    t.nights = nights.to_vec();
-                    t.offer = offer(&t.nights);
+                    // Nights are copied only where the caller kept the copy's
+                    // (availability, and answers read whole from the owner);
+                    // a page's few-unit room types need only the offer, and
+                    // a copy each was an allocation per room type read.
+                    if !t.nights.is_empty() {
+                        t.nights = nights.to_vec();
+                    }
+                    t.offer = offer(nights);
                     t.source = match read {
                         OwnerNights::Confirmed(_) => Source::Confirmed,
                         _ => Source::Owner,
@@ -1059,10 +1069,16 @@ fn locate<'t>(
     // `rank_in_copy_for_page` cost a twentieth of a search in reallocation
     // and copying.
     let mut located = Vec::with_capacity(candidates.len());
-    located.extend(candidates.iter().filter_map(|(id, score)| {
-        let hotel = t.hotels.get(id).filter(|h| still_matches(h, req))?;
-        Some((hotel, *score))
-    }));
+    // Every candidate looked up first, then matched: a loop that does one
+    // thing per hotel lets the cache misses of many hotels overlap (the map's
+    // slot here, the city's bytes in the match), where doing both per
+    // hotel waited for each hotel's misses in turn.
+    located.extend(
+        candidates
+            .iter()
+            .filter_map(|(id, score)| Some((t.hotels.get(id)?, *score))),
+    );
+    located.retain(|(hotel, _)| still_matches(hotel, req));
     located
 }
 
@@ -1072,12 +1088,54 @@ fn rank_in_copy_for_page(t: &Tables, located: &[(&Hotel, f32)], req: &SearchRequ
     let mut folded = Vec::new();
     let mut shown_types = Vec::with_capacity(located.len() * SHOWN_TYPES_PER_HOTEL);
     let mut ranked: Vec<(Rank, std::ops::Range<usize>)> = Vec::with_capacity(located.len());
-    ranked.extend(located.iter().filter_map(|&(hotel, score)| {
-        let start = shown_types.len();
-        let rank = rank_in_copy(t, hotel, score, req, &mut folded, &mut shown_types)?;
-        Some((rank, start..shown_types.len()))
+    // Most of ranking's time was waiting on memory, one hotel after the
+    // other: its block, its rows, its room types. So every hotel's block
+    // and room types are looked up first, then what ranking will read of
+    // them is touched, then the hotels are ranked: each step is a loop of
+    // loads that do not depend on one another, whose misses overlap.
+    let mut found = Vec::with_capacity(located.len());
+    found.extend(located.iter().map(|&(hotel, score)| {
+        let calendars = t.calendars.hotel(hotel.id);
+        (
+            hotel,
+            score,
+            calendars,
+            t.room_types.beds_of_hotel(hotel.id),
+        )
     }));
-    ranked.sort_by(|a, b| order(&a.0, &b.0, req.sort));
+    let nights = req.stay.len() as usize;
+    let touched = HotelCalendars::touch_stays(
+        found.iter().filter_map(|(_, _, calendars, _)| *calendars),
+        req.stay.check_in,
+        nights,
+    );
+    let touched = found.iter().fold(touched, |sum, (_, _, _, room_types)| {
+        room_types
+            .iter()
+            .fold(sum, |s, rt| s.wrapping_add(rt.max_guests as u32))
+    });
+    // Keeps the touching loads from being optimised away.
+    std::hint::black_box(touched);
+    ranked.extend(
+        found
+            .into_iter()
+            .filter_map(|(hotel, score, calendars, room_types)| {
+                let start = shown_types.len();
+                let rank = rank_in_copy(
+                    hotel,
+                    score,
+                    calendars,
+                    room_types,
+                    req,
+                    &mut folded,
+                    &mut shown_types,
+                )?;
+                Some((rank, start..shown_types.len()))
+            }),
+    );
+    // Unstable is enough: `order` breaks every tie by hotel id, and a
+    // hotel is ranked once, so no two entries compare equal.
+    ranked.sort_unstable_by(|a, b| order(&a.0, &b.0, req.sort));
     // Each round of the page takes at most `limit` hotels.
     let from_offset = ranked
         .iter()
@@ -1231,9 +1289,19 @@ fn fold_hotel<'t>(
     stay: Stay,
     folded: &mut Vec<OfferSoFar>,
 ) -> (Option<HotelCalendars<'t>>, &'t [i64]) {
-    folded.clear();
     let calendars = t.calendars.hotel(hotel_id);
-    let columns = match calendars {
+    (calendars, fold_calendars(calendars, stay, folded))
+}
+
+/// `fold_hotel` over a block already looked up; returns its columns' room
+/// type ids (none without a block).
+fn fold_calendars<'t>(
+    calendars: Option<HotelCalendars<'t>>,
+    stay: Stay,
+    folded: &mut Vec<OfferSoFar>,
+) -> &'t [i64] {
+    folded.clear();
+    match calendars {
         Some(c) => {
             let nights = stay.len() as usize;
             c.fold_stay_into(
@@ -1246,8 +1314,7 @@ fn fold_hotel<'t>(
             c.room_type_ids()
         }
         None => &[],
-    };
-    (calendars, columns)
+    }
 }
 
 /// The room types with at least `min_guests` beds, each with its offer over
@@ -1255,11 +1322,11 @@ fn fold_hotel<'t>(
 /// id, so one forward walk pairs them (a room type without nights has no
 /// column, and no offer).
 fn with_offers<'a>(
-    room_types: &'a [RoomType],
+    room_types: &'a [Beds],
     columns: &'a [i64],
     folded: &'a [OfferSoFar],
     min_guests: i16,
-) -> impl Iterator<Item = (&'a RoomType, Option<(i32, Option<i64>)>)> + Clone + 'a {
+) -> impl Iterator<Item = (&'a Beds, Option<(i32, Option<i64>)>)> + Clone + 'a {
     let mut col = 0;
     room_types.iter().filter_map(move |rt| {
         while columns.get(col).is_some_and(|&id| id < rt.id) {
@@ -1277,20 +1344,21 @@ fn with_offers<'a>(
     })
 }
 
-/// Where `hotel` sorts for `req`, straight from the copy's calendars; `None`
-/// when the copy shows no way to place the party. `folded` is scratch
-/// space; the room types that may be shown go on `shown_types`.
+/// Where `hotel` sorts for `req`, straight from its block of the copy's
+/// calendars and its room types; `None` when the copy shows no way to place
+/// the party. `folded` is scratch space; the room types that may be shown
+/// go on `shown_types`.
 fn rank_in_copy(
-    t: &Tables,
     hotel: &Hotel,
     score: f32,
+    calendars: Option<HotelCalendars<'_>>,
+    room_types: &[Beds],
     req: &SearchRequest,
     folded: &mut Vec<OfferSoFar>,
     shown_types: &mut Vec<ShownType>,
 ) -> Option<Rank> {
     let smallest = smallest_room(&req.rooms);
-    let (_, columns) = fold_hotel(t, hotel.id, req.stay, folded);
-    let room_types = t.room_types.of_hotel(hotel.id);
+    let columns = fold_calendars(calendars, req.stay, folded);
     let types =
         with_offers(room_types, columns, folded, smallest).map(|(rt, o)| (rt.id, rt.max_guests, o));
     rank_of(
@@ -1320,7 +1388,7 @@ fn read_hotel(
     let hotel_id = hotel.id;
     let len = stay.len() as usize;
     let (calendars, columns) = fold_hotel(t, hotel_id, stay, folded);
-    let room_types = t.room_types.of_hotel(hotel_id);
+    let room_types = t.room_types.beds_of_hotel(hotel_id);
     let types = with_offers(room_types, columns, folded, min_guests)
         .filter(|(_, offer)| !offered_only || offer.is_some())
         .map(|(rt, offer)| TypeNights {

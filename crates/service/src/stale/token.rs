@@ -3,17 +3,19 @@
 //! A token is `base64url(payload ‖ HMAC-SHA256(key, payload)[..16])`, no
 //! padding. The tag is truncated to 128 bits (RFC 2104 §5 and NIST SP
 //! 800-107 allow it; forging one still takes 2^128 tries per guess) because
-//! every room type of every answer carries a token: the full tag made them a
-//! fifth of a search answer's bytes.
-//! The payload is a fixed 48-byte big-endian record (below), so decoding is a
-//! length check and a handful of slice reads, and a token costs one HMAC over
-//! one SHA-256 block on the hot search path (the keyed state is computed once
-//! and cloned per token).
+//! every room type of every answer carries a token.
+//! The payload is a version byte, then the fields below as `postcard`
+//! writes them: varints, zigzag for signed fields. A typical token is 38
+//! bytes (51 characters) where version 2's fixed-width 48-byte record made
+//! 64 (86 characters): a page of 130 room types is 4 kB shorter, and the
+//! base64 and JSON work per token shrink with it. A token still costs one
+//! HMAC over one SHA-256 block on the hot search path (the keyed state is
+//! computed once and cloned per token).
 //!
 //! ```text
-//! version u8 | source u8 | hotel_id i64 | room_type_id i64 | check_in i32
-//! (days from CE) | nights u16 | free_units i32 | lsn u64 | shown_at_ms i64 |
-//! lag_ms u32
+//! version u8 (3) | source u8 | hotel_id i64 | room_type_id i64 | check_in
+//! i32 (days from CE) | nights u16 | free_units i32 | lsn u64 | shown_at_ms
+//! i64 | lag_ms u32
 //! ```
 //!
 //! The tag is checked (in constant time, by `hmac`) before a single payload
@@ -33,15 +35,20 @@ use crate::model::Source;
 
 type HmacSha256 = Hmac<Sha256>;
 
-/// Bumped when the payload layout changes; older tokens are then refused.
-const VERSION: u8 = 2;
-const PAYLOAD_LEN: usize = 48;
+/// Bumped when the payload layout changes; older tokens are then refused
+/// (version 2 was a fixed-width 48-byte record).
+const VERSION: u8 = 3;
+/// The longest payload: the version byte and every field at its longest
+/// varint (10 bytes for 64 bits, 5 for 32, 3 for 16).
+const MAX_PAYLOAD_LEN: usize = 1 + 1 + 10 + 10 + 5 + 3 + 5 + 10 + 10 + 5;
 /// Bytes of the HMAC kept (version 1 kept all 32).
 const TAG_LEN: usize = 16;
-const TOKEN_LEN: usize = PAYLOAD_LEN + TAG_LEN;
-/// base64url of `TOKEN_LEN` bytes without padding; anything longer is refused
-/// before decoding.
-const MAX_ENCODED_LEN: usize = TOKEN_LEN.div_ceil(3) * 4;
+const MAX_TOKEN_LEN: usize = MAX_PAYLOAD_LEN + TAG_LEN;
+/// The version byte and the tag: anything shorter is not a token.
+const MIN_TOKEN_LEN: usize = 1 + TAG_LEN;
+/// base64url of `MAX_TOKEN_LEN` bytes without padding; anything longer is
+/// refused before decoding.
+const MAX_ENCODED_LEN: usize = (MAX_TOKEN_LEN * 4).div_ceil(3);
 /// Shortest key accepted: a key shorter than the hash output weakens HMAC.
 pub const MIN_KEY_BYTES: usize = 32;
 
@@ -109,15 +116,23 @@ impl QuoteKey {
     }
 
     pub fn sign(&self, quote: &Quote) -> Result<String, QuoteError> {
-        let payload = encode_payload(quote)?;
+        self.sign_token(quote).map(|t| t.as_str().to_owned())
+    }
+
+    /// `sign`, into a `Token` held inline.
+    pub fn sign_token(&self, quote: &Quote) -> Result<Token, QuoteError> {
+        let mut raw = [0u8; MAX_TOKEN_LEN];
+        let len = encode_payload(quote, &mut raw[..MAX_PAYLOAD_LEN])?;
         let mut mac = self.mac.clone();
-        mac.update(&payload);
+        mac.update(&raw[..len]);
         let full = mac.finalize().into_bytes();
-        let tag = &full[..TAG_LEN];
-        let mut token = [0u8; TOKEN_LEN];
-        token[..PAYLOAD_LEN].copy_from_slice(&payload);
-        token[PAYLOAD_LEN..].copy_from_slice(tag);
-        Ok(URL_SAFE_NO_PAD.encode(token))
+        raw[len..len + TAG_LEN].copy_from_slice(&full[..TAG_LEN]);
+        let mut token = Token::default();
+        let written = URL_SAFE_NO_PAD
+            .encode_slice(&raw[..len + TAG_LEN], &mut token.text)
+            .map_err(|_| QuoteError::BadField)?;
+        token.len = u8::try_from(written).map_err(|_| QuoteError::BadField)?;
+        Ok(token)
     }
 
     pub fn verify(&self, token: &str) -> Result<Quote, QuoteError> {
@@ -127,16 +142,59 @@ impl QuoteKey {
         let raw = URL_SAFE_NO_PAD
             .decode(token.as_bytes())
             .map_err(|_| QuoteError::Malformed)?;
-        if raw.len() != TOKEN_LEN {
+        if !(MIN_TOKEN_LEN..=MAX_TOKEN_LEN).contains(&raw.len()) {
             return Err(QuoteError::Malformed);
         }
-        let (payload, tag) = raw.split_at(PAYLOAD_LEN);
+        let (payload, tag) = raw.split_at(raw.len() - TAG_LEN);
         let mut mac = self.mac.clone();
         mac.update(payload);
         // Constant time: the comparison does not stop at the first wrong byte.
         mac.verify_truncated_left(tag)
             .map_err(|_| QuoteError::BadSignature)?;
         decode_payload(payload)
+    }
+}
+
+/// A signed token, held inline: an answer carries one per room type shown,
+/// and a `String` each was an allocation per room type. Serialized as its
+/// text; empty by default (a room type not yet quoted).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Token {
+    len: u8,
+    text: [u8; MAX_ENCODED_LEN],
+}
+
+impl Token {
+    pub fn as_str(&self) -> &str {
+        // base64url text is ASCII; the empty fallback is never taken.
+        std::str::from_utf8(&self.text[..usize::from(self.len)]).unwrap_or_default()
+    }
+}
+
+impl Default for Token {
+    fn default() -> Token {
+        Token {
+            len: 0,
+            text: [0; MAX_ENCODED_LEN],
+        }
+    }
+}
+
+impl std::fmt::Debug for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl std::fmt::Display for Token {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl serde::Serialize for Token {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
     }
 }
 
@@ -147,63 +205,81 @@ impl Quote {
     }
 }
 
-fn encode_payload(q: &Quote) -> Result<[u8; PAYLOAD_LEN], QuoteError> {
+/// A quote's fields as the payload carries them, after the version byte.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Wire {
+    source: u8,
+    hotel_id: i64,
+    room_type_id: i64,
+    /// Days from the common era.
+    check_in: i32,
+    nights: u16,
+    free_units: i32,
+    lsn: u64,
+    shown_at_ms: i64,
+    lag_ms: u32,
+}
+
+/// Writes the payload at the start of `buf` (`MAX_PAYLOAD_LEN` bytes) and
+/// returns its length.
+fn encode_payload(q: &Quote, buf: &mut [u8]) -> Result<usize, QuoteError> {
+    debug_assert_eq!(buf.len(), MAX_PAYLOAD_LEN);
     let nights = q.nights();
     let nights = u16::try_from(nights)
         .ok()
         .filter(|n| *n > 0)
         .ok_or(QuoteError::StayTooLong(nights))?;
-    let mut p = [0u8; PAYLOAD_LEN];
-    let mut w = Writer { buf: &mut p, at: 0 };
-    w.put(&[VERSION, source_byte(q.source)]);
-    w.put(&q.hotel_id.to_be_bytes());
-    w.put(&q.room_type_id.to_be_bytes());
-    w.put(&q.check_in.num_days_from_ce().to_be_bytes());
-    w.put(&nights.to_be_bytes());
-    w.put(&q.free_units.to_be_bytes());
-    w.put(&q.lsn.0.to_be_bytes());
-    w.put(&q.shown_at.timestamp_millis().to_be_bytes());
-    w.put(&q.lag_ms.to_be_bytes());
-    debug_assert_eq!(w.at, PAYLOAD_LEN, "every payload byte is written");
-    Ok(p)
+    let wire = Wire {
+        source: source_byte(q.source),
+        hotel_id: q.hotel_id,
+        room_type_id: q.room_type_id,
+        check_in: q.check_in.num_days_from_ce(),
+        nights,
+        free_units: q.free_units,
+        lsn: q.lsn.0,
+        shown_at_ms: q.shown_at.timestamp_millis(),
+        lag_ms: q.lag_ms,
+    };
+    let (version, fields) = buf.split_at_mut(1);
+    version[0] = VERSION;
+    // The buffer holds every field at its longest, so this cannot run short.
+    let written = postcard::to_slice(&wire, fields)
+        .map_err(|_| QuoteError::BadField)?
+        .len();
+    Ok(1 + written)
 }
 
 fn decode_payload(p: &[u8]) -> Result<Quote, QuoteError> {
-    let mut r = Reader { buf: p, at: 0 };
-    let [version, source] = r.take::<2>()?;
+    let (&version, fields) = p.split_first().ok_or(QuoteError::Malformed)?;
     if version != VERSION {
         return Err(QuoteError::UnknownVersion);
     }
-    let source = match source {
+    let (w, rest) = postcard::take_from_bytes::<Wire>(fields).map_err(|_| QuoteError::BadField)?;
+    if !rest.is_empty() {
+        return Err(QuoteError::BadField);
+    }
+    let source = match w.source {
         0 => Source::Copy,
         1 => Source::Owner,
         2 => Source::CopyFallback,
         3 => Source::Confirmed,
         _ => return Err(QuoteError::BadField),
     };
-    let hotel_id = i64::from_be_bytes(r.take()?);
-    let room_type_id = i64::from_be_bytes(r.take()?);
-    let check_in = NaiveDate::from_num_days_from_ce_opt(i32::from_be_bytes(r.take()?))
-        .ok_or(QuoteError::BadField)?;
-    let nights = u16::from_be_bytes(r.take()?);
+    let check_in = NaiveDate::from_num_days_from_ce_opt(w.check_in).ok_or(QuoteError::BadField)?;
     let check_out = check_in
-        .checked_add_days(chrono::Days::new(u64::from(nights)))
+        .checked_add_days(chrono::Days::new(u64::from(w.nights)))
         .ok_or(QuoteError::BadField)?;
-    let free_units = i32::from_be_bytes(r.take()?);
-    let lsn = Lsn(u64::from_be_bytes(r.take()?));
-    let shown_at = DateTime::from_timestamp_millis(i64::from_be_bytes(r.take()?))
-        .ok_or(QuoteError::BadField)?;
-    let lag_ms = u32::from_be_bytes(r.take()?);
+    let shown_at = DateTime::from_timestamp_millis(w.shown_at_ms).ok_or(QuoteError::BadField)?;
     Ok(Quote {
         source,
-        hotel_id,
-        room_type_id,
+        hotel_id: w.hotel_id,
+        room_type_id: w.room_type_id,
         check_in,
         check_out,
-        free_units,
-        lsn,
+        free_units: w.free_units,
+        lsn: Lsn(w.lsn),
         shown_at,
-        lag_ms,
+        lag_ms: w.lag_ms,
     })
 }
 
@@ -213,35 +289,6 @@ fn source_byte(s: Source) -> u8 {
         Source::Owner => 1,
         Source::CopyFallback => 2,
         Source::Confirmed => 3,
-    }
-}
-
-struct Writer<'a> {
-    buf: &'a mut [u8; PAYLOAD_LEN],
-    at: usize,
-}
-
-impl Writer<'_> {
-    fn put(&mut self, bytes: &[u8]) {
-        self.buf[self.at..self.at + bytes.len()].copy_from_slice(bytes);
-        self.at += bytes.len();
-    }
-}
-
-/// Checked reads: a short buffer is an error, never a panic.
-struct Reader<'a> {
-    buf: &'a [u8],
-    at: usize,
-}
-
-impl Reader<'_> {
-    fn take<const N: usize>(&mut self) -> Result<[u8; N], QuoteError> {
-        let bytes = self
-            .buf
-            .get(self.at..self.at + N)
-            .ok_or(QuoteError::Malformed)?;
-        self.at += N;
-        bytes.try_into().map_err(|_| QuoteError::Malformed)
     }
 }
 
@@ -268,13 +315,25 @@ mod tests {
     fn round_trips_every_field() {
         let key = QuoteKey::new(&[7u8; 32]);
         let token = key.sign(&quote()).unwrap();
-        assert_eq!(token.len(), 86, "64 bytes → 86 chars");
+        assert_eq!(token.len(), 51, "38 bytes → 51 chars (version 2: 86)");
         assert!(
             token
                 .bytes()
                 .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
         );
         assert_eq!(key.verify(&token), Ok(quote()));
+    }
+
+    #[test]
+    fn an_inline_token_is_the_same_text() {
+        let key = QuoteKey::new(&[7u8; 32]);
+        let token = key.sign_token(&quote()).unwrap();
+        assert_eq!(token.as_str(), key.sign(&quote()).unwrap());
+        assert_eq!(
+            serde_json::to_string(&token).unwrap(),
+            format!("\"{token}\"")
+        );
+        assert_eq!(Token::default().as_str(), "");
     }
 
     #[test]
@@ -295,8 +354,9 @@ mod tests {
         let key = QuoteKey::new(&[1u8; 40]);
         let token = key.sign(&quote()).unwrap();
         let mut raw = URL_SAFE_NO_PAD.decode(&token).unwrap();
-        // Raise free_units (bytes 24..28) the way a tamperer would.
-        raw[27] ^= 0x10;
+        // Raise free_units (byte 8, zigzag 3 = 6) the way a tamperer would.
+        assert_eq!(raw[8], 6);
+        raw[8] = 8;
         let altered = URL_SAFE_NO_PAD.encode(&raw);
         assert_eq!(key.verify(&altered), Err(QuoteError::BadSignature));
     }
@@ -326,11 +386,12 @@ mod tests {
 
     proptest! {
         #[test]
-        fn any_single_bit_flip_is_refused(byte in 0usize..TOKEN_LEN, bit in 0u8..8) {
+        fn any_single_bit_flip_is_refused(byte in 0usize..MAX_TOKEN_LEN, bit in 0u8..8) {
             let key = QuoteKey::new(b"a key long enough for hmac-sha256!!");
             let token = key.sign(&quote()).unwrap();
             let mut raw = URL_SAFE_NO_PAD.decode(&token).unwrap();
-            raw[byte] ^= 1 << bit;
+            let at = byte % raw.len();
+            raw[at] ^= 1 << bit;
             prop_assert!(key.verify(&URL_SAFE_NO_PAD.encode(&raw)).is_err());
         }
 
@@ -342,7 +403,7 @@ mod tests {
         /// Random bytes of a token's exact length get past the decoding to
         /// the tag check, and fail there: a typed refusal, never a panic.
         #[test]
-        fn random_tokens_of_the_right_shape_are_refused(raw in proptest::collection::vec(any::<u8>(), TOKEN_LEN)) {
+        fn random_tokens_of_the_right_shape_are_refused(raw in proptest::collection::vec(any::<u8>(), MIN_TOKEN_LEN..=MAX_TOKEN_LEN)) {
             let key = QuoteKey::new(b"a key long enough for hmac-sha256!!");
             prop_assert_eq!(key.verify(&URL_SAFE_NO_PAD.encode(&raw)), Err(QuoteError::BadSignature));
         }
@@ -351,7 +412,7 @@ mod tests {
         /// or a leaked key's) is read without a panic: a quote, or a typed
         /// field or version error.
         #[test]
-        fn any_tagged_payload_decodes_or_is_a_typed_error(payload in proptest::collection::vec(any::<u8>(), PAYLOAD_LEN)) {
+        fn any_tagged_payload_decodes_or_is_a_typed_error(payload in proptest::collection::vec(any::<u8>(), 1..=MAX_PAYLOAD_LEN)) {
             let key = QuoteKey::new(b"a key long enough for hmac-sha256!!");
             let mut mac = key.mac.clone();
             mac.update(&payload);
