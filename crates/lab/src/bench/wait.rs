@@ -283,7 +283,7 @@ pub(super) async fn run(owner: &Owner, options: &WaitOptions) -> Result<(), Benc
                 .await;
             let what = match written {
                 Some(Ok(w)) => format!(
-                    "checkpoint:  {} bytes, {} nights, written in {:.2} s while the owner took {CHECKPOINT_HOLDS_PER_SECOND} holds/s",
+                    "checkpoint:  {} bytes, {} nights, written in {:.2} s while holds were offered at {CHECKPOINT_HOLDS_PER_SECOND}/s",
                     w.bytes,
                     w.nights,
                     from.elapsed().as_secs_f64()
