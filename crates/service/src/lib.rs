@@ -7,8 +7,10 @@
 //!   reads that return the snapshot they saw.
 //! - [`lsn`]: `Lsn`, a WAL position as PostgreSQL writes it.
 //! - [`stream`]: publication and slot, the snapshot tied to the slot, the
-//!   replication loop that assembles transactions and acknowledges LSNs; the
-//!   TTL safety net, the heartbeat and the slot watch.
+//!   replication loop that assembles transactions and acknowledges LSNs
+//!   (no further than the newest durable checkpoint, when on); when a
+//!   checkpoint is loaded or written; the TTL safety net, the heartbeat and
+//!   the slot watch.
 //! - [`model`]: the in-memory read model of hotels, room types and nightly
 //!   counts, applied one whole transaction at a time, with its freshness.
 //! - [`checkpoint`]: the whole copy at one LSN in one file (hotels, room

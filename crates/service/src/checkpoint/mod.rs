@@ -23,10 +23,10 @@
 //!   so apply never stops) to a temporary file in the directory, fsyncs it,
 //!   renames it into place and fsyncs the directory; then deletes the older
 //!   ones.
-//! - [`read`]: checks the length, the checksum, the version and the header
-//!   against the owner before trusting a byte; then rebuilds the `Tables`,
-//!   the xid ring, the TTLs' time left and the stale-read state, all or
-//!   nothing.
+//! - [`read`]: checks the length, the version and the header against the
+//!   owner, then rebuilds the `Tables`, the xid ring, the TTLs' time left
+//!   and the stale-read state in one pass while summing the checksum, which
+//!   is compared before anything is returned: all or nothing.
 //! - [`dir`]: lists a directory's checkpoints, newest first, and prunes.
 //! - [`choose`]: the newest checkpoint that verifies, with why each newer
 //!   one was skipped.
