@@ -173,6 +173,27 @@ async fn copy_rows(serve: &Serve, hotels: &[i64], from: NaiveDate, to: NaiveDate
 }
 
 /// Asserts the binary's copy equals the owner's inventory, row for row.
+/// The slot's `confirmed_flush_lsn` once no walsender holds it (the
+/// permanent slot survives a stop or a kill; its walsender exits a moment
+/// after its client).
+pub(crate) async fn released_slot(client: &Client) -> Lsn {
+    wait_for(
+        "the walsender to let go of the slot",
+        Duration::from_secs(30),
+        || async {
+            let row = client
+                .query_one(
+                    "SELECT confirmed_flush_lsn, active FROM pg_replication_slots WHERE slot_name = 'vacancy'",
+                    &[],
+                )
+                .await
+                .expect("the permanent slot survives a stop");
+            (!row.get::<_, bool>(1)).then(|| Lsn::from(row.get::<_, PgLsn>(0)))
+        },
+    )
+    .await
+}
+
 pub(crate) async fn assert_binary_converged(serve: &Serve, client: &Client) {
     let target = slot::current_wal_lsn(client).await.expect("current lsn");
     serve.caught_up(target, Duration::from_secs(90)).await;
@@ -228,21 +249,7 @@ async fn the_binary_killed_with_sigkill_resumes_and_converges() {
     // The permanent slot survives the kill. The copy lives in memory only, so
     // the restart drops that slot, takes a new snapshot with a new one, and
     // must converge with what was written around the kill.
-    let confirmed: Lsn = wait_for(
-        "the killed walsender to let go of the slot",
-        Duration::from_secs(30),
-        || async {
-            let row = client
-                .query_one(
-                    "SELECT confirmed_flush_lsn, active FROM pg_replication_slots WHERE slot_name = 'vacancy'",
-                    &[],
-                )
-                .await
-                .expect("the permanent slot survives a SIGKILL");
-            (!row.get::<_, bool>(1)).then(|| Lsn::from(row.get::<_, PgLsn>(0)))
-        },
-    )
-    .await;
+    let confirmed = released_slot(&client).await;
 
     let serve = Serve::start(&owner.url, dir.path(), "second");
     run_workload(&owner, seed ^ 0x5151, 3, 20).await;

@@ -15,7 +15,7 @@ use tokio_postgres::Client;
 use tokio_postgres::types::PgLsn;
 use vacancy_service::Lsn;
 
-use crate::process::{Serve, assert_binary_converged};
+use crate::process::{Serve, assert_binary_converged, released_slot};
 use crate::projector::{load_inventory, run_workload, test_seed};
 use crate::shutdown::sigterm;
 use crate::support::{TestOwner, wait_for};
@@ -75,25 +75,6 @@ async fn stop_gracefully(serve: &mut Serve) {
         "exit status {status}; log:\n{}",
         serve.log_tail()
     );
-}
-
-/// The slot's `confirmed_flush_lsn` once no walsender holds it.
-async fn released_slot(client: &Client) -> Lsn {
-    wait_for(
-        "the walsender to let go of the slot",
-        Duration::from_secs(30),
-        || async {
-            let row = client
-                .query_one(
-                    "SELECT confirmed_flush_lsn, active FROM pg_replication_slots WHERE slot_name = 'vacancy'",
-                    &[],
-                )
-                .await
-                .expect("the slot survives a stop");
-            (!row.get::<_, bool>(1)).then(|| Lsn::from(row.get::<_, PgLsn>(0)))
-        },
-    )
-    .await
 }
 
 /// Waits for `/v1/status` to answer once the copy is loaded, and returns it.

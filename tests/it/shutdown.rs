@@ -6,12 +6,11 @@ use std::process::{Command, ExitStatus};
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio_postgres::types::PgLsn;
 use vacancy_service::Lsn;
 use vacancy_service::slot;
 
 use crate::api::get;
-use crate::process::{Serve, assert_binary_converged};
+use crate::process::{Serve, assert_binary_converged, released_slot};
 use crate::projector::{load_inventory, run_workload, test_seed};
 use crate::support::{TestOwner, wait_for};
 
@@ -119,21 +118,7 @@ async fn sigterm_drains_requests_acknowledges_the_applied_lsn_and_exits_zero() {
 
     let acknowledged = acknowledged_at_stop(&log)
         .unwrap_or_else(|| panic!("no \"stream stopped\" line in the log:\n{log}"));
-    let confirmed: Lsn = wait_for(
-        "the walsender to let go of the slot",
-        Duration::from_secs(30),
-        || async {
-            let row = client
-                .query_one(
-                    "SELECT confirmed_flush_lsn, active FROM pg_replication_slots WHERE slot_name = 'vacancy'",
-                    &[],
-                )
-                .await
-                .expect("the permanent slot survives a stop");
-            (!row.get::<_, bool>(1)).then(|| Lsn::from(row.get::<_, PgLsn>(0)))
-        },
-    )
-    .await;
+    let confirmed = released_slot(&client).await;
     assert_eq!(
         confirmed, acknowledged,
         "the slot's confirmed_flush_lsn is the applied LSN acknowledged at stop"
