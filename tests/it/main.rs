@@ -10,6 +10,7 @@ mod confirmed;
 mod demo;
 mod events;
 mod faults;
+mod fleet;
 mod observability;
 mod owner_ops;
 mod owner_security;

@@ -18,12 +18,14 @@
 //! - [`measure`]: latency percentiles, read one way by every bench.
 //! - [`readiness`]: bounded waits for a copy running in this process.
 //! - [`owner_db`]: the owner a lab run works on, given or embedded.
+//! - [`nats`]: a throwaway `nats-server` with JetStream, for the fleet.
 
 pub mod bench;
 pub mod cluster;
 pub mod demo;
 pub mod http_client;
 pub mod measure;
+pub mod nats;
 pub mod ops;
 pub mod owner_db;
 pub mod readiness;

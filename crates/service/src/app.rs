@@ -14,6 +14,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
+use crate::fleet::{self, Role};
 use crate::http::{self, ApiSettings, ApiState};
 use crate::index::{self, HotelIndex};
 use crate::metrics;
@@ -22,6 +23,7 @@ use crate::owner;
 use crate::search::Search;
 use crate::stale::{self, StaleReadState};
 use crate::stream::checkpoints::{self, Checkpoints};
+use crate::stream::outbox::Outbox;
 use crate::stream::refresh::{self, Refresh};
 use crate::stream::{Projector, StreamStatus, heartbeat, slot_watch};
 
@@ -91,6 +93,10 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
     let admin_tokens = Arc::new(http::access::admin_tokens(&settings.admin)?);
     let checkpoints = Checkpoints::new(settings.checkpoint.clone());
     checkpoints.carry_also(stale.clone());
+    let (fleet_status, outbox_receiver) = fleet_parts(&settings);
+    if let Some(outbox) = &fleet_status.outbox {
+        checkpoints.record_outbox(outbox.state());
+    }
     let refresh = Refresh::new(Duration::from_secs(settings.model.ttl_secs));
     let hotel_index = HotelIndex::new()?;
     // Built before any task starts, so a bad setting leaves nothing running.
@@ -118,53 +124,95 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
         stale: stale.clone(),
         booking_tokens,
         admin_tokens,
+        fleet: fleet_status.clone(),
     })?;
-    let projector = Projector::new(
-        settings.owner.clone(),
-        settings.stream.clone(),
-        model.clone(),
-        status.clone(),
-        refresh.clone(),
+    let mut tasks = vec![tokio::spawn(index::run_indexer(
         hotel_index.clone(),
-        checkpoints.clone(),
-    );
-    let mut tasks = vec![
-        tokio::spawn(projector.run(shutdown.clone())),
-        tokio::spawn(checkpoints::run_checkpointer(
-            checkpoints.clone(),
-            model.clone(),
-            refresh.clone(),
-            status.clone(),
-            shutdown.clone(),
-        )),
-        tokio::spawn(refresh::run_refresher(
-            settings.owner.clone(),
-            settings.model.refresh_batch as usize,
-            model.clone(),
-            refresh.clone(),
-            shutdown.clone(),
-        )),
-        tokio::spawn(index::run_indexer(
-            hotel_index.clone(),
-            model.clone(),
-            Duration::from_millis(200),
-            shutdown.clone(),
-        )),
-    ];
-    if settings.stream.heartbeat_interval_ms > 0 {
-        tasks.push(tokio::spawn(heartbeat::run_heartbeat(
-            settings.owner.clone(),
-            Duration::from_millis(settings.stream.heartbeat_interval_ms),
-            shutdown.clone(),
-        )));
-    }
-    tasks.push(tokio::spawn(slot_watch::run_slot_watch(
-        settings.owner.clone(),
-        settings.stream.clone(),
         model.clone(),
-        status.clone(),
+        Duration::from_millis(200),
         shutdown.clone(),
-    )));
+    ))];
+    match settings.fleet.role {
+        Role::Standalone | Role::Projector => {
+            let mut projector = Projector::new(
+                settings.owner.clone(),
+                settings.stream.clone(),
+                model.clone(),
+                status.clone(),
+                refresh.clone(),
+                hotel_index.clone(),
+                checkpoints.clone(),
+            );
+            if let Some(outbox) = &fleet_status.outbox {
+                projector = projector.with_outbox(outbox.clone());
+            }
+            tasks.push(tokio::spawn(projector.run(shutdown.clone())));
+            tasks.push(tokio::spawn(checkpoints::run_checkpointer(
+                checkpoints.clone(),
+                model.clone(),
+                refresh.clone(),
+                status.clone(),
+                shutdown.clone(),
+            )));
+            tasks.push(tokio::spawn(refresh::run_refresher(
+                settings.owner.clone(),
+                settings.model.refresh_batch as usize,
+                model.clone(),
+                refresh.clone(),
+                shutdown.clone(),
+            )));
+            if settings.stream.heartbeat_interval_ms > 0 {
+                tasks.push(tokio::spawn(heartbeat::run_heartbeat(
+                    settings.owner.clone(),
+                    Duration::from_millis(settings.stream.heartbeat_interval_ms),
+                    shutdown.clone(),
+                )));
+            }
+            tasks.push(tokio::spawn(slot_watch::run_slot_watch(
+                settings.owner.clone(),
+                settings.stream.clone(),
+                model.clone(),
+                status.clone(),
+                shutdown.clone(),
+            )));
+            if let Some(receiver) = outbox_receiver {
+                let outbox_state = checkpoints_outbox_state(&fleet_status);
+                tasks.push(tokio::spawn(fleet::publish::run_publisher(
+                    settings.fleet.clone(),
+                    outbox_state,
+                    receiver,
+                    shutdown.clone(),
+                )));
+                tasks.push(tokio::spawn(fleet::store::run_uploader(
+                    settings.fleet.clone(),
+                    checkpoints.clone(),
+                    shutdown.clone(),
+                )));
+            }
+        }
+        Role::Replica => {
+            // No slot, no refresher, no heartbeat: a replica never writes
+            // to the owner.
+            let replica = fleet::replica::Replica {
+                settings: settings.fleet.clone(),
+                owner: settings.owner.clone(),
+                slot: settings.stream.slot.clone(),
+                publication: settings.stream.publication.clone(),
+                download_dir: fleet::store::download_dir(settings.checkpoint.dir()),
+                model: model.clone(),
+                index: hotel_index.clone(),
+                status: status.clone(),
+                state: fleet_status.replica.clone().unwrap_or_default(),
+            };
+            tasks.push(tokio::spawn(replica.run(shutdown.clone())));
+            tasks.push(tokio::spawn(fleet::replica::run_owner_position(
+                settings.owner.clone(),
+                settings.fleet.owner_position_interval(),
+                model.clone(),
+                shutdown.clone(),
+            )));
+        }
+    }
 
     tasks.push(tokio::spawn(stale::audit::run(
         stale.audit.clone(),
@@ -199,6 +247,44 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
         shutdown,
         tasks,
     })
+}
+
+/// The fleet's parts for this role: the projector's outbox (and its
+/// receiving end, for the publisher), a replica's progress.
+fn fleet_parts(
+    settings: &Settings,
+) -> (
+    Arc<fleet::FleetStatus>,
+    Option<tokio::sync::mpsc::Receiver<crate::stream::outbox::Outgoing>>,
+) {
+    let role = settings.fleet.role;
+    match role {
+        Role::Standalone => (Arc::new(fleet::FleetStatus::new(role)), None),
+        Role::Projector => {
+            let (outbox, receiver) = Outbox::new(
+                settings.fleet.max_publishes_in_flight,
+                settings.fleet.publish_ack_timeout(),
+            );
+            let mut status = fleet::FleetStatus::new(role);
+            status.outbox = Some(outbox);
+            (Arc::new(status), Some(receiver))
+        }
+        Role::Replica => {
+            let mut status = fleet::FleetStatus::new(role);
+            status.replica = Some(Arc::default());
+            (Arc::new(status), None)
+        }
+    }
+}
+
+fn checkpoints_outbox_state(
+    fleet_status: &fleet::FleetStatus,
+) -> Arc<crate::stream::outbox::OutboxState> {
+    fleet_status
+        .outbox
+        .as_ref()
+        .map(Outbox::state)
+        .unwrap_or_default()
 }
 
 impl App {

@@ -17,6 +17,7 @@ use figment::providers::{Env, Format, Toml};
 use serde::Deserialize;
 
 use crate::checkpoint::CheckpointSettings;
+use crate::fleet::{FleetSettings, Role};
 use crate::http::{AdminSettings, HttpSettings};
 use crate::logging::LogSettings;
 use crate::model::ModelSettings;
@@ -40,6 +41,7 @@ pub struct Settings {
     pub stale: StaleSettings,
     pub admin: AdminSettings,
     pub checkpoint: CheckpointSettings,
+    pub fleet: FleetSettings,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -111,6 +113,8 @@ impl Settings {
         self.stale.validate()?;
         self.log.validate()?;
         self.checkpoint.validate()?;
+        self.fleet.validate()?;
+        self.validate_fleet()?;
         // A temporary slot is gone after every disconnect, and with it the
         // WAL after a checkpoint: a checkpoint could never be resumed from.
         if self.stream.temporary_slot && self.checkpoint.enabled() {
@@ -119,6 +123,48 @@ impl Settings {
                 "must be empty while stream.temporary_slot = true: a temporary slot does not survive a restart, so no checkpoint could be resumed from",
             )
             .into());
+        }
+        Ok(())
+    }
+
+    /// The rules that tie `[fleet]` to other sections.
+    fn validate_fleet(&self) -> Result<(), InvalidSetting> {
+        if !self.fleet.is_fleet() {
+            return Ok(());
+        }
+        let role = self.fleet.role.label();
+        // Every node signs and checks quotes, and takes reports: a quote
+        // shown by one node must verify on the node its report reaches.
+        if self.stale.quote_key.is_empty() && self.stale.quote_key_file.is_empty() {
+            return Err(InvalidSetting::new(
+                "stale.quote_key",
+                format!(
+                    "must be set (or stale.quote_key_file) for fleet role {role}: quotes must verify on every node"
+                ),
+            ));
+        }
+        if self.stale.booking_tokens.is_empty() && self.stale.booking_tokens_file.is_empty() {
+            return Err(InvalidSetting::new(
+                "stale.booking_tokens",
+                format!("must be set (or stale.booking_tokens_file) for fleet role {role}"),
+            ));
+        }
+        if self.fleet.role == Role::Projector {
+            if !self.checkpoint.enabled() {
+                return Err(InvalidSetting::new(
+                    "checkpoint.dir",
+                    "must be set for fleet role projector: checkpoints are written there, then uploaded for the replicas",
+                ));
+            }
+            let covered = u64::from(self.fleet.checkpoints_kept) * self.checkpoint.interval_secs;
+            if self.fleet.max_age_secs < covered {
+                return Err(InvalidSetting::new(
+                    "fleet.max_age_secs",
+                    format!(
+                        "must cover the kept checkpoints: at least fleet.checkpoints_kept x checkpoint.interval_secs = {covered}"
+                    ),
+                ));
+            }
         }
         Ok(())
     }
@@ -284,6 +330,73 @@ mod tests {
             e.contains("checkpoint.dir") && e.contains("stream.temporary_slot"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn a_fleet_role_needs_nats_a_quote_key_and_booking_tokens() {
+        assert_eq!(
+            load_with_env(&[]).expect("defaults").fleet.role,
+            Role::Standalone
+        );
+        let e = load_with_env(&[("VACANCY_FLEET__ROLE", "replica")]).unwrap_err();
+        assert!(e.contains("fleet.nats_url"), "{e}");
+        let nats = ("VACANCY_FLEET__NATS_URL", "nats://127.0.0.1:4222");
+        let e = load_with_env(&[("VACANCY_FLEET__ROLE", "replica"), nats]).unwrap_err();
+        assert!(e.contains("stale.quote_key"), "{e}");
+        let key = (
+            "VACANCY_STALE__QUOTE_KEY",
+            "0123456789abcdef0123456789abcdef",
+        );
+        let e = load_with_env(&[("VACANCY_FLEET__ROLE", "replica"), nats, key]).unwrap_err();
+        assert!(e.contains("stale.booking_tokens"), "{e}");
+        let tokens = ("VACANCY_STALE__BOOKING_TOKENS_FILE", "/run/secrets/tokens");
+        let replica = load_with_env(&[("VACANCY_FLEET__ROLE", "replica"), nats, key, tokens])
+            .expect("a replica with its secrets");
+        assert_eq!(replica.fleet.role, Role::Replica);
+        // The projector stages its checkpoints on disk, and the stream must
+        // keep what its kept checkpoints need.
+        let projector = [("VACANCY_FLEET__ROLE", "projector"), nats, key, tokens];
+        let e = load_with_env(&projector).unwrap_err();
+        assert!(e.contains("checkpoint.dir"), "{e}");
+        let mut with_dir = projector.to_vec();
+        with_dir.push(("VACANCY_CHECKPOINT__DIR", "/var/lib/vacancy"));
+        load_with_env(&with_dir).expect("a projector with its directory");
+        with_dir.push(("VACANCY_FLEET__MAX_AGE_SECS", "599"));
+        let e = load_with_env(&with_dir).unwrap_err();
+        assert!(e.contains("fleet.max_age_secs"), "{e}");
+        let e = load_with_env(&[("VACANCY_FLEET__ROLE", "leader")]).unwrap_err();
+        assert!(e.contains("leader"), "{e}");
+    }
+
+    #[test]
+    fn fleet_names_and_bounds_are_checked() {
+        for (key, value, field) in [
+            ("VACANCY_FLEET__STREAM", "a.b", "fleet.stream"),
+            (
+                "VACANCY_FLEET__CHECKPOINT_BUCKET",
+                "",
+                "fleet.checkpoint_bucket",
+            ),
+            ("VACANCY_FLEET__SUBJECT", "vacancy.>", "fleet.subject"),
+            (
+                "VACANCY_FLEET__MAX_CHUNK_BYTES",
+                "2000000",
+                "fleet.max_chunk_bytes",
+            ),
+            (
+                "VACANCY_FLEET__MAX_PUBLISHES_IN_FLIGHT",
+                "0",
+                "fleet.max_publishes_in_flight",
+            ),
+            (
+                "VACANCY_FLEET__DUPLICATE_WINDOW_SECS",
+                "7200",
+                "fleet.duplicate_window_secs",
+            ),
+        ] {
+            let e = load_with_env(&[(key, value)]).unwrap_err();
+            assert!(e.contains(field), "{key}={value}: {e}");
+        }
     }
 
     #[test]

@@ -17,6 +17,9 @@
 //!   types, calendars, the applied-xid ring, the TTLs' time left, the
 //!   stale-read loop's window and counted attempt ids), written atomically
 //!   and read back only whole, so a restart need not copy the owner again.
+//! - [`fleet`]: past one machine: the projector publishes what it applied
+//!   and its checkpoints to NATS JetStream; replicas bootstrap from a
+//!   checkpoint and apply that stream, with no slot of their own.
 //! - [`index`]: hotels and room types in tantivy, re-indexed in batches.
 //! - [`search`]: which hotels fit the party on every night; few units
 //!   confirmed against the owner's WAL position (or read from the owner); a
@@ -40,6 +43,7 @@
 mod app;
 mod checkpoint;
 mod config;
+mod fleet;
 mod http;
 mod index;
 mod logging;
@@ -60,6 +64,7 @@ pub use checkpoint::{
     write as write_checkpoint, write_model as checkpoint_model,
 };
 pub use config::{ConfigError, Settings};
+pub use fleet::{FleetSettings, Role as FleetRole};
 pub use index::{HotelIndex, IndexError};
 pub use logging::{LogFormat, LogSettings, init_logging};
 pub use lsn::{Lsn, ParseLsnError};

@@ -431,6 +431,43 @@ pub static CHECKPOINT_WRITES: LazyLock<IntCounterVec> = LazyLock::new(|| {
         &["trigger", "outcome"],
     )
 });
+pub static FLEET_MESSAGES_PUBLISHED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "vacancy_fleet_messages_published_total",
+        "Change-stream messages the projector published and JetStream stored",
+    )
+});
+pub static FLEET_PUBLISH_ERRORS: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "vacancy_fleet_publish_errors_total",
+        "Publishing sessions that failed (NATS down, a refused publish); what was not stored is sent again",
+    )
+});
+pub static FLEET_CHECKPOINT_UPLOADS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "vacancy_fleet_checkpoint_uploads_total",
+        "Checkpoints the projector uploaded to the object store, by outcome (ok, error)",
+        &["outcome"],
+    )
+});
+pub static FLEET_MESSAGES_APPLIED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "vacancy_fleet_messages_applied_total",
+        "Change-stream messages a replica applied (or held, for a chunk)",
+    )
+});
+pub static FLEET_MESSAGES_DROPPED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "vacancy_fleet_messages_dropped_total",
+        "Change-stream messages a replica dropped: at or below its applied position, or of an older epoch",
+    )
+});
+pub static FLEET_BOOTSTRAPS: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "vacancy_fleet_bootstraps_total",
+        "Replica bootstraps from a checkpoint in the object store",
+    )
+});
 pub static CHECKPOINT_WRITE_DURATION: LazyLock<Histogram> = LazyLock::new(|| {
     histogram(
         "vacancy_checkpoint_write_seconds",
@@ -483,6 +520,12 @@ pub fn init() {
     LazyLock::force(&CHECKPOINT_WRITES);
     LazyLock::force(&CHECKPOINT_WRITE_DURATION);
     LazyLock::force(&CHECKPOINT_BYTES);
+    LazyLock::force(&FLEET_MESSAGES_PUBLISHED);
+    LazyLock::force(&FLEET_PUBLISH_ERRORS);
+    LazyLock::force(&FLEET_CHECKPOINT_UPLOADS);
+    LazyLock::force(&FLEET_MESSAGES_APPLIED);
+    LazyLock::force(&FLEET_MESSAGES_DROPPED);
+    LazyLock::force(&FLEET_BOOTSTRAPS);
     LazyLock::force(&CHECKPOINT_UNACKNOWLEDGED);
     LazyLock::force(&TRANSACTIONS_APPLIED);
     LazyLock::force(&TRANSACTIONS_SKIPPED);

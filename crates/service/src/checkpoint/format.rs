@@ -41,8 +41,9 @@ pub const MAGIC: [u8; 8] = *b"VCPT\r\n\x1a\n";
 /// Bumped on any change to what is written; a file of another version is
 /// not read (the start falls back to a snapshot). Version 2 added the
 /// stale-read loop's records (window, attempts, totals) and their counts
-/// in the end record; so the tags after `Ttl` moved.
-pub const FORMAT_VERSION: u32 = 2;
+/// in the end record; so the tags after `Ttl` moved. Version 3 added the
+/// copy's epoch to the header (the fleet's bootstrap format).
+pub const FORMAT_VERSION: u32 = 3;
 
 /// The last bytes of a complete file: a write that stopped early lacks them.
 pub const END: [u8; 4] = *b"VEND";
@@ -125,6 +126,9 @@ pub struct Header {
     /// The copy's `applied` position: every owner transaction that
     /// committed before it is in the file, none after.
     pub lsn: u64,
+    /// The copy's lineage (`model::Tables::epoch`): the consistent point of
+    /// the snapshot it descends from. New in version 3, for the fleet.
+    pub epoch: u64,
     /// The copy's last commit time, as (seconds, nanoseconds) since the
     /// epoch, exactly.
     pub commit_time: Option<(i64, u32)>,

@@ -502,6 +502,7 @@ fn decode(
         calendars,
         applied: header.lsn(),
         commit_time: header.commit_time(),
+        epoch: header.epoch,
     };
     Ok(Loaded {
         header,

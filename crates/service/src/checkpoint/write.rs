@@ -46,6 +46,8 @@ pub struct Written {
     pub name: CheckpointName,
     pub bytes: u64,
     pub nights: u64,
+    /// The copy's epoch (`model::Tables::epoch`).
+    pub epoch: u64,
     /// Older checkpoints deleted after this one was durable.
     pub pruned: Vec<PathBuf>,
 }
@@ -100,6 +102,7 @@ pub fn write(
     let header = Header {
         identity: identity.clone(),
         lsn: tables.applied.0,
+        epoch: tables.epoch,
         commit_time: tables.commit_time.map(Header::encode_time),
         written_at: Header::encode_time(Utc::now()),
     };
@@ -126,6 +129,7 @@ pub fn write(
         name,
         bytes,
         nights,
+        epoch: tables.epoch,
         pruned,
     })
 }

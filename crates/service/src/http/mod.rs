@@ -62,6 +62,8 @@ pub struct ApiState {
     pub booking_tokens: Arc<BearerTokens>,
     /// Tokens for `/v1/admin/*` (`admin.tokens`, `admin.tokens_file`).
     pub admin_tokens: Arc<BearerTokens>,
+    /// This node's role in the fleet and its progress there.
+    pub fleet: Arc<crate::fleet::FleetStatus>,
 }
 
 /// The settings the handlers read: their own section, the search limits

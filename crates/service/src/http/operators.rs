@@ -96,6 +96,7 @@ pub(super) struct StatusBody {
     last_error: Option<String>,
     model: ModelBody,
     checkpoint: CheckpointBody,
+    fleet: crate::fleet::FleetReport,
 }
 
 /// Checkpoints: on or off, where the copy came from, the newest written,
@@ -190,6 +191,7 @@ pub(super) async fn status(State(state): State<ApiState>) -> Json<StatusBody> {
         last_error: state.status.last_error(),
         model: model_body(&state.model),
         checkpoint: checkpoint_body(&state),
+        fleet: state.fleet.report(),
     })
 }
 

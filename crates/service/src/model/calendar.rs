@@ -19,7 +19,7 @@ pub(super) const ABSENT: i32 = i32::MIN;
 const NULL: i32 = i32::MIN;
 
 /// One inventory row's values, as the owner stores them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct NightCounts {
     pub total: i32,
     pub taken: i32,

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use arc_swap::ArcSwap;
 
 use chrono::{DateTime, NaiveDate, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 pub use calendar::{NightCounts, UnstorableValue};
 pub use calendars::Calendars;
@@ -39,7 +39,7 @@ pub use stay::Stay;
 
 use crate::lsn::Lsn;
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Hotel {
     pub id: i64,
     pub name: String,
@@ -51,7 +51,7 @@ pub struct Hotel {
     pub amenities: Vec<String>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RoomType {
     pub hotel_id: i64,
     pub id: i64,
@@ -60,14 +60,14 @@ pub struct RoomType {
 }
 
 /// One (hotel, room type): the key of a calendar.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct CalendarKey {
     pub hotel_id: i64,
     pub room_type_id: i64,
 }
 
 /// The owner tables the copy holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Table {
     Hotels,
@@ -93,7 +93,7 @@ impl Table {
 
 /// Text columns PostgreSQL may leave out of an update when their TOASTed
 /// value did not change; the copy then keeps the value it has.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Unsent {
     pub name: bool,
     pub city: bool,
@@ -106,7 +106,10 @@ pub struct Unsent {
 /// A streamed transaction holds its changes until it commits, millions of
 /// them in a bulk update of inventory, so the rare wide rows (hotels, room
 /// types) are boxed and a change costs 48 bytes, not the 150 of a hotel.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// Serializable because the fleet's projector publishes applied
+/// transactions and re-read merges as changes (`fleet::wire`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Change {
     UpsertHotel {
         hotel: Box<Hotel>,
@@ -183,6 +186,11 @@ pub struct Tables {
     pub applied: Lsn,
     /// Commit time of the last transaction applied (None right after a snapshot).
     pub commit_time: Option<DateTime<Utc>>,
+    /// The copy's lineage: the consistent point of the snapshot it descends
+    /// from (0: none). Kept by every transaction and checkpoint, changed
+    /// only by a new snapshot, so the fleet can tell one epoch's messages
+    /// from another's (`fleet::wire`).
+    pub epoch: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -533,14 +541,16 @@ impl ReadModel {
     /// calendars in `keys`, every night the read returned replaces the copy's,
     /// and a night the copy has but the read did not is removed, except the
     /// nights in `newer`, which the stream changed after the read began.
-    /// Returns how many nights differed. The applied LSN does not move: the
-    /// read is no newer than what the stream already applied.
+    /// Returns the nights that differed, as the changes that repaired them
+    /// (the fleet's projector publishes them, `fleet::publish`). The applied
+    /// LSN does not move: the read is no newer than what the stream already
+    /// applied.
     pub fn merge_reread(
         &self,
         keys: &std::collections::HashSet<CalendarKey>,
         rows: &[(CalendarKey, NaiveDate, NightCounts)],
         newer: &std::collections::HashSet<(CalendarKey, NaiveDate)>,
-    ) -> u64 {
+    ) -> Vec<Change> {
         let mut owner: HashMap<CalendarKey, std::collections::BTreeMap<NaiveDate, NightCounts>> =
             keys.iter().map(|k| (*k, Default::default())).collect();
         for (key, night, counts) in rows {
@@ -549,7 +559,7 @@ impl ReadModel {
             }
         }
         let merged = self.write(|tables| {
-            let mut repaired = 0;
+            let mut repairs: Vec<Change> = Vec::new();
             for (key, nights) in owner {
                 let copy: Vec<(NaiveDate, NightCounts)> = tables
                     .calendars
@@ -559,7 +569,7 @@ impl ReadModel {
                 for (night, _) in copy.iter().filter(|(n, _)| !nights.contains_key(n)) {
                     if !newer.contains(&(key, *night)) {
                         tables.calendars.remove_night(key, *night);
-                        repaired += 1;
+                        repairs.push(Change::DeleteNight { key, night: *night });
                     }
                 }
                 for (night, counts) in nights {
@@ -570,21 +580,48 @@ impl ReadModel {
                     }
                     // Storable was checked above, so this cannot fail.
                     let _ = tables.calendars.set(key, night, counts);
-                    repaired += 1;
+                    repairs.push(Change::UpsertNight { key, night, counts });
                 }
             }
-            if repaired == 0 {
+            if repairs.is_empty() {
                 // Nothing differed: publish nothing, so readers keep their copy.
-                return (None, Publish::No);
+                return ((repairs, None), Publish::No);
             }
-            (Some((repaired, tables.applied)), Publish::Yes)
+            let at = tables.applied;
+            ((repairs, Some(at)), Publish::Yes)
         });
-        let Some((repaired, at)) = merged else {
-            return 0;
-        };
-        // The stream did not deliver these values: open pages start over.
-        self.feed.reset(at);
-        repaired
+        let (repairs, at) = merged;
+        if let Some(at) = at {
+            // The stream did not deliver these values: open pages start over.
+            self.feed.reset(at);
+        }
+        repairs
+    }
+
+    /// Applies a re-read merge that the fleet's projector made at `at` (a
+    /// replica): the same nights set and removed, in one swap. Skipped
+    /// unless the copy is exactly at `at`: a merge made at an earlier
+    /// position would put older values over newer ones. Returns whether it
+    /// was applied.
+    pub fn apply_merge(&self, at: Lsn, changes: &[Change]) -> Result<bool, ApplyError> {
+        if self.published.load().applied != at || changes.is_empty() {
+            return Ok(false);
+        }
+        let applied = self.write(|tables| {
+            if tables.applied != at {
+                return (Ok(false), Publish::No);
+            }
+            for change in changes {
+                if let Err(error) = tables.apply_change(change) {
+                    return (Err(error), Publish::No);
+                }
+            }
+            (Ok(true), Publish::Yes)
+        })?;
+        if applied {
+            self.feed.reset(at);
+        }
+        Ok(applied)
     }
 
     /// Swaps in a complete copy loaded from a snapshot at `tables.applied`.

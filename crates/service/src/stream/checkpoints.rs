@@ -36,6 +36,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use super::StreamStatus;
+use super::outbox::OutboxState;
 use super::refresh::Refresh;
 use super::slot::SlotInfo;
 use crate::checkpoint::{
@@ -137,6 +138,23 @@ pub struct Checkpoints {
     /// Set once by `app` before any task starts; without it (benches that
     /// run a bare projector) an empty stale-read state is written.
     carried: OnceLock<Arc<dyn Carried>>,
+    /// The fleet's projector: the outbox whose stored sequence each
+    /// checkpoint records, read before the copy is taken.
+    outbox: OnceLock<Arc<OutboxState>>,
+    /// The newest durable checkpoint with that sequence, for the fleet's
+    /// uploader.
+    shipped: tokio::sync::watch::Sender<Option<Durable>>,
+}
+
+/// A durable checkpoint as the fleet ships it: the file, its copy's epoch
+/// and LSN, and the outbox's stored sequence read before the copy was
+/// taken (every message at or below it is in the file).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Durable {
+    pub path: PathBuf,
+    pub epoch: u64,
+    pub lsn: Lsn,
+    pub sequence: u64,
 }
 
 impl Checkpoints {
@@ -149,7 +167,22 @@ impl Checkpoints {
             writing: Mutex::new(()),
             wake: tokio::sync::Notify::new(),
             carried: OnceLock::new(),
+            outbox: OnceLock::new(),
+            shipped: tokio::sync::watch::Sender::new(None),
         })
+    }
+
+    /// Records, with each checkpoint, the stored sequence of `outbox` (the
+    /// fleet's projector); the first call wins.
+    pub fn record_outbox(&self, outbox: Arc<OutboxState>) {
+        if self.outbox.set(outbox).is_err() {
+            tracing::warn!("checkpoint: the outbox was already set; the second is ignored");
+        }
+    }
+
+    /// The newest durable checkpoint, with the outbox's sequence before it.
+    pub fn durable_checkpoints(&self) -> tokio::sync::watch::Receiver<Option<Durable>> {
+        self.shipped.subscribe()
     }
 
     /// Hands over the state carried besides the copy; the first call wins.
@@ -358,6 +391,9 @@ impl Checkpoints {
         let copy = model.clone();
         let timers = refresh.clone();
         let carried = self.carried.get().cloned();
+        // Before the copy is taken (inside the writer): a message stored by
+        // then is in the copy.
+        let sequence = self.outbox.get().map(|o| o.stored_sequence());
         let started = Instant::now();
         let written = tokio::task::spawn_blocking(move || {
             let _one_writer = me.writing.lock().unwrap_or_else(|p| p.into_inner());
@@ -396,6 +432,15 @@ impl Checkpoints {
                     at: Utc::now(),
                 });
                 report.last_error = None;
+                drop(report);
+                if let Some(sequence) = sequence {
+                    self.shipped.send_replace(Some(Durable {
+                        path: w.path.clone(),
+                        epoch: w.epoch,
+                        lsn: w.name.lsn,
+                        sequence,
+                    }));
+                }
             }
             Err(error) => {
                 metrics::CHECKPOINT_WRITES

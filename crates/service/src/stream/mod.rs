@@ -16,6 +16,7 @@
 pub mod checkpoints;
 pub mod decode;
 pub mod heartbeat;
+pub mod outbox;
 pub mod refresh;
 pub mod replicate;
 mod settings;

@@ -264,8 +264,16 @@ impl Refresh {
 
     /// Called by the projector after each applied transaction, in commit
     /// order: confirms what the stream touched, tracks open windows, and
-    /// merges a window's rows at its high watermark.
-    pub fn after_apply(&self, model: &ReadModel, txn: &Transaction, messages: &[OwnMessage]) {
+    /// merges a window's rows at its high watermark. Returns each merge's
+    /// repairs, in order (empty when a merge changed nothing), for the
+    /// fleet's projector to publish.
+    pub fn after_apply(
+        &self,
+        model: &ReadModel,
+        txn: &Transaction,
+        messages: &[OwnMessage],
+    ) -> Vec<Vec<Change>> {
+        let mut merges: Vec<Vec<Change>> = Vec::new();
         let mut touched: HashSet<CalendarKey> = HashSet::new();
         let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
         for change in &txn.changes {
@@ -316,7 +324,9 @@ impl Refresh {
                     };
                     match (w.opened && !w.truncated, w.rows) {
                         (true, Some(rows)) => {
-                            let repaired = model.merge_reread(&w.keys, &rows, &w.changed);
+                            let repairs = model.merge_reread(&w.keys, &rows, &w.changed);
+                            let repaired = repairs.len() as u64;
+                            merges.push(repairs);
                             self.repaired.fetch_add(repaired, Ordering::Relaxed);
                             self.merged.fetch_add(1, Ordering::Relaxed);
                             metrics::TTL_ROWS_REPAIRED.inc_by(repaired);
@@ -332,6 +342,7 @@ impl Refresh {
         for key in touched {
             self.confirm(key);
         }
+        merges
     }
 
     /// Asks for a re-read of `keys` now, whatever their TTL (an operator's

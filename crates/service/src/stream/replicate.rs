@@ -35,6 +35,7 @@ use rand::RngExt;
 
 use super::StreamSettings;
 use super::checkpoints::{Checkpoints, Trigger};
+use super::outbox::{Outbox, Outgoing, Reserved};
 use super::refresh::Refresh;
 use super::slot::{self, SlotError, SlotInfo};
 use super::snapshot::{self, SnapshotError, SnapshotProgress};
@@ -64,6 +65,8 @@ pub enum StreamError {
     NoSnapshotExported,
     #[error("slot {slot:?} is still held by walsender pid {pid:?}; waiting for it to exit")]
     SlotBusy { slot: String, pid: Option<i32> },
+    #[error("the outbox's carrier (the fleet's publisher) has stopped")]
+    OutboxClosed,
 }
 
 /// What operators see of the stream in `/v1/status`.
@@ -104,7 +107,7 @@ impl StreamStatus {
             .clone()
     }
 
-    fn set_last_error(&self, error: Option<String>) {
+    pub(crate) fn set_last_error(&self, error: Option<String>) {
         *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = error;
     }
 
@@ -187,6 +190,9 @@ pub struct Projector {
     refresh: Arc<Refresh>,
     index: Arc<HotelIndex>,
     checkpoints: Arc<Checkpoints>,
+    /// In the fleet's projector role: where applied changes are handed over
+    /// (`outbox`), and what caps the slot's acknowledgement.
+    outbox: Option<Outbox>,
 }
 
 /// How a session that did not fail ended.
@@ -240,7 +246,16 @@ impl Projector {
             refresh,
             index,
             checkpoints,
+            outbox: None,
         }
+    }
+
+    /// Hands every committed transaction and keepalive advance to `outbox`
+    /// (the fleet's projector), and acknowledges the slot only as far as
+    /// its carrier stored them.
+    pub fn with_outbox(mut self, outbox: Outbox) -> Projector {
+        self.outbox = Some(outbox);
+        self
     }
 
     /// Runs sessions until `shutdown`, reconnecting with backoff and jitter.
@@ -470,12 +485,18 @@ impl Projector {
             // from what was applied: `start` tells the server its start
             // point is processed, and the slot must not pass a checkpoint.
             // What is replayed between the two is skipped by commit LSN.
-            self.checkpoints
-                .acknowledgeable(self.model.freshness.applied())
-                .max(Lsn(info
-                    .as_ref()
-                    .and_then(|i| i.confirmed_flush)
-                    .map_or(0, |l| l.0)))
+            let confirmed = info.as_ref().and_then(|i| i.confirmed_flush);
+            let checkpointed = self
+                .checkpoints
+                .acknowledgeable(self.model.freshness.applied());
+            match (&self.outbox, confirmed) {
+                // With an outbox, from the slot's own position: it was
+                // acknowledged only as far as the carrier stored, so what
+                // the copy holds past it (a checkpoint written before the
+                // carrier stored it) is replayed and handed over again.
+                (Some(_), Some(confirmed)) => confirmed,
+                _ => checkpointed.max(confirmed.unwrap_or(Lsn::ZERO)),
+            }
         };
         drop(client);
 
@@ -587,9 +608,14 @@ impl Projector {
                 // with checkpoints on, checkpointed) is acknowledged, then
                 // the stream is dropped by the caller, which ends the COPY
                 // (CopyDone) and the connection (Terminate).
-                let acked = self
-                    .checkpoints
-                    .acknowledgeable(self.model.freshness.applied());
+                if let Some(outbox) = &self.outbox
+                    && !outbox.drained_to(self.model.freshness.applied()).await
+                {
+                    tracing::warn!(
+                        "not everything applied was stored by the outbox's carrier before the stop; the slot keeps it for the next start"
+                    );
+                }
+                let acked = self.acknowledgeable();
                 self.acknowledge(stream, acked);
                 let sent = tokio::time::timeout(self.owner.connect_timeout(), stream.stop()).await;
                 if sent.is_err() {
@@ -648,7 +674,16 @@ impl Projector {
                 if received >= boundary {
                     // A keepalive moved past everything delivered and nothing
                     // of ours is open: every commit below it is applied.
+                    let Some(reserved) = self.reserve(stop).await? else {
+                        return Ok(());
+                    };
                     self.model.advance(received);
+                    if let Some(reserved) = reserved {
+                        reserved.send(Outgoing::Advanced {
+                            epoch: self.model.read().epoch,
+                            lsn: received,
+                        });
+                    }
                     self.acknowledge(stream, self.acknowledgeable());
                     stream.send_feedback().await?;
                 } else {
@@ -663,15 +698,19 @@ impl Projector {
                     metrics::BUFFERED_CHANGES.set(assembler.buffered_changes() as i64);
                 }
                 Assembled::Commit(txn, messages) => {
+                    let Some(reserved) = self.reserve(stop).await? else {
+                        return Ok(());
+                    };
                     let started = Instant::now();
                     self.index.note_transaction(&txn);
                     let applied = self.model.apply(&txn)?;
                     metrics::APPLY_DURATION.observe(started.elapsed().as_secs_f64());
                     metrics::BUFFERED_CHANGES.set(assembler.buffered_changes() as i64);
+                    let mut merges = Vec::new();
                     if applied.skipped {
                         metrics::TRANSACTIONS_SKIPPED.inc();
                     } else {
-                        self.refresh.after_apply(&self.model, &txn, &messages);
+                        merges = self.refresh.after_apply(&self.model, &txn, &messages);
                         metrics::TRANSACTIONS_APPLIED.inc();
                         metrics::CHANGES_APPLIED
                             .with_label_values(&["upsert"])
@@ -683,6 +722,15 @@ impl Projector {
                             .with_label_values(&["truncate"])
                             .inc_by(applied.truncates);
                     }
+                    if let Some(reserved) = reserved {
+                        // Skipped ones too: the carrier may not have stored
+                        // them before a restart (see `outbox`).
+                        reserved.send(Outgoing::Applied {
+                            epoch: self.model.read().epoch,
+                            txn,
+                            merges,
+                        });
+                    }
                     self.acknowledge(stream, self.acknowledgeable());
                 }
             }
@@ -690,10 +738,36 @@ impl Projector {
     }
 
     /// What the slot may be told: what the copy applied, capped by the
-    /// newest durable checkpoint when checkpoints are on.
+    /// newest durable checkpoint when checkpoints are on, and by what the
+    /// outbox's carrier stored when there is one.
     fn acknowledgeable(&self) -> Lsn {
-        self.checkpoints
-            .acknowledgeable(self.model.freshness.applied())
+        let checkpointed = self
+            .checkpoints
+            .acknowledgeable(self.model.freshness.applied());
+        match &self.outbox {
+            Some(outbox) => checkpointed.min(outbox.acknowledgeable()),
+            None => checkpointed,
+        }
+    }
+
+    /// With an outbox, a place in it, taken before applying (`outbox` says
+    /// why): `Ok(None)` when `stop` came first, `Ok(Some(None))` without an
+    /// outbox.
+    async fn reserve(
+        &self,
+        stop: &CancellationToken,
+    ) -> Result<Option<Option<Reserved<'_>>>, StreamError> {
+        let Some(outbox) = &self.outbox else {
+            return Ok(Some(None));
+        };
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => Ok(None),
+            reserved = outbox.reserve() => match reserved {
+                Some(reserved) => Ok(Some(Some(reserved))),
+                None => Err(StreamError::OutboxClosed),
+            },
+        }
     }
 
     /// Tells the server everything below `lsn` is applied (sent with the

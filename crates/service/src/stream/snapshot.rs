@@ -136,6 +136,7 @@ pub async fn load(
     ticker.finish(progress);
     tables.calendars.shrink();
     tables.applied = consistent;
+    tables.epoch = consistent.0;
     progress.set_phase(SnapshotPhase::Loaded);
     progress.loads.fetch_add(1, Ordering::Relaxed);
     log_loaded(progress, started, consistent);

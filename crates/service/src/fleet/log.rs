@@ -1,0 +1,138 @@
+//! The fleet's shared log in NATS JetStream: one connection, the change
+//! stream and the checkpoint bucket, created if missing.
+//!
+//! Every node calls `ChangeLog::connect` with the same `[fleet]` names; the
+//! first creates the stream and the bucket, the others find them. Only
+//! APIs that Debian's nats-server 2.9 serves are used (the crate is built
+//! without its `server_2_10` features).
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, object_store, stream};
+
+use super::FleetError;
+use super::settings::FleetSettings;
+use super::wire::{Message, Position};
+
+/// A connected JetStream context and the names it works with.
+#[derive(Clone)]
+pub struct ChangeLog {
+    pub(super) jetstream: jetstream::Context,
+    pub(super) settings: FleetSettings,
+}
+
+impl ChangeLog {
+    /// Connects (bounded by `fleet.request_timeout_ms`) and makes sure the
+    /// change stream and the checkpoint bucket exist.
+    pub async fn connect(settings: &FleetSettings) -> Result<ChangeLog, FleetError> {
+        let timeout = settings.request_timeout();
+        let client = tokio::time::timeout(
+            timeout,
+            async_nats::ConnectOptions::new()
+                .connection_timeout(timeout)
+                .request_timeout(Some(timeout))
+                .connect(settings.nats_url.as_str()),
+        )
+        .await
+        .map_err(|_| FleetError::Nats(format!("connecting to {} timed out", settings.nats_url)))?
+        .map_err(|e| FleetError::Nats(format!("cannot connect to {}: {e}", settings.nats_url)))?;
+        // Awaited acknowledgements wait `timeout` (the builder's, not the
+        // client's request timeout: nats.rs#1558 was about the reverse);
+        // publishes past `max_ack_inflight` wait for a permit instead of
+        // failing, which is the projector's bound on what is in flight.
+        let jetstream = jetstream::context::ContextBuilder::new()
+            .timeout(settings.publish_ack_timeout())
+            .max_ack_inflight(settings.max_publishes_in_flight)
+            .backpressure_on_inflight(true)
+            .build(client);
+        let log = ChangeLog {
+            jetstream,
+            settings: settings.clone(),
+        };
+        log.changes().await?;
+        log.checkpoints().await?;
+        Ok(log)
+    }
+
+    /// The change stream, created with the configured retention if missing.
+    pub(super) async fn changes(&self) -> Result<stream::Stream, FleetError> {
+        let s = &self.settings;
+        let config = stream::Config {
+            name: s.stream.clone(),
+            subjects: vec![s.subject.clone()],
+            storage: stream::StorageType::File,
+            retention: stream::RetentionPolicy::Limits,
+            discard: stream::DiscardPolicy::Old,
+            max_age: Duration::from_secs(s.max_age_secs),
+            max_bytes: if s.max_bytes == 0 { -1 } else { s.max_bytes },
+            duplicate_window: Duration::from_secs(s.duplicate_window_secs),
+            ..Default::default()
+        };
+        self.bounded(self.jetstream.get_or_create_stream(config))
+            .await?
+            .map_err(|e| FleetError::Nats(format!("stream {}: {e}", s.stream)))
+    }
+
+    /// The checkpoint bucket, created (file storage) if missing.
+    pub(super) async fn checkpoints(&self) -> Result<object_store::ObjectStore, FleetError> {
+        let bucket = &self.settings.checkpoint_bucket;
+        if let Ok(Ok(store)) = self.bounded(self.jetstream.get_object_store(bucket)).await {
+            return Ok(store);
+        }
+        self.bounded(self.jetstream.create_object_store(object_store::Config {
+            bucket: bucket.clone(),
+            description: Some("vacancy checkpoints: the fleet's bootstrap".into()),
+            storage: stream::StorageType::File,
+            ..Default::default()
+        }))
+        .await?
+        .map_err(|e| FleetError::Nats(format!("checkpoint bucket {bucket}: {e}")))
+    }
+
+    /// The position and stream sequence of the newest message on the
+    /// change subject, `None` when there is none.
+    pub(super) async fn last_stored(&self) -> Result<Option<(Position, u64)>, FleetError> {
+        let stream = self.changes().await?;
+        match self
+            .bounded(stream.get_last_raw_message_by_subject(&self.settings.subject))
+            .await?
+        {
+            Ok(raw) => {
+                let message = Message::decode(&raw.payload)?;
+                Ok(Some((message.position, raw.sequence)))
+            }
+            Err(e)
+                if e.kind()
+                    == async_nats::jetstream::stream::LastRawMessageErrorKind::NoMessageFound =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(FleetError::Nats(format!(
+                "the last message of {}: {e}",
+                self.settings.stream
+            ))),
+        }
+    }
+
+    /// The stream's first sequence still kept (retention may have removed
+    /// older ones).
+    pub(super) async fn first_sequence(&self) -> Result<u64, FleetError> {
+        let mut stream = self.changes().await?;
+        let info = self
+            .bounded(stream.info())
+            .await?
+            .map_err(|e| FleetError::Nats(format!("stream {}: {e}", self.settings.stream)))?;
+        Ok(info.state.first_sequence)
+    }
+
+    /// Bounds one JetStream request by `fleet.request_timeout_ms`.
+    pub(super) async fn bounded<T>(
+        &self,
+        request: impl Future<Output = T>,
+    ) -> Result<T, FleetError> {
+        let timeout = self.settings.request_timeout();
+        tokio::time::timeout(timeout, request)
+            .await
+            .map_err(|_| FleetError::Nats(format!("a JetStream request took over {timeout:?}")))
+    }
+}

@@ -1,0 +1,247 @@
+//! The projector's side of the fleet: what it applied goes to JetStream, in
+//! commit order, and the slot is acknowledged only past what JetStream
+//! acknowledged.
+//!
+//! The replication loop hands what it applied to the outbox
+//! (`stream::outbox`, where why it reserves before applying is said); the
+//! publisher task sends the messages in position order, with at most
+//! `fleet.max_publishes_in_flight` waiting for their acknowledgement. Each
+//! carries `Nats-Msg-Id` (its position) and `Nats-Expected-Last-Msg-Id`
+//! (the message before it), so JetStream stores the stream in exactly this
+//! order or refuses: if one publish is lost, every later one is refused
+//! too, and nothing is stored out of order. On any failure the publisher
+//! reads the stream's last message, drops what is already stored, and sends
+//! the rest again with the same ids. While NATS is down nothing is
+//! acknowledged to the slot, the outbox fills, and the replication loop
+//! stops reading WAL.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
+use async_nats::jetstream::message::PublishMessage;
+use bytes::Bytes;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::FleetError;
+use super::log::ChangeLog;
+use super::wire::{self, Message, Position};
+use crate::lsn::Lsn;
+use crate::metrics;
+use crate::stream::outbox::{OutboxState, Outgoing};
+
+/// One message ready to send, and the LSN it completes when it is the last
+/// of its item.
+struct Ready {
+    message: Message,
+    payload: Bytes,
+    completes: Option<Lsn>,
+}
+
+fn ready_messages(item: Outgoing, max_bytes: usize) -> Vec<Ready> {
+    let (messages, lsn) = match item {
+        Outgoing::Applied { epoch, txn, merges } => {
+            let lsn = txn.end_lsn;
+            let mut messages = wire::transaction_messages(epoch, &txn, max_bytes);
+            let mut seq = 0u32;
+            for merge in merges.iter().filter(|m| !m.is_empty()) {
+                let parts = wire::merge_messages(epoch, lsn, seq, merge, max_bytes);
+                seq += parts.len() as u32;
+                messages.extend(parts);
+            }
+            (messages, lsn)
+        }
+        Outgoing::Advanced { epoch, lsn } => (vec![wire::advance_message(epoch, lsn)], lsn),
+    };
+    let count = messages.len();
+    messages
+        .into_iter()
+        .enumerate()
+        .map(|(i, message)| Ready {
+            payload: Bytes::from(message.encode()),
+            message,
+            completes: (i + 1 == count).then_some(lsn),
+        })
+        .collect()
+}
+
+/// Publishes the outbox until shutdown (then what was handed over before
+/// it, bounded by the ack timeout), reconnecting with backoff.
+pub async fn run_publisher(
+    settings: super::FleetSettings,
+    state: Arc<OutboxState>,
+    mut outbox: mpsc::Receiver<Outgoing>,
+    shutdown: CancellationToken,
+) {
+    // Sent but not yet acknowledged, or waiting to be sent again, in order.
+    let mut unsent: VecDeque<Ready> = VecDeque::new();
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        if shutdown.is_cancelled() && unsent.is_empty() && outbox.is_empty() {
+            return;
+        }
+        let log = match ChangeLog::connect(&settings).await {
+            Ok(log) => log,
+            Err(error) => {
+                failed(&state, &error);
+                if pause(&shutdown, &mut backoff).await {
+                    return;
+                }
+                continue;
+            }
+        };
+        state.set_connected(true);
+        match publish_session(&log, &state, &mut unsent, &mut outbox, &shutdown).await {
+            Ok(()) => return,
+            Err(error) => {
+                state.set_connected(false);
+                failed(&state, &error);
+                if pause(&shutdown, &mut backoff).await {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn failed(state: &OutboxState, error: &FleetError) {
+    metrics::FLEET_PUBLISH_ERRORS.inc();
+    tracing::warn!(%error, "publishing to JetStream failed; the slot is not acknowledged past what was stored");
+    state.set_error(Some(error.to_string()));
+}
+
+/// Sleeps the backoff (doubling it, at most 5 s); true when shutdown came
+/// first.
+async fn pause(shutdown: &CancellationToken, backoff: &mut Duration) -> bool {
+    let wait = *backoff;
+    *backoff = (*backoff * 2).min(Duration::from_secs(5));
+    tokio::select! {
+        biased;
+        _ = shutdown.cancelled() => true,
+        _ = tokio::time::sleep(wait) => false,
+    }
+}
+
+async fn publish_session(
+    log: &ChangeLog,
+    state: &OutboxState,
+    unsent: &mut VecDeque<Ready>,
+    outbox: &mut mpsc::Receiver<Outgoing>,
+    shutdown: &CancellationToken,
+) -> Result<(), FleetError> {
+    let max_bytes = log.settings.max_chunk_bytes;
+    let max_in_flight = log.settings.max_publishes_in_flight;
+    // Where the stream ends now: anything at or below it is stored already.
+    let mut last = log.last_stored().await?;
+    // Drop what is stored; it counts as acknowledged.
+    let mut pending: VecDeque<Ready> = VecDeque::new();
+    for ready in unsent.drain(..) {
+        skip_or_keep(ready, last, state, &mut pending)?;
+    }
+    let mut in_flight: VecDeque<(Ready, PublishAckFuture)> = VecDeque::new();
+    loop {
+        // Send what is waiting, up to the bound.
+        while in_flight.len() < max_in_flight
+            && let Some(ready) = pending.pop_front()
+        {
+            let mut publish = PublishMessage::build()
+                .payload(ready.payload.clone())
+                .message_id(ready.message.position.message_id());
+            let previous = in_flight
+                .back()
+                .map(|(r, _)| r.message.position)
+                .or(last.map(|(p, _)| p));
+            if let Some(previous) = previous {
+                publish = publish.expected_last_message_id(previous.message_id());
+            }
+            match log
+                .jetstream
+                .send_publish(log.settings.subject.clone(), publish)
+                .await
+            {
+                Ok(ack) => in_flight.push_back((ready, ack)),
+                Err(error) => {
+                    // After those in flight, which were sent before it.
+                    pending.push_front(ready);
+                    requeue(unsent, in_flight, pending, None);
+                    return Err(FleetError::Nats(format!("publish: {error}")));
+                }
+            }
+        }
+        if let Some((ready, ack)) = in_flight.pop_front() {
+            match ack.await {
+                Ok(ack) => {
+                    metrics::FLEET_MESSAGES_PUBLISHED.inc();
+                    last = Some((ready.message.position, ack.sequence));
+                    state.note_stored(ready.completes, ack.sequence);
+                    state.set_error(None);
+                }
+                Err(error) => {
+                    let wrong_order = error.kind() == PublishErrorKind::WrongLastMessageId;
+                    requeue(unsent, in_flight, pending, Some(ready));
+                    return Err(FleetError::Nats(if wrong_order {
+                        format!(
+                            "the stream's last message is not the one before this publish (another projector, or a lost publish): {error}"
+                        )
+                    } else {
+                        format!("publish acknowledgement: {error}")
+                    }));
+                }
+            }
+            continue;
+        }
+        // Nothing in flight: wait for the replication loop.
+        let item = tokio::select! {
+            biased;
+            item = outbox.recv() => item,
+            _ = shutdown.cancelled(), if outbox.is_empty() => None,
+        };
+        let Some(item) = item else {
+            return Ok(());
+        };
+        for ready in ready_messages(item, max_bytes) {
+            skip_or_keep(ready, last, state, &mut pending)?;
+        }
+    }
+}
+
+/// Keeps `ready` to send unless the stream already holds its position.
+fn skip_or_keep(
+    ready: Ready,
+    last: Option<(Position, u64)>,
+    state: &OutboxState,
+    pending: &mut VecDeque<Ready>,
+) -> Result<(), FleetError> {
+    let position = ready.message.position;
+    match last {
+        Some((stored, _)) if position.epoch < stored.epoch => Err(FleetError::EpochBehind {
+            ours: position.epoch,
+            stream: stored.epoch,
+        }),
+        Some((stored, sequence)) if position <= stored => {
+            // Stored by an earlier session (or process): acknowledged.
+            state.note_stored(ready.completes, sequence);
+            Ok(())
+        }
+        _ => {
+            pending.push_back(ready);
+            Ok(())
+        }
+    }
+}
+
+/// Puts everything not acknowledged back in order, to be sent again: the
+/// failed message (first sent of them all), then those in flight, then
+/// those not yet sent.
+fn requeue(
+    unsent: &mut VecDeque<Ready>,
+    in_flight: VecDeque<(Ready, PublishAckFuture)>,
+    pending: VecDeque<Ready>,
+    failed: Option<Ready>,
+) {
+    unsent.extend(failed);
+    unsent.extend(in_flight.into_iter().map(|(ready, _)| ready));
+    unsent.extend(pending);
+}

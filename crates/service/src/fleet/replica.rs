@@ -1,0 +1,396 @@
+//! A replica: the copy without a slot. It bootstraps from the projector's
+//! newest checkpoint in the object store, then applies the change stream
+//! from the sequence after it, with the same model code as the projector.
+//!
+//! It never writes to the owner (no refresher, no heartbeat, no slot) and
+//! reads from it only the owner's identity (to check the checkpoint), its
+//! WAL position (for lag and readiness, polled here, so the lag is true
+//! even when the projector is dead), and what search reads for few units.
+//!
+//! What a reader of a replica may see is what a reader of the projector may
+//! see: whole transactions, in commit order, at one LSN per answer. A
+//! chunked transaction is held until its commit marker; a message at or
+//! below the applied position is dropped, so a duplicate is never applied
+//! twice; a message of another epoch is never applied to this copy (a newer
+//! epoch makes the replica bootstrap again, serving the old copy until the
+//! new one replaces it whole).
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{DeliverPolicy, pull};
+use chrono::Utc;
+use futures_util::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+use super::FleetError;
+use super::log::ChangeLog;
+use super::settings::FleetSettings;
+use super::store::{self, Stored};
+use super::wire::{Assembly, Body, Message, Position};
+use crate::checkpoint::{self, CheckpointName, Identity, Loaded};
+use crate::index::HotelIndex;
+use crate::lsn::Lsn;
+use crate::metrics;
+use crate::model::ReadModel;
+use crate::owner::{self, OwnerSettings};
+use crate::stream::{StreamStatus, slot};
+
+/// What the replica reports (`/v1/status` `fleet`).
+#[derive(Debug, Default)]
+pub struct ReplicaState {
+    inner: Mutex<ReplicaProgress>,
+}
+
+#[derive(Debug, Default, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct ReplicaProgress {
+    /// The checkpoint the copy was bootstrapped from (its object name).
+    pub bootstrapped_from: Option<String>,
+    /// The change stream's next sequence to apply.
+    pub next_sequence: u64,
+    /// The copy's epoch.
+    pub epoch: u64,
+    /// Why the replica is not applying, when it is not.
+    pub waiting_for: Option<String>,
+    pub bootstraps: u64,
+}
+
+impl ReplicaState {
+    pub fn progress(&self) -> ReplicaProgress {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn update(&self, f: impl FnOnce(&mut ReplicaProgress)) {
+        f(&mut self.inner.lock().unwrap_or_else(|p| p.into_inner()));
+    }
+}
+
+/// The replica's task and what it works on.
+pub struct Replica {
+    pub settings: FleetSettings,
+    pub owner: OwnerSettings,
+    pub slot: String,
+    pub publication: String,
+    pub download_dir: PathBuf,
+    pub model: Arc<ReadModel>,
+    pub index: Arc<HotelIndex>,
+    pub status: Arc<StreamStatus>,
+    pub state: Arc<ReplicaState>,
+}
+
+/// Where a session left off, kept across sessions.
+#[derive(Debug, Default)]
+struct Cursor {
+    /// Bootstrap before applying (at the start, after a new epoch, or when
+    /// the stream no longer holds `next_sequence`).
+    bootstrap: bool,
+    next_sequence: u64,
+    /// The last position applied (or dropped as already held).
+    applied: Option<Position>,
+}
+
+impl Replica {
+    /// Runs sessions until `shutdown`, reconnecting with backoff.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut cursor = Cursor {
+            bootstrap: true,
+            ..Cursor::default()
+        };
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let outcome = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return,
+                outcome = self.session(&mut cursor, &shutdown) => outcome,
+            };
+            self.status.connected.store(false, Ordering::Release);
+            match outcome {
+                Ok(()) => return,
+                Err(FleetError::NewEpoch { ours, stream }) => {
+                    tracing::info!(
+                        ours,
+                        stream,
+                        "the projector started a new epoch; bootstrapping again"
+                    );
+                    cursor.bootstrap = true;
+                    backoff = Duration::from_millis(100);
+                    continue;
+                }
+                Err(error) => {
+                    metrics::RECONNECTS.inc();
+                    tracing::warn!(%error, "replica session ended; reconnecting");
+                    self.status.set_last_error(Some(error.to_string()));
+                }
+            }
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    async fn session(
+        &self,
+        cursor: &mut Cursor,
+        shutdown: &CancellationToken,
+    ) -> Result<(), FleetError> {
+        let log = ChangeLog::connect(&self.settings).await?;
+        if !cursor.bootstrap {
+            let first = log.first_sequence().await?;
+            if cursor.next_sequence < first {
+                tracing::warn!(
+                    next = cursor.next_sequence,
+                    first,
+                    "the stream no longer holds this replica's position; bootstrapping again"
+                );
+                cursor.bootstrap = true;
+            }
+        }
+        if cursor.bootstrap {
+            self.bootstrap(&log, cursor, shutdown).await?;
+        }
+        self.consume(&log, cursor, shutdown).await
+    }
+
+    /// Loads the newest checkpoint in the bucket (waiting, not ready, until
+    /// there is one the stream still continues) and swaps it in whole.
+    async fn bootstrap(
+        &self,
+        log: &ChangeLog,
+        cursor: &mut Cursor,
+        shutdown: &CancellationToken,
+    ) -> Result<(), FleetError> {
+        let newest = loop {
+            let first = log.first_sequence().await?;
+            let newest = store::list(log).await?.pop();
+            match newest {
+                Some(stored) if stored.sequence + 1 >= first => break stored,
+                Some(stored) => self.waiting(format!(
+                    "the newest checkpoint ({}) is older than what the stream keeps (from sequence {first}); waiting for the projector's next one",
+                    stored.object_name()
+                )),
+                None => self.waiting("the projector's first checkpoint".to_string()),
+            }
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return Ok(()),
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        };
+        let identity = self.owner_identity().await?;
+        let name = CheckpointName {
+            timeline: identity.timeline,
+            lsn: newest.lsn,
+        };
+        let downloaded =
+            store::download(log, newest, &self.download_dir, &name.to_string()).await?;
+        let expected = identity.clone();
+        let loaded = tokio::task::spawn_blocking(move || {
+            let loaded = checkpoint::load(&downloaded.path, &expected);
+            drop(downloaded); // removes the download
+            loaded
+        })
+        .await
+        .map_err(|e| FleetError::Nats(format!("the checkpoint loader failed: {e}")))??;
+        self.install(loaded, newest).await?;
+        cursor.bootstrap = false;
+        cursor.next_sequence = newest.sequence + 1;
+        cursor.applied = None;
+        self.state.update(|p| {
+            p.bootstrapped_from = Some(newest.object_name());
+            p.next_sequence = cursor.next_sequence;
+            p.epoch = newest.epoch;
+            p.waiting_for = None;
+            p.bootstraps += 1;
+        });
+        metrics::FLEET_BOOTSTRAPS.inc();
+        Ok(())
+    }
+
+    fn waiting(&self, what: String) {
+        tracing::info!(waiting_for = %what, "replica waiting");
+        self.state.update(|p| p.waiting_for = Some(what));
+    }
+
+    async fn install(&self, loaded: Loaded, stored: Stored) -> Result<(), FleetError> {
+        let Loaded {
+            tables,
+            xids,
+            nights,
+            ..
+        } = loaded;
+        // Read after the load: ready waits until the copy has applied it.
+        let owner_now = self.owner_position().await?;
+        self.model.xids.restore(xids);
+        self.model.replace(tables);
+        self.model.freshness.require_catch_up_to(owner_now);
+        self.index.mark_all();
+        self.status.snapshot.loaded_from_checkpoint();
+        tracing::info!(checkpoint = stored.object_name(), lsn = %stored.lsn, nights, catch_up_to = %owner_now, "replica bootstrapped from a checkpoint; applying the stream after it");
+        Ok(())
+    }
+
+    /// Applies the stream from `cursor.next_sequence` until shutdown or an
+    /// error.
+    async fn consume(
+        &self,
+        log: &ChangeLog,
+        cursor: &mut Cursor,
+        shutdown: &CancellationToken,
+    ) -> Result<(), FleetError> {
+        let stream = log.changes().await?;
+        let consumer = log
+            .bounded(stream.create_consumer(pull::OrderedConfig {
+                filter_subject: log.settings.subject.clone(),
+                deliver_policy: DeliverPolicy::ByStartSequence {
+                    start_sequence: cursor.next_sequence.max(1),
+                },
+                ..Default::default()
+            }))
+            .await?
+            .map_err(|e| FleetError::Nats(format!("a consumer of {}: {e}", log.settings.stream)))?;
+        let mut messages = log
+            .bounded(consumer.messages())
+            .await?
+            .map_err(|e| FleetError::Nats(format!("consuming {}: {e}", log.settings.stream)))?;
+        self.status.connected.store(true, Ordering::Release);
+        self.status.set_last_error(None);
+        let mut assembly = Assembly::default();
+        loop {
+            let next = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return Ok(()),
+                next = messages.next() => next,
+            };
+            let Some(next) = next else {
+                return Err(FleetError::Nats(
+                    "the change stream's consumer ended".into(),
+                ));
+            };
+            let message = next
+                .map_err(|e| FleetError::Nats(format!("consuming {}: {e}", log.settings.stream)))?;
+            let sequence = message
+                .info()
+                .map_err(|e| FleetError::Nats(format!("a message without stream info: {e}")))?
+                .stream_sequence;
+            let decoded = Message::decode(&message.payload)?;
+            self.apply(decoded, &mut assembly, cursor)?;
+            cursor.next_sequence = sequence + 1;
+            self.model.freshness.note_message(Utc::now());
+            self.state
+                .update(|p| p.next_sequence = cursor.next_sequence);
+        }
+    }
+
+    fn apply(
+        &self,
+        message: Message,
+        assembly: &mut Assembly,
+        cursor: &mut Cursor,
+    ) -> Result<(), FleetError> {
+        let position = message.position;
+        let epoch = self.model.read().epoch;
+        if position.epoch > epoch {
+            return Err(FleetError::NewEpoch {
+                ours: epoch,
+                stream: position.epoch,
+            });
+        }
+        if position.epoch < epoch || cursor.applied.is_some_and(|a| position <= a) {
+            metrics::FLEET_MESSAGES_DROPPED.inc();
+            return Ok(());
+        }
+        cursor.applied = Some(position);
+        match message.body {
+            Body::Merge { changes } => {
+                self.model.apply_merge(position.lsn(), &changes)?;
+            }
+            Body::Advance => self.model.advance(position.lsn()),
+            body @ (Body::Chunk { .. } | Body::Commit { .. }) => {
+                if let Some(txn) = assembly.push(position, body)? {
+                    self.index.note_transaction(&txn);
+                    let applied = self.model.apply(&txn)?;
+                    if applied.skipped {
+                        metrics::TRANSACTIONS_SKIPPED.inc();
+                    } else {
+                        metrics::TRANSACTIONS_APPLIED.inc();
+                    }
+                }
+            }
+        }
+        metrics::FLEET_MESSAGES_APPLIED.inc();
+        Ok(())
+    }
+
+    /// Who the owner is, as a checkpoint header names it: a replica checks
+    /// the projector's checkpoint against the owner it reads itself.
+    async fn owner_identity(&self) -> Result<Identity, FleetError> {
+        let client = owner::connect_configured(&self.owner, self.owner.connect_timeout()).await?;
+        let row = client
+            .query_one(
+                "SELECT s.system_identifier, c.timeline_id
+                 FROM pg_control_system() s, pg_control_checkpoint() c",
+                &[],
+            )
+            .await
+            .map_err(|e| FleetError::Owner(format!("the owner's system identifier: {e}")))?;
+        let system_identifier: i64 = row.get(0);
+        let timeline: i32 = row.get(1);
+        let columns_fingerprint = slot::columns_fingerprint(&client, &self.publication)
+            .await
+            .map_err(|e| FleetError::Owner(e.to_string()))?;
+        Ok(Identity {
+            system_identifier: system_identifier as u64,
+            timeline: timeline as u32,
+            slot: self.slot.clone(),
+            publication: self.publication.clone(),
+            columns_fingerprint,
+        })
+    }
+
+    async fn owner_position(&self) -> Result<Lsn, FleetError> {
+        let client = owner::connect_configured(&self.owner, self.owner.connect_timeout()).await?;
+        slot::current_wal_lsn(&client)
+            .await
+            .map_err(|e| FleetError::Owner(e.to_string()))
+    }
+}
+
+/// Reads the owner's WAL position every `interval`: the replica's lag is
+/// measured against the owner itself, not against the projector, so it
+/// stays true when the projector or NATS is down.
+pub async fn run_owner_position(
+    owner: OwnerSettings,
+    interval: Duration,
+    model: Arc<ReadModel>,
+    shutdown: CancellationToken,
+) {
+    let mut client: Option<tokio_postgres::Client> = None;
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        if client.as_ref().is_none_or(|c| c.is_closed()) {
+            client = owner::connect_configured(&owner, owner.connect_timeout())
+                .await
+                .ok();
+        }
+        let Some(connected) = &client else { continue };
+        match tokio::time::timeout(owner.query_timeout(), slot::current_wal_lsn(connected)).await {
+            Ok(Ok(position)) => model.freshness.note_server_wal_end(position),
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "reading the owner's position failed");
+                client = None;
+            }
+            Err(_) => client = None,
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! Checkpoints in the JetStream object store: the projector uploads each
+//! durable checkpoint; a replica downloads the newest to bootstrap.
+//!
+//! The file is the checkpoint module's format, unchanged: a replica checks
+//! and loads it exactly as a restarting projector loads its own. What the
+//! object adds is in its name, `checkpoint-<epoch>-<lsn>-<sequence>.vcp`:
+//! the copy's epoch and LSN, and the change stream's sequence to resume
+//! after (every message at or below it is in the copy). Fixed-width hex and
+//! decimal, so names sort like (epoch, LSN, sequence). The name carries
+//! them rather than object metadata, which Debian's nats-server 2.9 era
+//! clients do not all keep.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use async_nats::jetstream::object_store::ObjectMetadata;
+use futures_util::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+use super::FleetError;
+use super::log::ChangeLog;
+use crate::lsn::Lsn;
+use crate::metrics;
+use crate::stream::checkpoints::{Checkpoints, Durable};
+
+/// A checkpoint in the bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Stored {
+    pub epoch: u64,
+    pub lsn: Lsn,
+    pub sequence: u64,
+}
+
+impl Stored {
+    pub fn object_name(&self) -> String {
+        format!(
+            "checkpoint-{:016x}-{:016x}-{:020}.vcp",
+            self.epoch, self.lsn.0, self.sequence
+        )
+    }
+
+    pub fn parse(name: &str) -> Option<Stored> {
+        let rest = name.strip_prefix("checkpoint-")?.strip_suffix(".vcp")?;
+        let mut parts = rest.split('-');
+        let (epoch, lsn, sequence) = (parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() || epoch.len() != 16 || lsn.len() != 16 || sequence.len() != 20 {
+            return None;
+        }
+        Some(Stored {
+            epoch: u64::from_str_radix(epoch, 16).ok()?,
+            lsn: Lsn(u64::from_str_radix(lsn, 16).ok()?),
+            sequence: sequence.parse().ok()?,
+        })
+    }
+}
+
+/// A transfer of `bytes` may take this long: a minute, plus a second per
+/// 10 MiB (a 73M-row checkpoint is about 0.55 GiB).
+fn transfer_timeout(bytes: u64) -> Duration {
+    Duration::from_secs(60 + bytes / (10 << 20))
+}
+
+/// Uploads `file` as `stored`, then deletes all but the newest `kept`.
+pub async fn upload(log: &ChangeLog, file: &Path, stored: Stored) -> Result<u64, FleetError> {
+    let store = log.checkpoints().await?;
+    let mut reader = tokio::fs::File::open(file)
+        .await
+        .map_err(|e| FleetError::Nats(format!("cannot open {}: {e}", file.display())))?;
+    let bytes = reader.metadata().await.map(|m| m.len()).unwrap_or(0);
+    let meta = ObjectMetadata {
+        name: stored.object_name(),
+        description: Some(format!(
+            "vacancy checkpoint: epoch {:x}, lsn {}, stream sequence {}",
+            stored.epoch, stored.lsn, stored.sequence
+        )),
+        ..Default::default()
+    };
+    tokio::time::timeout(transfer_timeout(bytes), store.put(meta, &mut reader))
+        .await
+        .map_err(|_| FleetError::Nats(format!("uploading {} timed out", stored.object_name())))?
+        .map_err(|e| FleetError::Nats(format!("uploading {}: {e}", stored.object_name())))?;
+    let all = list(log).await?;
+    let kept = log.settings.checkpoints_kept as usize;
+    for old in all.iter().rev().skip(kept) {
+        if let Err(error) = log.bounded(store.delete(old.object_name())).await? {
+            tracing::warn!(%error, name = old.object_name(), "could not delete an old checkpoint");
+        }
+    }
+    Ok(bytes)
+}
+
+/// The checkpoints in the bucket, oldest first.
+pub async fn list(log: &ChangeLog) -> Result<Vec<Stored>, FleetError> {
+    let store = log.checkpoints().await?;
+    let mut objects = log
+        .bounded(store.list())
+        .await?
+        .map_err(|e| FleetError::Nats(format!("listing checkpoints: {e}")))?;
+    let mut found = Vec::new();
+    loop {
+        let next = log.bounded(objects.next()).await?;
+        let Some(info) = next else { break };
+        let info = info.map_err(|e| FleetError::Nats(format!("listing checkpoints: {e}")))?;
+        if info.deleted {
+            continue;
+        }
+        if let Some(stored) = Stored::parse(&info.name) {
+            found.push(stored);
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// A downloaded checkpoint: the file, named as the checkpoint module
+/// expects (`checkpoint-<timeline>-<lsn>.vcp`), in a temporary directory
+/// removed on drop.
+pub struct Downloaded {
+    _dir: tempfile::TempDir,
+    pub path: PathBuf,
+}
+
+/// Downloads `stored` into a new temporary directory under `dir`, as the
+/// file `name`.
+pub async fn download(
+    log: &ChangeLog,
+    stored: Stored,
+    dir: &Path,
+    name: &str,
+) -> Result<Downloaded, FleetError> {
+    let store = log.checkpoints().await?;
+    let object_name = stored.object_name();
+    let mut object = log
+        .bounded(store.get(&object_name))
+        .await?
+        .map_err(|e| FleetError::Nats(format!("downloading {object_name}: {e}")))?;
+    let bytes = object.info().size as u64;
+    let temp = tempfile::Builder::new()
+        .prefix(".vacancy-download-")
+        .tempdir_in(dir)
+        .map_err(|e| {
+            FleetError::Nats(format!("a temporary directory in {}: {e}", dir.display()))
+        })?;
+    let path = temp.path().join(name);
+    let mut file = tokio::fs::File::create(&path)
+        .await
+        .map_err(|e| FleetError::Nats(format!("creating {}: {e}", path.display())))?;
+    tokio::time::timeout(
+        transfer_timeout(bytes),
+        tokio::io::copy(&mut object, &mut file),
+    )
+    .await
+    .map_err(|_| FleetError::Nats(format!("downloading {object_name} timed out")))?
+    .map_err(|e| FleetError::Nats(format!("downloading {object_name}: {e}")))?;
+    Ok(Downloaded { _dir: temp, path })
+}
+
+/// The projector's uploader: every checkpoint made durable locally (with
+/// the outbox's sequence, `Checkpoints::record_outbox`) is uploaded, the
+/// newest first when several wait. Returns at shutdown.
+pub async fn run_uploader(
+    settings: super::FleetSettings,
+    checkpoints: std::sync::Arc<Checkpoints>,
+    shutdown: CancellationToken,
+) {
+    let mut durable = checkpoints.durable_checkpoints();
+    let mut log: Option<ChangeLog> = None;
+    loop {
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => return,
+            changed = durable.changed() => if changed.is_err() { return },
+        }
+        let Some(newest) = durable.borrow_and_update().clone() else {
+            continue;
+        };
+        // Retried (with backoff) until it is uploaded or a newer one waits.
+        let mut backoff = Duration::from_millis(200);
+        loop {
+            match upload_one(&settings, &mut log, &newest).await {
+                Ok(bytes) => {
+                    metrics::FLEET_CHECKPOINT_UPLOADS
+                        .with_label_values(&["ok"])
+                        .inc();
+                    tracing::info!(epoch = newest.epoch, lsn = %newest.lsn, sequence = newest.sequence, bytes, "checkpoint uploaded for the fleet");
+                    break;
+                }
+                Err(error) => {
+                    metrics::FLEET_CHECKPOINT_UPLOADS
+                        .with_label_values(&["error"])
+                        .inc();
+                    tracing::warn!(%error, "checkpoint upload failed; retrying");
+                    log = None;
+                }
+            }
+            tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => return,
+                _ = durable.changed() => break,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(10));
+        }
+    }
+}
+
+async fn upload_one(
+    settings: &super::FleetSettings,
+    log: &mut Option<ChangeLog>,
+    durable: &Durable,
+) -> Result<u64, FleetError> {
+    if log.is_none() {
+        *log = Some(ChangeLog::connect(settings).await?);
+    }
+    let Some(connected) = log.as_ref() else {
+        return Err(FleetError::Nats("not connected".into()));
+    };
+    upload(
+        connected,
+        &durable.path,
+        Stored {
+            epoch: durable.epoch,
+            lsn: durable.lsn,
+            sequence: durable.sequence,
+        },
+    )
+    .await
+}
+
+/// Where a replica downloads to: `checkpoint.dir` when set, else the
+/// system's temporary directory.
+pub fn download_dir(checkpoint_dir: Option<&Path>) -> PathBuf {
+    checkpoint_dir.map_or_else(std::env::temp_dir, Path::to_path_buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_sort_like_their_fields() {
+        let a = Stored {
+            epoch: 0x16b3748,
+            lsn: Lsn(0x2_0000_0010),
+            sequence: 42,
+        };
+        let b = Stored {
+            epoch: 0x16b3748,
+            lsn: Lsn(0x10_0000_0000),
+            sequence: 7,
+        };
+        assert_eq!(Stored::parse(&a.object_name()), Some(a));
+        assert!(a.object_name() < b.object_name());
+        assert!(a < b);
+        for bad in ["checkpoint-1-2-3.vcp", "other.vcp", "checkpoint-.vcp"] {
+            assert_eq!(Stored::parse(bad), None, "{bad}");
+        }
+    }
+}

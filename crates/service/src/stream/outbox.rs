@@ -1,0 +1,152 @@
+//! The outbox: what the replication loop applied, handed to whoever carries
+//! it further (the fleet's publisher, `fleet::publish`), and how far that
+//! carrier has made it durable, which caps what the slot is told.
+//!
+//! It lives in `stream` because it is the replication loop's contract: the
+//! loop takes a place in the bounded channel *before* it applies, so an
+//! applied change is always handed over. A session that stops while the
+//! channel is full stops before applying, never between applying and
+//! handing over: a change applied here but never handed over would be
+//! missed by everyone downstream, since a resumed session skips what the
+//! copy holds. Transactions the copy already held (a replay after a
+//! restart) are handed over too: the carrier drops what it already stored,
+//! and sends what it had not.
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+
+use crate::lsn::Lsn;
+use crate::model::{Change, Transaction};
+
+/// What the replication loop hands over after applying.
+#[derive(Debug)]
+pub enum Outgoing {
+    /// A transaction committed at `txn.end_lsn` in the copy of `epoch`, and
+    /// the changes of the re-read merges made right after it (in order).
+    Applied {
+        epoch: u64,
+        txn: Transaction,
+        merges: Vec<Vec<Change>>,
+    },
+    /// The applied position moved to `lsn` with no data.
+    Advanced { epoch: u64, lsn: Lsn },
+}
+
+/// The replication loop's end of the channel.
+#[derive(Clone)]
+pub struct Outbox {
+    sender: mpsc::Sender<Outgoing>,
+    state: Arc<OutboxState>,
+    drain_timeout: Duration,
+}
+
+/// A reserved place in the outbox: taken before applying, used after.
+pub struct Reserved<'a>(mpsc::Permit<'a, Outgoing>);
+
+impl Reserved<'_> {
+    pub fn send(self, item: Outgoing) {
+        self.0.send(item);
+    }
+}
+
+impl Outbox {
+    /// A bounded outbox of `capacity` items and the receiving end its
+    /// carrier consumes. `drain_timeout` bounds the wait at shutdown for
+    /// what was handed over to be stored.
+    pub fn new(capacity: usize, drain_timeout: Duration) -> (Outbox, mpsc::Receiver<Outgoing>) {
+        let (sender, receiver) = mpsc::channel(capacity.max(1));
+        let outbox = Outbox {
+            sender,
+            state: Arc::new(OutboxState::default()),
+            drain_timeout,
+        };
+        (outbox, receiver)
+    }
+
+    /// Waits for room (the bound is what stops WAL reads while the carrier
+    /// is stuck); `None` when the carrier has stopped.
+    pub async fn reserve(&self) -> Option<Reserved<'_>> {
+        self.sender.reserve().await.ok().map(Reserved)
+    }
+
+    /// What the slot may be told: everything handed over up to this
+    /// position is stored (0 before the first).
+    pub fn acknowledgeable(&self) -> Lsn {
+        self.state.stored_lsn()
+    }
+
+    pub fn state(&self) -> Arc<OutboxState> {
+        self.state.clone()
+    }
+
+    /// Waits (at most the drain timeout) until everything up to `lsn` is
+    /// stored; says whether it was.
+    pub async fn drained_to(&self, lsn: Lsn) -> bool {
+        let deadline = Instant::now() + self.drain_timeout;
+        while self.state.stored_lsn() < lsn {
+            if Instant::now() >= deadline || self.sender.is_closed() {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        true
+    }
+}
+
+/// How far the carrier got, for the slot's cap, the checkpoints and
+/// `/v1/status`.
+#[derive(Debug, Default)]
+pub struct OutboxState {
+    /// The LSN of the newest item whose every message is stored.
+    stored_lsn: AtomicU64,
+    /// The carrier's sequence (JetStream's stream sequence) of the newest
+    /// message stored.
+    stored_sequence: AtomicU64,
+    connected: AtomicBool,
+    last_error: Mutex<Option<String>>,
+}
+
+impl OutboxState {
+    pub fn stored_lsn(&self) -> Lsn {
+        Lsn(self.stored_lsn.load(Ordering::Acquire))
+    }
+
+    /// The stream sequence of the newest message stored. Read before a
+    /// checkpoint takes its copy, it is a safe place to resume after: every
+    /// message at or below it is in that copy.
+    pub fn stored_sequence(&self) -> u64 {
+        self.stored_sequence.load(Ordering::Acquire)
+    }
+
+    /// A message at `sequence` is stored; when it was the last of an item,
+    /// `completes` is that item's LSN.
+    pub fn note_stored(&self, completes: Option<Lsn>, sequence: u64) {
+        if let Some(lsn) = completes {
+            self.stored_lsn.fetch_max(lsn.0, Ordering::AcqRel);
+        }
+        self.stored_sequence.fetch_max(sequence, Ordering::AcqRel);
+    }
+
+    pub fn connected(&self) -> bool {
+        self.connected.load(Ordering::Acquire)
+    }
+
+    pub fn set_connected(&self, connected: bool) {
+        self.connected.store(connected, Ordering::Release);
+    }
+
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn set_error(&self, error: Option<String>) {
+        *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = error;
+    }
+}

@@ -1,0 +1,301 @@
+//! The fleet (issue 22): one `vacancy serve` as projector, replicas with no
+//! slot of their own, a real `nats-server` between them (started like the
+//! test clusters: a throwaway store, a free port). Nothing about NATS is
+//! mocked.
+//!
+//! What is checked: replicas converge exactly to the owner under the random
+//! workload and a transaction large enough to be chunked; the owner sees one
+//! walsender and one slot, and a replica starts without copying a row; a replica with no
+//! checkpoint to start from waits, not ready; NATS taken away and brought
+//! back, and a replica killed and restarted, lose nothing.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio_postgres::Client;
+use vacancy_lab::nats::NatsServer;
+
+use crate::process::{Serve, assert_binary_converged};
+use crate::projector::{load_inventory, run_workload, test_seed};
+use crate::support::{TestOwner, wait_for};
+
+const QUOTE_KEY: &str = "fleet-test-quote-key-0123456789abcdef";
+
+/// What every node of the test fleet shares: NATS, the quote key, the
+/// booking token (both required outside standalone).
+fn fleet_env<'a>(
+    role: &'a str,
+    nats: &'a str,
+    tokens: &'a str,
+    extra: &[(&'a str, &'a str)],
+) -> Vec<(&'a str, &'a str)> {
+    let mut env = vec![
+        ("VACANCY_FLEET__ROLE", role),
+        ("VACANCY_FLEET__NATS_URL", nats),
+        ("VACANCY_STALE__QUOTE_KEY", QUOTE_KEY),
+        ("VACANCY_STALE__BOOKING_TOKENS_FILE", tokens),
+        ("VACANCY_FLEET__OWNER_POSITION_INTERVAL_MS", "200"),
+    ];
+    env.extend_from_slice(extra);
+    env
+}
+
+struct Fleet {
+    owner_url: String,
+    nats_url: String,
+    dir: tempfile::TempDir,
+    tokens: String,
+    checkpoints: String,
+}
+
+impl Fleet {
+    async fn new(owner: &TestOwner, nats: &NatsServer) -> Fleet {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let tokens = dir.path().join("booking-tokens");
+        std::fs::write(&tokens, "fleet-test-booking-token-0123456789\n").expect("token file");
+        let checkpoints = dir.path().join("checkpoints");
+        Fleet {
+            owner_url: owner.url.clone(),
+            nats_url: nats.url(),
+            tokens: tokens.to_str().expect("utf-8").to_string(),
+            checkpoints: checkpoints.to_str().expect("utf-8").to_string(),
+            dir,
+        }
+    }
+
+    fn logs(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The projector: checkpoints every second (staged in its directory,
+    /// then uploaded), messages cut into chunks of at most 4 KiB so that a
+    /// modest transaction already travels in many.
+    fn projector(&self) -> Serve {
+        Serve::start_with(
+            &self.owner_url,
+            self.logs(),
+            "projector",
+            &fleet_env(
+                "projector",
+                &self.nats_url,
+                &self.tokens,
+                &[
+                    ("VACANCY_CHECKPOINT__DIR", &self.checkpoints),
+                    ("VACANCY_CHECKPOINT__INTERVAL_SECS", "1"),
+                    ("VACANCY_FLEET__MAX_CHUNK_BYTES", "4096"),
+                    ("VACANCY_FLEET__PUBLISH_ACK_TIMEOUT_MS", "1000"),
+                    ("VACANCY_FLEET__REQUEST_TIMEOUT_MS", "1000"),
+                ],
+            ),
+        )
+    }
+
+    fn replica(&self, name: &str) -> Serve {
+        Serve::start_with(
+            &self.owner_url,
+            self.logs(),
+            name,
+            &fleet_env(
+                "replica",
+                &self.nats_url,
+                &self.tokens,
+                &[("VACANCY_FLEET__REQUEST_TIMEOUT_MS", "1000")],
+            ),
+        )
+    }
+}
+
+async fn start_nats() -> NatsServer {
+    tokio::task::spawn_blocking(NatsServer::start)
+        .await
+        .expect("nats start task")
+        .unwrap_or_else(|e| panic!("cannot start the test nats-server: {e}"))
+}
+
+async fn walsenders(client: &Client) -> i64 {
+    client
+        .query_one("SELECT count(*) FROM pg_stat_replication", &[])
+        .await
+        .expect("pg_stat_replication")
+        .get(0)
+}
+
+async fn readyz(serve: &Serve) -> Option<u16> {
+    let addr = serve.addr;
+    tokio::time::timeout(Duration::from_secs(5), async move {
+        tokio::net::TcpStream::connect(addr).await.ok()?;
+        Some(crate::api::get(addr, "/readyz").await.0)
+    })
+    .await
+    .ok()
+    .flatten()
+}
+
+async fn wait_ready(serve: &Serve, within: Duration) {
+    let what = format!("{} to be ready", serve.log.display());
+    let ready = tokio::time::timeout(
+        within,
+        wait_for(&what, within, || async {
+            (readyz(serve).await == Some(200)).then_some(())
+        }),
+    )
+    .await;
+    assert!(ready.is_ok(), "{what}; log:\n{}", serve.log_tail());
+}
+
+fn fleet_status(status: &Value) -> &Value {
+    &status["fleet"]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_converge_exactly_with_one_walsender_and_no_table_read() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    let nats = start_nats().await;
+    let fleet = Fleet::new(&owner, &nats).await;
+
+    // A replica started before any checkpoint exists waits, not ready.
+    let early = fleet.replica("replica-early");
+    let waiting = wait_for(
+        "the early replica to say what it waits for",
+        Duration::from_secs(30),
+        || async {
+            let status = early.status().await?;
+            fleet_status(&status)["replica"]["waiting_for"]
+                .as_str()
+                .map(str::to_string)
+        },
+    )
+    .await;
+    assert!(waiting.contains("first checkpoint"), "{waiting}");
+    assert_eq!(readyz(&early).await, Some(503), "ready with no copy");
+
+    let projector = fleet.projector();
+    wait_ready(&projector, Duration::from_secs(60)).await;
+
+    // Replicas start while the owner takes writes.
+    let seed = test_seed();
+    let workload = run_workload(&owner, seed, 3, 60);
+    let late = fleet.replica("replica-late");
+    workload.await;
+    // One transaction over every inventory row: cut into many chunks.
+    client
+        .batch_execute("UPDATE inventory SET price_cents = coalesce(price_cents, 0) + 1")
+        .await
+        .expect("bulk update");
+    run_workload(&owner, seed ^ 1, 2, 20).await;
+
+    wait_ready(&early, Duration::from_secs(60)).await;
+    wait_ready(&late, Duration::from_secs(60)).await;
+    for serve in [&projector, &early, &late] {
+        assert_binary_converged(serve, &client).await;
+    }
+
+    // The owner's cost does not grow with replicas: one walsender, one
+    // slot, and no row copied to start a replica.
+    assert_eq!(walsenders(&client).await, 1, "walsenders with two replicas");
+    let slots: i64 = client
+        .query_one("SELECT count(*) FROM pg_replication_slots", &[])
+        .await
+        .expect("slots")
+        .get(0);
+    assert_eq!(slots, 1, "slots with two replicas");
+
+    // The projector's status shows what JetStream stored; each replica,
+    // the checkpoint it started from.
+    let status = projector.status().await.expect("projector status");
+    let publisher = &fleet_status(&status)["publisher"];
+    assert_eq!(publisher["connected"], true, "{status}");
+    assert!(
+        publisher["stored_sequence"].as_u64().unwrap_or(0) > 10,
+        "{status}"
+    );
+    for replica in [&early, &late] {
+        let status = replica.status().await.expect("replica status");
+        let progress = &fleet_status(&status)["replica"];
+        assert!(
+            progress["bootstrapped_from"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("checkpoint-")),
+            "{status}"
+        );
+        assert_eq!(fleet_status(&status)["role"], "replica");
+        assert_eq!(status["snapshot"]["rows_loaded"], 0, "{status}");
+        assert_eq!(
+            status["slot"]["active"],
+            Value::Null,
+            "no slot watched: {status}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nats_down_and_a_replica_killed_lose_nothing() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    let mut nats = start_nats().await;
+    let fleet = Fleet::new(&owner, &nats).await;
+    let projector = fleet.projector();
+    wait_ready(&projector, Duration::from_secs(60)).await;
+    let mut replica = fleet.replica("replica");
+    wait_ready(&replica, Duration::from_secs(60)).await;
+
+    // NATS goes away while the owner takes writes: the projector keeps
+    // applying what it can hand over, acknowledges nothing it could not
+    // store, and the replica keeps serving its copy.
+    let seed = test_seed();
+    let confirmed_before = slot_confirmed(&client).await;
+    nats.stop();
+    run_workload(&owner, seed, 2, 30).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let confirmed_while_down = slot_confirmed(&client).await;
+    let status = projector
+        .status()
+        .await
+        .expect("projector status while NATS is down");
+    let stored: vacancy_service::Lsn = fleet_status(&status)["publisher"]["stored_lsn"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .expect("stored_lsn");
+    assert!(
+        confirmed_while_down <= stored,
+        "the slot was acknowledged to {confirmed_while_down}, past what JetStream stored ({stored}); before the outage {confirmed_before}"
+    );
+    assert!(
+        replica.status().await.is_some(),
+        "the replica stopped answering while NATS was down"
+    );
+
+    let nats = tokio::task::spawn_blocking(move || {
+        nats.start_again().expect("nats again");
+        nats
+    })
+    .await
+    .expect("restart task");
+    run_workload(&owner, seed ^ 2, 2, 20).await;
+    assert_binary_converged(&replica, &client).await;
+
+    // A replica killed and restarted bootstraps again and converges.
+    drop(replica);
+    run_workload(&owner, seed ^ 3, 2, 20).await;
+    replica = fleet.replica("replica-again");
+    wait_ready(&replica, Duration::from_secs(60)).await;
+    run_workload(&owner, seed ^ 4, 2, 10).await;
+    assert_binary_converged(&replica, &client).await;
+    assert_binary_converged(&projector, &client).await;
+    drop(nats);
+}
+
+async fn slot_confirmed(client: &Client) -> vacancy_service::Lsn {
+    let row = client
+        .query_one(
+            "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'vacancy'",
+            &[],
+        )
+        .await
+        .expect("the slot");
+    vacancy_service::Lsn::from(row.get::<_, tokio_postgres::types::PgLsn>(0))
+}
