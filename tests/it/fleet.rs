@@ -100,7 +100,12 @@ impl Fleet {
                 "replica",
                 &self.nats_url,
                 &self.tokens,
-                &[("VACANCY_FLEET__REQUEST_TIMEOUT_MS", "1000")],
+                &[
+                    ("VACANCY_FLEET__REQUEST_TIMEOUT_MS", "1000"),
+                    // Far below what a dead projector makes it lag: a lag
+                    // bound would turn the replicas not-ready (see below).
+                    ("VACANCY_HTTP__READY_MAX_LAG_MS", "200"),
+                ],
             ),
         )
     }

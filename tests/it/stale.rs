@@ -567,14 +567,20 @@ async fn racing_guests_on_a_hot_hotel_count_every_conflict_once_with_its_source(
     app.stop(Duration::from_secs(5)).await;
 }
 
-/// Holds and releases rows until `stop`, so the audit races writes.
-async fn churn(url: String, stop: CancellationToken) -> u64 {
+/// Holds and releases rows until `stop`, so the audit races writes;
+/// `done` counts the holds made so far.
+async fn churn(
+    url: String,
+    stop: CancellationToken,
+    done: std::sync::Arc<std::sync::atomic::AtomicU64>,
+) -> u64 {
     let mut client = vacancy_service::connect(&url, Duration::from_secs(10))
         .await
         .unwrap();
     let mut n = 0u64;
     while !stop.is_cancelled() {
         n += 1;
+        done.store(n, std::sync::atomic::Ordering::Release);
         let night = day(n % 8);
         let req = ops::HoldRequest {
             booking_id: format!("churn-{n}"),
@@ -616,7 +622,14 @@ async fn divergence_audit_sees_a_missed_change_until_the_ttl_repairs_it() {
 
     // A healthy stream under writes: never a mismatch.
     let stop = CancellationToken::new();
-    let writer = tokio::spawn(churn(owner.url.clone(), stop.clone()));
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let writer = tokio::spawn(churn(owner.url.clone(), stop.clone(), done.clone()));
+    // The passes must race writes, not run before the writer has connected.
+    wait_for("the writer's first holds", Duration::from_secs(30), || {
+        let made = done.load(std::sync::atomic::Ordering::Acquire);
+        async move { (made >= 3).then_some(()) }
+    })
+    .await;
     let mut checked = 0;
     for _ in 0..8 {
         let pass = audit.pass().await.expect("audit pass");

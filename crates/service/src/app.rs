@@ -259,18 +259,18 @@ fn fleet_parts(
 ) {
     let role = settings.fleet.role;
     match role {
-        Role::Standalone => (Arc::new(fleet::FleetStatus::new(role)), None),
+        Role::Standalone => (Arc::new(fleet::FleetStatus::new(&settings.fleet)), None),
         Role::Projector => {
             let (outbox, receiver) = Outbox::new(
                 settings.fleet.max_publishes_in_flight,
                 settings.fleet.publish_ack_timeout(),
             );
-            let mut status = fleet::FleetStatus::new(role);
+            let mut status = fleet::FleetStatus::new(&settings.fleet);
             status.outbox = Some(outbox);
             (Arc::new(status), Some(receiver))
         }
         Role::Replica => {
-            let mut status = fleet::FleetStatus::new(role);
+            let mut status = fleet::FleetStatus::new(&settings.fleet);
             status.replica = Some(Arc::default());
             (Arc::new(status), None)
         }

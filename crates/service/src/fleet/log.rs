@@ -125,6 +125,16 @@ impl ChangeLog {
         Ok(info.state.first_sequence)
     }
 
+    /// The stream's last sequence (0 when empty).
+    pub(super) async fn last_sequence(&self) -> Result<u64, FleetError> {
+        let mut stream = self.changes().await?;
+        let info = self
+            .bounded(stream.info())
+            .await?
+            .map_err(|e| FleetError::Nats(format!("stream {}: {e}", self.settings.stream)))?;
+        Ok(info.state.last_sequence)
+    }
+
     /// Bounds one JetStream request by `fleet.request_timeout_ms`.
     pub(super) async fn bounded<T>(
         &self,

@@ -68,14 +68,17 @@ pub struct FleetStatus {
     pub outbox: Option<Outbox>,
     /// A replica's progress.
     pub replica: Option<Arc<replica::ReplicaState>>,
+    /// `fleet.ready_max_messages_behind`.
+    pub ready_max_messages_behind: u64,
 }
 
 impl FleetStatus {
-    pub fn new(role: Role) -> FleetStatus {
+    pub fn new(settings: &FleetSettings) -> FleetStatus {
         FleetStatus {
-            role,
+            role: settings.role,
             outbox: None,
             replica: None,
+            ready_max_messages_behind: settings.ready_max_messages_behind,
         }
     }
 

@@ -50,6 +50,9 @@ pub struct ReplicaProgress {
     pub bootstrapped_from: Option<String>,
     /// The change stream's next sequence to apply.
     pub next_sequence: u64,
+    /// The change stream's last sequence, as last read (every
+    /// `fleet.owner_position_interval_ms`).
+    pub stream_last_sequence: u64,
     /// The copy's epoch.
     pub epoch: u64,
     /// Why the replica is not applying, when it is not.
@@ -58,6 +61,13 @@ pub struct ReplicaProgress {
 }
 
 impl ReplicaState {
+    /// Messages of the stream this replica has not applied, as of the last
+    /// read of the stream's end (0 before the first).
+    pub fn messages_behind(&self) -> u64 {
+        let p = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        (p.stream_last_sequence + 1).saturating_sub(p.next_sequence.max(1))
+    }
+
     pub fn progress(&self) -> ReplicaProgress {
         self.inner.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
@@ -260,10 +270,18 @@ impl Replica {
         self.status.connected.store(true, Ordering::Release);
         self.status.set_last_error(None);
         let mut assembly = Assembly::default();
+        let mut stream_end = tokio::time::interval(log.settings.owner_position_interval());
+        stream_end.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let next = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return Ok(()),
+                _ = stream_end.tick() => {
+                    // Where the stream ends, for readiness (`messages_behind`).
+                    let last = log.last_sequence().await?;
+                    self.state.update(|p| p.stream_last_sequence = last);
+                    continue;
+                }
                 next = messages.next() => next,
             };
             let Some(next) = next else {

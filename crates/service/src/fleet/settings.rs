@@ -77,6 +77,10 @@ pub struct FleetSettings {
     /// A replica reads the owner's WAL position this often, for its lag and
     /// readiness.
     pub owner_position_interval_ms: u64,
+    /// A replica is ready while it has applied the change stream to within
+    /// this many messages of its end; the owner lag does not decide it (see
+    /// `replica`'s readiness).
+    pub ready_max_messages_behind: u64,
 }
 
 impl FleetSettings {

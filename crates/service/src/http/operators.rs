@@ -61,6 +61,18 @@ fn readiness(state: &ApiState) -> Result<(), Problem> {
             ),
         });
     }
+    if let Some(replica) = &state.fleet.replica {
+        // A replica: its own lag behind the change stream decides, not the
+        // owner lag, which every replica shares when the projector or NATS
+        // is down (all not-ready at once would be a site outage).
+        let behind = replica.messages_behind();
+        if behind > state.fleet.ready_max_messages_behind {
+            return Err(Problem::NotReady {
+                reason: format!("the replica is {behind} messages behind the change stream's end"),
+            });
+        }
+        return Ok(());
+    }
     let lag = f.lag_ms(Utc::now());
     if lag > state.settings.http.ready_max_lag_ms {
         return Err(Problem::NotReady {
@@ -72,7 +84,7 @@ fn readiness(state: &ApiState) -> Result<(), Problem> {
 
 #[utoipa::path(get, path = "/readyz", tag = "operations",
     responses(
-        (status = 200, description = "ready: snapshot loaded, every hotel of it searchable, lag under the bound", body = String),
+        (status = 200, description = "ready: snapshot loaded, every hotel of it searchable, lag under the bound (a fleet replica: within fleet.ready_max_messages_behind of the change stream's end, whatever the owner lag)", body = String),
         (status = 503, description = "not ready", body = ProblemBody, content_type = "application/problem+json"),
     ))]
 pub(super) async fn readyz(State(state): State<ApiState>) -> Result<&'static str, Problem> {
