@@ -19,6 +19,7 @@ use vacancy_lab::nats::NatsServer;
 use crate::process::{Serve, assert_binary_converged};
 use crate::projector::{load_inventory, run_workload, test_seed};
 use crate::support::{TestOwner, wait_for};
+use vacancy_service::slot;
 
 const QUOTE_KEY: &str = "fleet-test-quote-key-0123456789abcdef";
 
@@ -72,16 +73,23 @@ impl Fleet {
     /// then uploaded), messages cut into chunks of at most 4 KiB so that a
     /// modest transaction already travels in many.
     fn projector(&self) -> Serve {
+        self.projector_via("projector", &self.owner_url, &self.nats_url)
+    }
+
+    /// A projector named `name` (its own checkpoint directory) that reaches
+    /// the owner and NATS at these addresses.
+    fn projector_via(&self, name: &str, owner_url: &str, nats_url: &str) -> Serve {
+        let checkpoints = format!("{}-{name}", self.checkpoints);
         Serve::start_with(
-            &self.owner_url,
+            owner_url,
             self.logs(),
-            "projector",
+            name,
             &fleet_env(
                 "projector",
-                &self.nats_url,
+                nats_url,
                 &self.tokens,
                 &[
-                    ("VACANCY_CHECKPOINT__DIR", &self.checkpoints),
+                    ("VACANCY_CHECKPOINT__DIR", &checkpoints),
                     ("VACANCY_CHECKPOINT__INTERVAL_SECS", "1"),
                     ("VACANCY_FLEET__MAX_CHUNK_BYTES", "4096"),
                     ("VACANCY_FLEET__PUBLISH_ACK_TIMEOUT_MS", "1000"),
@@ -151,6 +159,109 @@ async fn wait_ready(serve: &Serve, within: Duration) {
 
 fn fleet_status(status: &Value) -> &Value {
     &status["fleet"]
+}
+
+/// Whether a projector says it holds the slot.
+async fn is_active(serve: &Serve) -> bool {
+    match serve.status().await {
+        Some(status) => fleet_status(&status)["active"] == true,
+        None => false,
+    }
+}
+
+async fn wait_active(serve: &Serve, within: Duration) {
+    let what = format!("{} to take the slot", serve.log.display());
+    let active = tokio::time::timeout(
+        within,
+        wait_for(&what, within, || async {
+            is_active(serve).await.then_some(())
+        }),
+    )
+    .await;
+    assert!(active.is_ok(), "{what}; log:\n{}", serve.log_tail());
+}
+
+/// A loopback TCP forwarder that a test can cut (every connection closed,
+/// new ones refused) and restore: one process's link to the owner or to
+/// NATS, cut while the others keep theirs.
+struct Link {
+    addr: std::net::SocketAddr,
+    open: tokio::sync::watch::Sender<bool>,
+}
+
+impl Link {
+    async fn to(target: std::net::SocketAddr) -> Link {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a link port");
+        let addr = listener.local_addr().expect("link address");
+        let (open, _) = tokio::sync::watch::channel(true);
+        let watch = open.clone();
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if !*watch.borrow() {
+                    continue; // dropped: refused
+                }
+                let mut cut = watch.subscribe();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = cut.wait_for(|open| !*open) => {}
+                    }
+                });
+            }
+        });
+        Link { addr, open }
+    }
+
+    fn cut(&self) {
+        self.open.send_replace(false);
+    }
+
+    fn restore(&self) {
+        self.open.send_replace(true);
+    }
+}
+
+/// Every message of the change stream, in order.
+async fn stream_messages(nats_url: &str) -> Vec<vacancy_service::FleetMessage> {
+    use futures_util::StreamExt;
+    let client = async_nats::connect(nats_url).await.expect("nats");
+    let jetstream = async_nats::jetstream::new(client);
+    let mut stream = jetstream
+        .get_stream("VACANCY_CHANGES")
+        .await
+        .expect("the change stream");
+    let last = stream
+        .info()
+        .await
+        .expect("stream info")
+        .state
+        .last_sequence;
+    let consumer = stream
+        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
+            deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await
+        .expect("a consumer");
+    let mut messages = consumer.messages().await.expect("messages");
+    let mut all = Vec::new();
+    while let Some(next) = tokio::time::timeout(Duration::from_secs(10), messages.next())
+        .await
+        .expect("the stream's messages within 10 s")
+    {
+        let message = next.expect("a message");
+        let sequence = message.info().expect("info").stream_sequence;
+        all.push(vacancy_service::FleetMessage::decode(&message.payload).expect("decodes"));
+        if sequence >= last {
+            break;
+        }
+    }
+    all
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -303,4 +414,143 @@ async fn slot_confirmed(client: &Client) -> vacancy_service::Lsn {
         .await
         .expect("the slot");
     vacancy_service::Lsn::from(row.get::<_, tokio_postgres::types::PgLsn>(0))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_takes_over_when_the_active_projector_is_killed() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    let nats = start_nats().await;
+    let fleet = Fleet::new(&owner, &nats).await;
+    let first = fleet.projector_via("projector-a", &fleet.owner_url, &fleet.nats_url);
+    wait_active(&first, Duration::from_secs(60)).await;
+    wait_ready(&first, Duration::from_secs(60)).await;
+    let second = fleet.projector_via("projector-b", &fleet.owner_url, &fleet.nats_url);
+    let replica = fleet.replica("replica");
+    wait_ready(&replica, Duration::from_secs(60)).await;
+    let seed = test_seed();
+    run_workload(&owner, seed, 2, 30).await;
+    // The standby follows the stream: its copy is the owner's too.
+    assert_binary_converged(&second, &client).await;
+    assert!(
+        !is_active(&second).await,
+        "two active projectors; the second's log:\n{}\nthe first's:\n{}",
+        second.log_tail(),
+        first.log_tail()
+    );
+
+    // SIGKILL the active one while the owner takes writes.
+    drop(first);
+    let writes = run_workload(&owner, seed ^ 1, 2, 30);
+    let takeover = wait_active(&second, Duration::from_secs(60));
+    tokio::join!(writes, takeover);
+    run_workload(&owner, seed ^ 2, 2, 20).await;
+    assert_binary_converged(&replica, &client).await;
+    assert_binary_converged(&second, &client).await;
+    assert_eq!(walsenders(&client).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_projector_cut_off_from_the_owner_is_fenced_after_the_takeover() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    let nats = start_nats().await;
+    let fleet = Fleet::new(&owner, &nats).await;
+    // The first projector reaches the owner and NATS through links the
+    // test can cut.
+    let owner_link = Link::to(([127, 0, 0, 1], owner.cluster.port()).into()).await;
+    let nats_link = Link::to(([127, 0, 0, 1], nats.port()).into()).await;
+    let owner_via = owner.url.replace(
+        &format!(":{}/", owner.cluster.port()),
+        &format!(":{}/", owner_link.addr.port()),
+    );
+    let nats_via = format!("nats://{}", nats_link.addr);
+    let first = fleet.projector_via("projector-a", &owner_via, &nats_via);
+    wait_active(&first, Duration::from_secs(60)).await;
+    wait_ready(&first, Duration::from_secs(60)).await;
+    let second = fleet.projector_via("projector-b", &fleet.owner_url, &fleet.nats_url);
+    let replica = fleet.replica("replica");
+    wait_ready(&replica, Duration::from_secs(60)).await;
+
+    // NATS goes away for the active projector: it applies writes it
+    // cannot publish. Then the owner goes away for it too: the standby
+    // takes the slot and publishes those writes itself, from the WAL.
+    let seed = test_seed();
+    nats_link.cut();
+    run_workload(&owner, seed, 2, 20).await;
+    // Applied by the first projector, not published.
+    let written = slot::current_wal_lsn(&client)
+        .await
+        .expect("owner position");
+    first.caught_up(written, Duration::from_secs(60)).await;
+    owner_link.cut();
+    wait_active(&second, Duration::from_secs(60)).await;
+    run_workload(&owner, seed ^ 1, 2, 20).await;
+    assert_binary_converged(&replica, &client).await;
+
+    // NATS comes back for the old projector, whose writes still wait to
+    // be published: it finds the takeover and stops, publishing nothing.
+    nats_link.restore();
+    let mut first = first;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let exited = loop {
+        if let Some(status) = first.child.try_wait().expect("wait on the child") {
+            break status;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the fenced projector did not stop; status {:?}; its log:\n{}",
+            first.status().await.map(|s| (
+                s["fleet"].clone(),
+                s["applied_lsn"].clone(),
+                s["last_error"].clone()
+            )),
+            std::fs::read_to_string(&first.log)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| !l.contains("async_nats") && !l.contains("replication session ended"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let log = std::fs::read_to_string(&first.log).unwrap_or_default();
+    assert!(
+        log.contains("fenced"),
+        "exit {exited}; log:\n{}",
+        first.log_tail()
+    );
+
+    // In the stream, nothing of the first projector comes after the
+    // second one's takeover marker.
+    let messages = stream_messages(&fleet.nats_url).await;
+    let markers: Vec<(usize, u64)> = messages
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| matches!(m.body, vacancy_service::FleetBody::Takeover { .. }))
+        .map(|(i, m)| (i, m.holder))
+        .collect();
+    assert_eq!(
+        markers.len(),
+        2,
+        "one marker per projector that published: {markers:?}"
+    );
+    let (takeover_at, second_holder) = markers[1];
+    let first_holder = markers[0].1;
+    assert_ne!(first_holder, second_holder);
+    let late: Vec<_> = messages[takeover_at..]
+        .iter()
+        .filter(|m| m.holder == first_holder)
+        .map(|m| m.position)
+        .collect();
+    assert!(
+        late.is_empty(),
+        "the fenced projector published after the takeover: {late:?}"
+    );
+    run_workload(&owner, seed ^ 2, 2, 10).await;
+    assert_binary_converged(&replica, &client).await;
+    assert_binary_converged(&second, &client).await;
+    drop(nats);
 }

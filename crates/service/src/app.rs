@@ -134,7 +134,7 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
     ))];
     match settings.fleet.role {
         Role::Standalone | Role::Projector => {
-            let mut projector = Projector::new(
+            let projector = Projector::new(
                 settings.owner.clone(),
                 settings.stream.clone(),
                 model.clone(),
@@ -143,10 +143,43 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
                 hotel_index.clone(),
                 checkpoints.clone(),
             );
-            if let Some(outbox) = &fleet_status.outbox {
-                projector = projector.with_outbox(outbox.clone());
+            match (&fleet_status.outbox, outbox_receiver) {
+                (Some(outbox), Some(receiver)) => {
+                    let standby = fleet::standby::Standby {
+                        projector: projector.with_outbox(outbox.clone()).yield_when_slot_busy(),
+                        follower: fleet::replica::Replica {
+                            settings: settings.fleet.clone(),
+                            owner: settings.owner.clone(),
+                            slot: settings.stream.slot.clone(),
+                            publication: settings.stream.publication.clone(),
+                            download_dir: fleet::store::download_dir(settings.checkpoint.dir()),
+                            model: model.clone(),
+                            index: hotel_index.clone(),
+                            status: status.clone(),
+                            state: fleet_status.follower.clone().unwrap_or_default(),
+                        },
+                        owner: settings.owner.clone(),
+                        slot: settings.stream.slot.clone(),
+                        model: model.clone(),
+                        refresh: refresh.clone(),
+                        checkpoints: checkpoints.clone(),
+                        active: fleet_status.active.clone(),
+                    };
+                    tasks.push(tokio::spawn(standby.run(shutdown.clone())));
+                    tasks.push(tokio::spawn(fleet::publish::run_publisher(
+                        settings.fleet.clone(),
+                        outbox.state(),
+                        receiver,
+                        shutdown.clone(),
+                    )));
+                    tasks.push(tokio::spawn(fleet::store::run_uploader(
+                        settings.fleet.clone(),
+                        checkpoints.clone(),
+                        shutdown.clone(),
+                    )));
+                }
+                _ => tasks.push(tokio::spawn(projector.run(shutdown.clone()))),
             }
-            tasks.push(tokio::spawn(projector.run(shutdown.clone())));
             tasks.push(tokio::spawn(checkpoints::run_checkpointer(
                 checkpoints.clone(),
                 model.clone(),
@@ -175,20 +208,6 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
                 status.clone(),
                 shutdown.clone(),
             )));
-            if let Some(receiver) = outbox_receiver {
-                let outbox_state = checkpoints_outbox_state(&fleet_status);
-                tasks.push(tokio::spawn(fleet::publish::run_publisher(
-                    settings.fleet.clone(),
-                    outbox_state,
-                    receiver,
-                    shutdown.clone(),
-                )));
-                tasks.push(tokio::spawn(fleet::store::run_uploader(
-                    settings.fleet.clone(),
-                    checkpoints.clone(),
-                    shutdown.clone(),
-                )));
-            }
         }
         Role::Replica => {
             // No slot, no refresher, no heartbeat: a replica never writes
@@ -267,6 +286,7 @@ fn fleet_parts(
             );
             let mut status = fleet::FleetStatus::new(&settings.fleet);
             status.outbox = Some(outbox);
+            status.follower = Some(Arc::default());
             (Arc::new(status), Some(receiver))
         }
         Role::Replica => {
@@ -275,16 +295,6 @@ fn fleet_parts(
             (Arc::new(status), None)
         }
     }
-}
-
-fn checkpoints_outbox_state(
-    fleet_status: &fleet::FleetStatus,
-) -> Arc<crate::stream::outbox::OutboxState> {
-    fleet_status
-        .outbox
-        .as_ref()
-        .map(Outbox::state)
-        .unwrap_or_default()
 }
 
 impl App {

@@ -64,6 +64,7 @@ pub use checkpoint::{
     write as write_checkpoint, write_model as checkpoint_model,
 };
 pub use config::{ConfigError, Settings};
+pub use fleet::wire::{Body as FleetBody, Message as FleetMessage};
 pub use fleet::{FleetSettings, Role as FleetRole};
 pub use index::{HotelIndex, IndexError};
 pub use logging::{LogFormat, LogSettings, init_logging};

@@ -12,7 +12,7 @@ use async_nats::jetstream::{self, object_store, stream};
 
 use super::FleetError;
 use super::settings::FleetSettings;
-use super::wire::{Message, Position};
+use super::wire::Message;
 
 /// A connected JetStream context and the names it works with.
 #[derive(Clone)]
@@ -89,9 +89,9 @@ impl ChangeLog {
         .map_err(|e| FleetError::Nats(format!("checkpoint bucket {bucket}: {e}")))
     }
 
-    /// The position and stream sequence of the newest message on the
-    /// change subject, `None` when there is none.
-    pub(super) async fn last_stored(&self) -> Result<Option<(Position, u64)>, FleetError> {
+    /// The newest message on the change subject and its stream sequence,
+    /// `None` when there is none.
+    pub(super) async fn last_message(&self) -> Result<Option<(Message, u64)>, FleetError> {
         let stream = self.changes().await?;
         match self
             .bounded(stream.get_last_raw_message_by_subject(&self.settings.subject))
@@ -99,7 +99,7 @@ impl ChangeLog {
         {
             Ok(raw) => {
                 let message = Message::decode(&raw.payload)?;
-                Ok(Some((message.position, raw.sequence)))
+                Ok(Some((message, raw.sequence)))
             }
             Err(e)
                 if e.kind()

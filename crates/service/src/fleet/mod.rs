@@ -18,11 +18,14 @@
 //! - [`store`]: checkpoints in the object store: the projector's uploader,
 //!   a replica's download.
 //! - [`replica`]: bootstrap, then apply the stream; the owner position poll.
+//! - [`standby`]: the projector role with failover: follow the stream like
+//!   a replica until the slot is free, then project.
 
 mod log;
 pub mod publish;
 pub mod replica;
 mod settings;
+pub mod standby;
 pub mod store;
 pub mod wire;
 
@@ -56,6 +59,10 @@ pub enum FleetError {
     /// acknowledged) until this one's copy is of that epoch or newer.
     #[error("the change stream is at epoch {stream:x}, this projector's copy at {ours:x}")]
     EpochBehind { ours: u64, stream: u64 },
+    /// Another projector published a takeover marker after this one's: it
+    /// must publish nothing more.
+    #[error("fenced: projector {by:x} took over the change stream")]
+    Fenced { by: u64 },
     /// A replica met a message of a newer epoch: it bootstraps again.
     #[error("the change stream moved to epoch {stream:x}; this copy is of {ours:x}")]
     NewEpoch { ours: u64, stream: u64 },
@@ -66,8 +73,12 @@ pub struct FleetStatus {
     pub role: Role,
     /// The projector's outbox (what its publisher stored).
     pub outbox: Option<Outbox>,
-    /// A replica's progress.
+    /// A replica's progress (readiness follows it).
     pub replica: Option<Arc<replica::ReplicaState>>,
+    /// A projector's follower, while it stands by.
+    pub follower: Option<Arc<replica::ReplicaState>>,
+    /// A projector: whether it holds the slot now (set by `standby`).
+    pub active: Arc<std::sync::atomic::AtomicBool>,
     /// `fleet.ready_max_messages_behind`.
     pub ready_max_messages_behind: u64,
 }
@@ -78,6 +89,8 @@ impl FleetStatus {
             role: settings.role,
             outbox: None,
             replica: None,
+            follower: None,
+            active: Arc::default(),
             ready_max_messages_behind: settings.ready_max_messages_behind,
         }
     }
@@ -85,6 +98,8 @@ impl FleetStatus {
     pub fn report(&self) -> FleetReport {
         FleetReport {
             role: self.role.label(),
+            active: (self.role == Role::Projector)
+                .then(|| self.active.load(std::sync::atomic::Ordering::Acquire)),
             publisher: self.outbox.as_ref().map(|outbox| {
                 let state = outbox.state();
                 PublisherReport {
@@ -94,7 +109,11 @@ impl FleetStatus {
                     last_error: state.last_error(),
                 }
             }),
-            replica: self.replica.as_ref().map(|r| r.progress()),
+            replica: self
+                .replica
+                .as_ref()
+                .or(self.follower.as_ref())
+                .map(|r| r.progress()),
         }
     }
 }
@@ -104,9 +123,12 @@ impl FleetStatus {
 pub struct FleetReport {
     /// standalone, projector or replica.
     pub role: &'static str,
+    /// A projector: whether it holds the slot (false: standing by).
+    pub active: Option<bool>,
     /// The projector's publishing to JetStream.
     pub publisher: Option<PublisherReport>,
-    /// A replica's bootstrap and position in the change stream.
+    /// A replica's bootstrap and position in the change stream (a
+    /// projector's: while it stood by, following the stream).
     pub replica: Option<replica::ReplicaProgress>,
 }
 

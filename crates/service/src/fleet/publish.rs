@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::FleetError;
 use super::log::ChangeLog;
-use super::wire::{self, Message, Position};
+use super::wire::{self, Kind, Message, Position};
 use crate::lsn::Lsn;
 use crate::metrics;
 use crate::stream::outbox::{OutboxState, Outgoing};
@@ -40,7 +40,7 @@ struct Ready {
     completes: Option<Lsn>,
 }
 
-fn ready_messages(item: Outgoing, max_bytes: usize) -> Vec<Ready> {
+fn ready_messages(item: Outgoing, max_bytes: usize, holder: u64) -> Vec<Ready> {
     let (messages, lsn) = match item {
         Outgoing::Applied { epoch, txn, merges } => {
             let lsn = txn.end_lsn;
@@ -59,10 +59,13 @@ fn ready_messages(item: Outgoing, max_bytes: usize) -> Vec<Ready> {
     messages
         .into_iter()
         .enumerate()
-        .map(|(i, message)| Ready {
-            payload: Bytes::from(message.encode()),
-            message,
-            completes: (i + 1 == count).then_some(lsn),
+        .map(|(i, mut message)| {
+            message.holder = holder;
+            Ready {
+                payload: Bytes::from(message.encode()),
+                message,
+                completes: (i + 1 == count).then_some(lsn),
+            }
         })
         .collect()
 }
@@ -78,6 +81,10 @@ pub async fn run_publisher(
     // Sent but not yet acknowledged, or waiting to be sent again, in order.
     let mut unsent: VecDeque<Ready> = VecDeque::new();
     let mut backoff = Duration::from_millis(100);
+    // This process's mark on what it publishes; its takeover marker goes
+    // first, once.
+    let holder: u64 = rand::random();
+    let mut announced = false;
     loop {
         if shutdown.is_cancelled() && unsent.is_empty() && outbox.is_empty() {
             return;
@@ -93,8 +100,27 @@ pub async fn run_publisher(
             }
         };
         state.set_connected(true);
-        match publish_session(&log, &state, &mut unsent, &mut outbox, &shutdown).await {
+        let session = Session {
+            log: &log,
+            state: &state,
+            holder,
+        };
+        match session
+            .run(&mut announced, &mut unsent, &mut outbox, &shutdown)
+            .await
+        {
             Ok(()) => return,
+            Err(error @ FleetError::Fenced { .. }) => {
+                // Another projector took the stream over: nothing more of
+                // ours may reach it. Stop the process; its supervisor
+                // starts it again as a standby.
+                state.set_connected(false);
+                metrics::FLEET_PUBLISH_ERRORS.inc();
+                tracing::error!(%error, "fenced: stopping this projector");
+                state.set_error(Some(error.to_string()));
+                shutdown.cancel();
+                return;
+            }
             Err(error) => {
                 state.set_connected(false);
                 failed(&state, &error);
@@ -124,112 +150,182 @@ async fn pause(shutdown: &CancellationToken, backoff: &mut Duration) -> bool {
     }
 }
 
-async fn publish_session(
-    log: &ChangeLog,
-    state: &OutboxState,
-    unsent: &mut VecDeque<Ready>,
-    outbox: &mut mpsc::Receiver<Outgoing>,
-    shutdown: &CancellationToken,
-) -> Result<(), FleetError> {
-    let max_bytes = log.settings.max_chunk_bytes;
-    let max_in_flight = log.settings.max_publishes_in_flight;
-    // Where the stream ends now: anything at or below it is stored already.
-    let mut last = log.last_stored().await?;
-    // Drop what is stored; it counts as acknowledged.
-    let mut pending: VecDeque<Ready> = VecDeque::new();
-    for ready in unsent.drain(..) {
-        skip_or_keep(ready, last, state, &mut pending)?;
-    }
-    let mut in_flight: VecDeque<(Ready, PublishAckFuture)> = VecDeque::new();
-    loop {
-        // Send what is waiting, up to the bound.
-        while in_flight.len() < max_in_flight
-            && let Some(ready) = pending.pop_front()
+/// One connected publishing session.
+struct Session<'a> {
+    log: &'a ChangeLog,
+    state: &'a OutboxState,
+    holder: u64,
+}
+
+impl Session<'_> {
+    async fn run(
+        &self,
+        announced: &mut bool,
+        unsent: &mut VecDeque<Ready>,
+        outbox: &mut mpsc::Receiver<Outgoing>,
+        shutdown: &CancellationToken,
+    ) -> Result<(), FleetError> {
+        let log = self.log;
+        let state = self.state;
+        let max_bytes = log.settings.max_chunk_bytes;
+        let max_in_flight = log.settings.max_publishes_in_flight;
+        // Where the stream ends now: anything at or below it is stored.
+        let last = log.last_message().await?;
+        if *announced
+            && let Some((message, _)) = &last
+            && message.holder != self.holder
         {
-            let mut publish = PublishMessage::build()
-                .payload(ready.payload.clone())
-                .message_id(ready.message.position.message_id());
-            let previous = in_flight
-                .back()
-                .map(|(r, _)| r.message.position)
-                .or(last.map(|(p, _)| p));
-            if let Some(previous) = previous {
-                publish = publish.expected_last_message_id(previous.message_id());
+            return Err(FleetError::Fenced { by: message.holder });
+        }
+        let mut last_id = last.as_ref().map(|(m, _)| m.message_id());
+        let last_data = last.as_ref().and_then(|(m, _)| m.data_position());
+        let last_sequence = last.as_ref().map_or(0, |(_, s)| *s);
+        // Drop what is stored; it counts as acknowledged.
+        let mut pending: VecDeque<Ready> = VecDeque::new();
+        for ready in unsent.drain(..) {
+            skip_or_keep(ready, last_data, last_sequence, state, &mut pending)?;
+        }
+        let mut in_flight: VecDeque<(Ready, PublishAckFuture)> = VecDeque::new();
+        loop {
+            // This process's first data goes after its takeover marker: only
+            // the projector that holds the slot hands anything over, so a
+            // standby's publisher announces nothing.
+            if !*announced && !pending.is_empty() {
+                last_id = Some(self.announce(last_id.as_deref(), last_data).await?);
+                *announced = true;
             }
-            match log
-                .jetstream
-                .send_publish(log.settings.subject.clone(), publish)
-                .await
+            // Send what is waiting, up to the bound.
+            while in_flight.len() < max_in_flight
+                && let Some(ready) = pending.pop_front()
             {
-                Ok(ack) => in_flight.push_back((ready, ack)),
-                Err(error) => {
-                    // After those in flight, which were sent before it.
-                    pending.push_front(ready);
-                    requeue(unsent, in_flight, pending, None);
-                    return Err(FleetError::Nats(format!("publish: {error}")));
+                let mut publish = PublishMessage::build()
+                    .payload(ready.payload.clone())
+                    .message_id(ready.message.message_id());
+                let previous = in_flight
+                    .back()
+                    .map(|(r, _)| r.message.message_id())
+                    .or(last_id.clone());
+                if let Some(previous) = previous {
+                    publish = publish.expected_last_message_id(previous);
+                }
+                match log
+                    .jetstream
+                    .send_publish(log.settings.subject.clone(), publish)
+                    .await
+                {
+                    Ok(ack) => in_flight.push_back((ready, ack)),
+                    Err(error) => {
+                        // After those in flight, which were sent before it.
+                        pending.push_front(ready);
+                        requeue(unsent, in_flight, pending, None);
+                        return Err(FleetError::Nats(format!("publish: {error}")));
+                    }
                 }
             }
-        }
-        if let Some((ready, ack)) = in_flight.pop_front() {
-            match ack.await {
-                Ok(ack) => {
-                    metrics::FLEET_MESSAGES_PUBLISHED.inc();
-                    last = Some((ready.message.position, ack.sequence));
-                    state.note_stored(ready.completes, ack.sequence);
-                    state.set_error(None);
+            if let Some((ready, ack)) = in_flight.pop_front() {
+                match ack.await {
+                    Ok(ack) => {
+                        metrics::FLEET_MESSAGES_PUBLISHED.inc();
+                        last_id = Some(ready.message.message_id());
+                        state.note_stored(ready.completes, ack.sequence);
+                        state.set_error(None);
+                    }
+                    Err(error) => {
+                        let wrong_order = error.kind() == PublishErrorKind::WrongLastMessageId;
+                        requeue(unsent, in_flight, pending, Some(ready));
+                        return Err(FleetError::Nats(if wrong_order {
+                            format!(
+                                "the stream's last message is not the one before this publish (a lost publish, or another projector): {error}"
+                            )
+                        } else {
+                            format!("publish acknowledgement: {error}")
+                        }));
+                    }
                 }
-                Err(error) => {
-                    let wrong_order = error.kind() == PublishErrorKind::WrongLastMessageId;
-                    requeue(unsent, in_flight, pending, Some(ready));
-                    return Err(FleetError::Nats(if wrong_order {
-                        format!(
-                            "the stream's last message is not the one before this publish (another projector, or a lost publish): {error}"
-                        )
-                    } else {
-                        format!("publish acknowledgement: {error}")
-                    }));
-                }
+                continue;
             }
-            continue;
-        }
-        // Nothing in flight: wait for the replication loop.
-        let item = tokio::select! {
-            biased;
-            item = outbox.recv() => item,
-            _ = shutdown.cancelled(), if outbox.is_empty() => None,
-        };
-        let Some(item) = item else {
-            return Ok(());
-        };
-        for ready in ready_messages(item, max_bytes) {
-            skip_or_keep(ready, last, state, &mut pending)?;
+            // Nothing in flight: wait for the replication loop.
+            let item = tokio::select! {
+                biased;
+                item = outbox.recv() => item,
+                _ = shutdown.cancelled(), if outbox.is_empty() => None,
+            };
+            let Some(item) = item else {
+                return Ok(());
+            };
+            for ready in ready_messages(item, max_bytes, self.holder) {
+                skip_or_keep(ready, last_data, last_sequence, state, &mut pending)?;
+            }
         }
     }
 }
 
-/// Keeps `ready` to send unless the stream already holds its position.
+impl Session<'_> {
+    /// Publishes this process's takeover marker after `last_id` (the
+    /// stream's last message, whose data position is `after`); returns the
+    /// marker's id.
+    async fn announce(
+        &self,
+        last_id: Option<&str>,
+        after: Option<Position>,
+    ) -> Result<String, FleetError> {
+        let log = self.log;
+        let marker = Message::takeover(self.holder, after);
+        let mut publish = PublishMessage::build()
+            .payload(Bytes::from(marker.encode()))
+            .message_id(marker.message_id());
+        if let Some(id) = last_id {
+            publish = publish.expected_last_message_id(id);
+        }
+        let ack = log
+            .jetstream
+            .send_publish(log.settings.subject.clone(), publish)
+            .await
+            .map_err(|e| FleetError::Nats(format!("takeover marker: {e}")))?
+            .await
+            .map_err(|e| FleetError::Nats(format!("takeover marker: {e}")))?;
+        tracing::info!(
+            holder = format!("{:x}", self.holder),
+            ?after,
+            sequence = ack.sequence,
+            "took over the change stream"
+        );
+        Ok(marker.message_id())
+    }
+}
+
+/// Keeps `ready` to send unless the stream already holds its position
+/// (`last_data`, stored at `last_sequence` or before). A transaction whose
+/// chunks the stream holds only in part (a projector that stopped in the
+/// middle of it) is sent again whole, from its first chunk: consumers
+/// start a transaction over at a first chunk.
 fn skip_or_keep(
     ready: Ready,
-    last: Option<(Position, u64)>,
+    last_data: Option<Position>,
+    last_sequence: u64,
     state: &OutboxState,
     pending: &mut VecDeque<Ready>,
 ) -> Result<(), FleetError> {
     let position = ready.message.position;
-    match last {
-        Some((stored, _)) if position.epoch < stored.epoch => Err(FleetError::EpochBehind {
+    let Some(stored) = last_data else {
+        pending.push_back(ready);
+        return Ok(());
+    };
+    if position.epoch < stored.epoch {
+        return Err(FleetError::EpochBehind {
             ours: position.epoch,
             stream: stored.epoch,
-        }),
-        Some((stored, sequence)) if position <= stored => {
-            // Stored by an earlier session (or process): acknowledged.
-            state.note_stored(ready.completes, sequence);
-            Ok(())
-        }
-        _ => {
-            pending.push_back(ready);
-            Ok(())
-        }
+        });
     }
+    let partly_stored =
+        stored.kind == Kind::Chunk && position.epoch == stored.epoch && position.lsn == stored.lsn;
+    if position <= stored && !partly_stored {
+        // Stored by an earlier session (or process): acknowledged.
+        state.note_stored(ready.completes, last_sequence);
+    } else {
+        pending.push_back(ready);
+    }
+    Ok(())
 }
 
 /// Puts everything not acknowledged back in order, to be sent again: the

@@ -38,6 +38,11 @@ use crate::model::ReadModel;
 use crate::owner::{self, OwnerSettings};
 use crate::stream::{StreamStatus, slot};
 
+/// How long a standby taking over may spend applying the rest of the
+/// stream: past it, the projector starts from what the copy holds (the
+/// slot replays the rest, or a copy behind the slot takes a snapshot).
+const HANDOVER_DRAIN: Duration = Duration::from_secs(10);
+
 /// What the replica reports (`/v1/status` `fleet`).
 #[derive(Debug, Default)]
 pub struct ReplicaState {
@@ -104,6 +109,14 @@ struct Cursor {
 impl Replica {
     /// Runs sessions until `shutdown`, reconnecting with backoff.
     pub async fn run(self, shutdown: CancellationToken) {
+        self.follow(&CancellationToken::new(), &shutdown).await;
+    }
+
+    /// Follows the stream (bootstrapping first) until `shutdown`, or until
+    /// `handover` is cancelled: then it applies the stream up to its end as
+    /// read at that moment (bounded by `HANDOVER_DRAIN`) and returns. A
+    /// standby projector follows this way until it takes the slot.
+    pub async fn follow(&self, handover: &CancellationToken, shutdown: &CancellationToken) {
         let mut cursor = Cursor {
             bootstrap: true,
             ..Cursor::default()
@@ -113,9 +126,12 @@ impl Replica {
             let outcome = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return,
-                outcome = self.session(&mut cursor, &shutdown) => outcome,
+                outcome = self.session(&mut cursor, handover, shutdown) => outcome,
             };
             self.status.connected.store(false, Ordering::Release);
+            if handover.is_cancelled() {
+                return;
+            }
             match outcome {
                 Ok(()) => return,
                 Err(FleetError::NewEpoch { ours, stream }) => {
@@ -146,6 +162,7 @@ impl Replica {
     async fn session(
         &self,
         cursor: &mut Cursor,
+        handover: &CancellationToken,
         shutdown: &CancellationToken,
     ) -> Result<(), FleetError> {
         let log = ChangeLog::connect(&self.settings).await?;
@@ -161,9 +178,12 @@ impl Replica {
             }
         }
         if cursor.bootstrap {
-            self.bootstrap(&log, cursor, shutdown).await?;
+            self.bootstrap(&log, cursor, handover, shutdown).await?;
+            if cursor.bootstrap {
+                return Ok(()); // handed over (or shut down) before a copy
+            }
         }
-        self.consume(&log, cursor, shutdown).await
+        self.consume(&log, cursor, handover, shutdown).await
     }
 
     /// Loads the newest checkpoint in the bucket (waiting, not ready, until
@@ -172,6 +192,7 @@ impl Replica {
         &self,
         log: &ChangeLog,
         cursor: &mut Cursor,
+        handover: &CancellationToken,
         shutdown: &CancellationToken,
     ) -> Result<(), FleetError> {
         let newest = loop {
@@ -188,6 +209,7 @@ impl Replica {
             tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return Ok(()),
+                _ = handover.cancelled() => return Ok(()),
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
         };
@@ -250,6 +272,7 @@ impl Replica {
         &self,
         log: &ChangeLog,
         cursor: &mut Cursor,
+        handover: &CancellationToken,
         shutdown: &CancellationToken,
     ) -> Result<(), FleetError> {
         let stream = log.changes().await?;
@@ -272,10 +295,24 @@ impl Replica {
         let mut assembly = Assembly::default();
         let mut stream_end = tokio::time::interval(log.settings.owner_position_interval());
         stream_end.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Once handed over: the stream's end to apply before returning, and
+        // the latest moment to return anyway.
+        let mut drain: Option<(u64, tokio::time::Instant)> = None;
         loop {
+            if let Some((end, deadline)) = drain
+                && (cursor.next_sequence > end || tokio::time::Instant::now() >= deadline)
+            {
+                return Ok(());
+            }
             let next = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return Ok(()),
+                _ = handover.cancelled(), if drain.is_none() => {
+                    let end = log.last_sequence().await?;
+                    drain = Some((end, tokio::time::Instant::now() + HANDOVER_DRAIN));
+                    continue;
+                }
+                _ = tokio::time::sleep_until(drain.map_or_else(tokio::time::Instant::now, |(_, d)| d)), if drain.is_some() => continue,
                 _ = stream_end.tick() => {
                     // Where the stream ends, for readiness (`messages_behind`).
                     let last = log.last_sequence().await?;
@@ -311,6 +348,14 @@ impl Replica {
         cursor: &mut Cursor,
     ) -> Result<(), FleetError> {
         let position = message.position;
+        if let Body::Takeover { after } = message.body {
+            tracing::info!(
+                holder = format!("{:x}", message.holder),
+                ?after,
+                "a projector took over the change stream"
+            );
+            return Ok(());
+        }
         let epoch = self.model.read().epoch;
         if position.epoch > epoch {
             return Err(FleetError::NewEpoch {
@@ -318,16 +363,23 @@ impl Replica {
                 stream: position.epoch,
             });
         }
-        if position.epoch < epoch || cursor.applied.is_some_and(|a| position <= a) {
+        // Chunks are not filtered by position: a transaction sent again
+        // from its first chunk (after a takeover) starts over in the
+        // assembly; its commit is what is filtered.
+        let chunk = matches!(message.body, Body::Chunk { .. });
+        if position.epoch < epoch || (!chunk && cursor.applied.is_some_and(|a| position <= a)) {
             metrics::FLEET_MESSAGES_DROPPED.inc();
             return Ok(());
         }
-        cursor.applied = Some(position);
+        if !chunk {
+            cursor.applied = Some(position);
+        }
         match message.body {
             Body::Merge { changes } => {
                 self.model.apply_merge(position.lsn(), &changes)?;
             }
             Body::Advance => self.model.advance(position.lsn()),
+            Body::Takeover { .. } => {}
             body @ (Body::Chunk { .. } | Body::Commit { .. }) => {
                 if let Some(txn) = assembly.push(position, body)? {
                     self.index.note_transaction(&txn);

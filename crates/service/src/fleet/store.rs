@@ -135,6 +135,9 @@ pub async fn download(
         .await?
         .map_err(|e| FleetError::Nats(format!("downloading {object_name}: {e}")))?;
     let bytes = object.info().size as u64;
+    tokio::fs::create_dir_all(dir)
+        .await
+        .map_err(|e| FleetError::Nats(format!("creating {}: {e}", dir.display())))?;
     let temp = tempfile::Builder::new()
         .prefix(".vacancy-download-")
         .tempdir_in(dir)

@@ -36,6 +36,8 @@ pub enum Kind {
     Merge = 2,
     /// The applied position moved with no data (keepalive, heartbeat).
     Advance = 3,
+    /// A projector took over the stream (see `Body::Takeover`).
+    Takeover = 4,
 }
 
 impl Kind {
@@ -45,6 +47,7 @@ impl Kind {
             Kind::Commit => 't',
             Kind::Merge => 'm',
             Kind::Advance => 'a',
+            Kind::Takeover => 'o',
         }
     }
 }
@@ -94,12 +97,18 @@ pub enum Body {
     Merge { changes: Vec<Change> },
     /// No data: the applied position is now the message's LSN.
     Advance,
+    /// The message's holder publishes from here on; `after` is the last
+    /// data position stored before it. Consumers apply nothing of it; a
+    /// publisher that finds another holder's marker after its own is fenced.
+    Takeover { after: Option<Position> },
 }
 
 /// One message on the change stream.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Message {
     pub version: u8,
+    /// Which projector process published it (random per process).
+    pub holder: u64,
     pub position: Position,
     pub body: Body,
 }
@@ -115,6 +124,44 @@ pub enum WireError {
 }
 
 impl Message {
+    /// The message id: the position's, or for a takeover marker one of
+    /// its own holder (a marker has no data position).
+    pub fn message_id(&self) -> String {
+        match self.body {
+            Body::Takeover { .. } => format!("takeover-{:x}", self.holder),
+            _ => self.position.message_id(),
+        }
+    }
+
+    /// The last data position this message stands for: its own, or for a
+    /// takeover marker the one it was published after.
+    pub fn data_position(&self) -> Option<Position> {
+        match self.body {
+            Body::Takeover { after } => after,
+            _ => Some(self.position),
+        }
+    }
+
+    /// A takeover marker by `holder`, published after `after`.
+    pub fn takeover(holder: u64, after: Option<Position>) -> Message {
+        let position = after.unwrap_or(Position {
+            epoch: 0,
+            lsn: 0,
+            kind: Kind::Takeover,
+            seq: 0,
+        });
+        Message {
+            version: WIRE_VERSION,
+            holder,
+            position: Position {
+                kind: Kind::Takeover,
+                seq: 0,
+                ..position
+            },
+            body: Body::Takeover { after },
+        }
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         // Encoding plain data into a Vec cannot fail.
         postcard::to_stdvec(self).unwrap_or_default()
@@ -136,6 +183,7 @@ impl Message {
 pub fn transaction_messages(epoch: u64, txn: &Transaction, max_bytes: usize) -> Vec<Message> {
     let commit = |chunks: u32, changes: Vec<Change>| Message {
         version: WIRE_VERSION,
+        holder: 0,
         position: Position {
             epoch,
             lsn: txn.end_lsn.0,
@@ -159,6 +207,7 @@ pub fn transaction_messages(epoch: u64, txn: &Transaction, max_bytes: usize) -> 
         .enumerate()
         .map(|(index, changes)| Message {
             version: WIRE_VERSION,
+            holder: 0,
             position: Position {
                 epoch,
                 lsn: txn.end_lsn.0,
@@ -189,6 +238,7 @@ pub fn merge_messages(
         .enumerate()
         .map(|(index, part)| Message {
             version: WIRE_VERSION,
+            holder: 0,
             position: Position {
                 epoch,
                 lsn: lsn.0,
@@ -203,6 +253,7 @@ pub fn merge_messages(
 pub fn advance_message(epoch: u64, lsn: Lsn) -> Message {
     Message {
         version: WIRE_VERSION,
+        holder: 0,
         position: Position {
             epoch,
             lsn: lsn.0,
@@ -248,8 +299,10 @@ pub struct Assembly {
 
 impl Assembly {
     /// Takes one message; returns a transaction when its commit completes
-    /// one. Chunks of another LSN than the one held start over (a
-    /// projector that failed mid-transaction re-sends it whole).
+    /// one. A first chunk (or a chunk of another LSN) starts over: a
+    /// projector that took over from one that failed mid-transaction sends
+    /// that transaction again from its first chunk. A chunk that is not the
+    /// next one expected is a repeat and is dropped.
     pub fn push(
         &mut self,
         position: Position,
@@ -261,6 +314,9 @@ impl Assembly {
                     self.held.clear();
                     self.chunks = 0;
                     self.held_lsn = Some(position.lsn);
+                }
+                if position.seq != self.chunks {
+                    return Ok(None);
                 }
                 self.held.extend(changes);
                 self.chunks += 1;
@@ -302,7 +358,7 @@ impl Assembly {
                     changes: all,
                 }))
             }
-            Body::Merge { .. } | Body::Advance => Ok(None),
+            Body::Merge { .. } | Body::Advance | Body::Takeover { .. } => Ok(None),
         }
     }
 
@@ -401,6 +457,36 @@ mod tests {
             }
         }
         assert!(refused);
+    }
+
+    #[test]
+    fn a_transaction_sent_again_from_its_first_chunk_assembles_once() {
+        let t = txn(5_000);
+        let messages = transaction_messages(9, &t, 4096);
+        let chunks = messages.len() - 1;
+        // The first projector sent three chunks and died; the next sends the
+        // whole transaction again; a stray repeat of chunk 1 comes between.
+        let mut stream: Vec<Message> = messages[..3].to_vec();
+        stream.push(messages[1].clone());
+        stream.extend(messages.iter().cloned());
+        let mut assembly = Assembly::default();
+        let mut whole = Vec::new();
+        for m in stream {
+            if let Some(t) = assembly.push(m.position, m.body).unwrap() {
+                whole.push(t);
+            }
+        }
+        assert!(chunks > 3);
+        assert_eq!(whole, vec![t], "exactly one, complete");
+    }
+
+    #[test]
+    fn a_takeover_marker_stands_for_the_position_before_it() {
+        let before = advance_message(3, Lsn(0x500)).position;
+        let marker = Message::decode(&Message::takeover(0xabc, Some(before)).encode()).unwrap();
+        assert_eq!(marker.data_position(), Some(before));
+        assert_eq!(marker.message_id(), "takeover-abc");
+        assert_eq!(Message::takeover(1, None).data_position(), None);
     }
 
     #[test]

@@ -246,7 +246,7 @@ impl Checkpoints {
     /// A snapshot replaced the copy: no checkpoint covers it yet (the last
     /// one may even be of another timeline, with higher LSNs), so nothing
     /// is acknowledged until one does; ask the checkpointer for one now.
-    pub(super) fn copy_replaced(&self) {
+    pub fn copy_replaced(&self) {
         self.durable.store(0, Ordering::Release);
         self.wake.notify_one();
     }

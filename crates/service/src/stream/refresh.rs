@@ -132,6 +132,10 @@ pub struct Refresh {
     /// Re-reads given up because the owner still hid a commit the stream had
     /// delivered (their calendars are queued again).
     pub deferred: AtomicU64,
+    /// Set while this process does not hold the slot (a fleet projector
+    /// standing by): a re-read's watermarks would reach only the active
+    /// projector's stream, so re-reading would cost the owner for nothing.
+    paused: std::sync::atomic::AtomicBool,
 }
 
 impl Refresh {
@@ -164,6 +168,7 @@ impl Refresh {
             repaired: AtomicU64::new(0),
             merged: AtomicU64::new(0),
             deferred: AtomicU64::new(0),
+            paused: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -345,6 +350,11 @@ impl Refresh {
         merges
     }
 
+    /// Pauses re-reads (a standby) or resumes them (it took the slot).
+    pub fn set_paused(&self, paused: bool) {
+        self.paused.store(paused, Ordering::Release);
+    }
+
     /// Asks for a re-read of `keys` now, whatever their TTL (an operator's
     /// repair of one hotel, or a test that races re-reads with the stream).
     pub fn request(&self, keys: impl IntoIterator<Item = CalendarKey>) {
@@ -454,7 +464,7 @@ pub async fn run_refresher(
         // A copy loaded from a checkpoint first replays the WAL since it:
         // a re-read before that would only be merged into an old copy and
         // compete with the catch-up for the owner.
-        if !model.freshness.caught_up() {
+        if !model.freshness.caught_up() || refresh.paused.load(Ordering::Acquire) {
             continue;
         }
         // moka expires entries lazily; this is where expired ones reach `due`.

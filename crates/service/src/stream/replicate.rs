@@ -193,6 +193,17 @@ pub struct Projector {
     /// In the fleet's projector role: where applied changes are handed over
     /// (`outbox`), and what caps the slot's acknowledgement.
     outbox: Option<Outbox>,
+    yield_when_slot_busy: bool,
+}
+
+/// Why `Projector::run_until` returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunEnd {
+    Shutdown,
+    /// Another walsender holds the slot (only with `yield_when_slot_busy`).
+    SlotBusy,
+    /// The outbox's carrier stopped (a fenced fleet projector).
+    OutboxClosed,
 }
 
 /// How a session that did not fail ended.
@@ -247,7 +258,14 @@ impl Projector {
             index,
             checkpoints,
             outbox: None,
+            yield_when_slot_busy: false,
         }
+    }
+
+    /// Ends `run_until` when the slot is held by another walsender.
+    pub fn yield_when_slot_busy(mut self) -> Projector {
+        self.yield_when_slot_busy = true;
+        self
     }
 
     /// Hands every committed transaction and keepalive advance to `outbox`
@@ -260,6 +278,14 @@ impl Projector {
 
     /// Runs sessions until `shutdown`, reconnecting with backoff and jitter.
     pub async fn run(self, shutdown: CancellationToken) {
+        self.run_until(&shutdown).await;
+    }
+
+    /// As `run`, and says why it stopped. With `yield_when_slot_busy`
+    /// (the fleet's projector), a slot another walsender holds ends it
+    /// (`RunEnd::SlotBusy`) instead of being retried, so the caller can
+    /// follow the stream as a standby meanwhile.
+    pub async fn run_until(&self, shutdown: &CancellationToken) -> RunEnd {
         let min = Duration::from_millis(self.stream.reconnect_min_ms);
         let max = Duration::from_millis(self.stream.reconnect_max_ms);
         let mut backoff = min;
@@ -289,14 +315,22 @@ impl Projector {
                     // checkpoint for the next start.
                     self.final_checkpoint().await;
                 }
-                return;
+                return RunEnd::Shutdown;
             }
             match outcome {
-                Ok(SessionEnd::Shutdown) => return,
+                Ok(SessionEnd::Shutdown) => return RunEnd::Shutdown,
                 Ok(SessionEnd::Resnapshot) => {
                     tracing::info!("stream session ended for a requested resnapshot");
                     backoff = min;
                     continue;
+                }
+                Err(StreamError::SlotBusy { slot, pid }) if self.yield_when_slot_busy => {
+                    tracing::info!(%slot, ?pid, "the slot is held by another walsender; standing by");
+                    return RunEnd::SlotBusy;
+                }
+                Err(StreamError::OutboxClosed) => {
+                    tracing::error!("the outbox's carrier stopped; this projector stops applying");
+                    return RunEnd::OutboxClosed;
                 }
                 Err(error) => {
                     metrics::RECONNECTS.inc();
@@ -315,7 +349,7 @@ impl Projector {
                 biased;
                 _ = shutdown.cancelled() => {
                     self.final_checkpoint().await;
-                    return;
+                    return RunEnd::Shutdown;
                 }
                 _ = tokio::time::sleep(wait) => {}
             }
