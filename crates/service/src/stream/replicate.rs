@@ -295,8 +295,8 @@ impl Projector {
             // nothing to acknowledge, so shutdown may drop it where it is;
             // once streaming, the loop itself ends on shutdown after its
             // last acknowledgement.
-            let outcome = match self.prepare(&shutdown).await {
-                Ok(Some(mut stream)) => self.stream_session(&mut stream, &shutdown).await,
+            let outcome = match self.prepare(shutdown).await {
+                Ok(Some(mut stream)) => self.stream_session(&mut stream, shutdown).await,
                 Ok(None) => {
                     // Shutdown while connecting: no stream to acknowledge
                     // on, but a copy from before may be newer than the
