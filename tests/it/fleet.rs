@@ -22,6 +22,8 @@ use crate::support::{TestOwner, wait_for};
 use vacancy_service::slot;
 
 const QUOTE_KEY: &str = "fleet-test-quote-key-0123456789abcdef";
+/// The one line of the token file: booking token and admin token alike.
+const TOKEN: &str = "fleet-test-booking-token-0123456789";
 
 /// What every node of the test fleet shares: NATS, the quote key, the
 /// booking token (both required outside standalone).
@@ -37,6 +39,7 @@ fn fleet_env<'a>(
         ("VACANCY_STALE__QUOTE_KEY", QUOTE_KEY),
         ("VACANCY_STALE__BOOKING_TOKENS_FILE", tokens),
         ("VACANCY_FLEET__OWNER_POSITION_INTERVAL_MS", "200"),
+        ("VACANCY_ADMIN__TOKENS_FILE", tokens),
     ];
     env.extend_from_slice(extra);
     env
@@ -54,7 +57,7 @@ impl Fleet {
     async fn new(owner: &TestOwner, nats: &NatsServer) -> Fleet {
         let dir = tempfile::tempdir().expect("temp dir");
         let tokens = dir.path().join("booking-tokens");
-        std::fs::write(&tokens, "fleet-test-booking-token-0123456789\n").expect("token file");
+        std::fs::write(&tokens, format!("{TOKEN}\n")).expect("token file");
         let checkpoints = dir.path().join("checkpoints");
         Fleet {
             owner_url: owner.url.clone(),
@@ -79,23 +82,31 @@ impl Fleet {
     /// A projector named `name` (its own checkpoint directory) that reaches
     /// the owner and NATS at these addresses.
     fn projector_via(&self, name: &str, owner_url: &str, nats_url: &str) -> Serve {
+        self.projector_with(name, owner_url, nats_url, &[])
+    }
+
+    /// As `projector_via`, with more settings.
+    fn projector_with(
+        &self,
+        name: &str,
+        owner_url: &str,
+        nats_url: &str,
+        more: &[(&str, &str)],
+    ) -> Serve {
         let checkpoints = format!("{}-{name}", self.checkpoints);
+        let mut extra = vec![
+            ("VACANCY_CHECKPOINT__DIR", checkpoints.as_str()),
+            ("VACANCY_CHECKPOINT__INTERVAL_SECS", "1"),
+            ("VACANCY_FLEET__MAX_CHUNK_BYTES", "4096"),
+            ("VACANCY_FLEET__PUBLISH_ACK_TIMEOUT_MS", "1000"),
+            ("VACANCY_FLEET__REQUEST_TIMEOUT_MS", "1000"),
+        ];
+        extra.extend_from_slice(more);
         Serve::start_with(
             owner_url,
             self.logs(),
             name,
-            &fleet_env(
-                "projector",
-                nats_url,
-                &self.tokens,
-                &[
-                    ("VACANCY_CHECKPOINT__DIR", &checkpoints),
-                    ("VACANCY_CHECKPOINT__INTERVAL_SECS", "1"),
-                    ("VACANCY_FLEET__MAX_CHUNK_BYTES", "4096"),
-                    ("VACANCY_FLEET__PUBLISH_ACK_TIMEOUT_MS", "1000"),
-                    ("VACANCY_FLEET__REQUEST_TIMEOUT_MS", "1000"),
-                ],
-            ),
+            &fleet_env("projector", nats_url, &self.tokens, &extra),
         )
     }
 
@@ -552,5 +563,112 @@ async fn a_projector_cut_off_from_the_owner_is_fenced_after_the_takeover() {
     run_workload(&owner, seed ^ 2, 2, 10).await;
     assert_binary_converged(&replica, &client).await;
     assert_binary_converged(&second, &client).await;
+    drop(nats);
+}
+
+/// `POST /v1/admin/resnapshot` with the test's admin token.
+async fn ask_resnapshot(serve: &Serve) {
+    let client = vacancy_lab::http_client::HttpClient::new(serve.addr, Duration::from_secs(10))
+        .expect("http client");
+    let accepted = client
+        .post_json("/v1/admin/resnapshot", Some(TOKEN), "")
+        .await
+        .expect("POST /v1/admin/resnapshot");
+    assert_eq!(accepted.status, 202, "{}", accepted.text());
+}
+
+async fn replica_progress(serve: &Serve) -> Option<(u64, u64)> {
+    let status = serve.status().await?;
+    let progress = &fleet_status(&status)["replica"];
+    Some((
+        progress["epoch"].as_u64()?,
+        progress["bootstraps"].as_u64()?,
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_epoch_and_an_operators_ask_bootstrap_a_replica_again() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    let nats = start_nats().await;
+    let fleet = Fleet::new(&owner, &nats).await;
+    // The stream keeps 3 s of messages (two checkpoints a second apart fit).
+    let projector = fleet.projector_with(
+        "projector",
+        &fleet.owner_url,
+        &fleet.nats_url,
+        &[
+            ("VACANCY_FLEET__MAX_AGE_SECS", "3"),
+            ("VACANCY_FLEET__DUPLICATE_WINDOW_SECS", "1"),
+        ],
+    );
+    wait_ready(&projector, Duration::from_secs(60)).await;
+    // The replica reaches NATS through a link the test can cut.
+    let nats_link = Link::to(([127, 0, 0, 1], nats.port()).into()).await;
+    let replica = Serve::start_with(
+        &fleet.owner_url,
+        fleet.logs(),
+        "replica",
+        &fleet_env(
+            "replica",
+            &format!("nats://{}", nats_link.addr),
+            &fleet.tokens,
+            &[("VACANCY_FLEET__REQUEST_TIMEOUT_MS", "1000")],
+        ),
+    );
+    wait_ready(&replica, Duration::from_secs(60)).await;
+    let seed = test_seed();
+    run_workload(&owner, seed, 2, 20).await;
+    let (first_epoch, _) = replica_progress(&replica).await.expect("progress");
+
+    // The projector takes a new snapshot: a new epoch. The replica never
+    // applies its messages to the old copy; it bootstraps from the new
+    // epoch's first checkpoint.
+    ask_resnapshot(&projector).await;
+    let (second_epoch, boots) = wait_for(
+        "the replica to bootstrap into the new epoch",
+        Duration::from_secs(60),
+        || async {
+            let (epoch, boots) = replica_progress(&replica).await?;
+            (epoch != first_epoch).then_some((epoch, boots))
+        },
+    )
+    .await;
+    assert!(
+        second_epoch > first_epoch,
+        "epochs go up: {first_epoch} then {second_epoch}"
+    );
+    run_workload(&owner, seed ^ 1, 2, 20).await;
+    assert_binary_converged(&replica, &client).await;
+
+    // An operator asks the replica itself: it bootstraps again.
+    ask_resnapshot(&replica).await;
+    wait_for("the asked bootstrap", Duration::from_secs(60), || async {
+        let (_, now) = replica_progress(&replica).await?;
+        (now > boots).then_some(())
+    })
+    .await;
+    run_workload(&owner, seed ^ 2, 2, 10).await;
+    assert_binary_converged(&replica, &client).await;
+
+    // Cut off from NATS for longer than the stream keeps messages: its
+    // position is gone from the stream when the link is back, and it
+    // bootstraps again from a newer checkpoint rather than skip the gap.
+    let (_, before_cut) = replica_progress(&replica).await.expect("progress");
+    nats_link.cut();
+    run_workload(&owner, seed ^ 3, 2, 20).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    nats_link.restore();
+    wait_for(
+        "the replica to bootstrap past the retention gap",
+        Duration::from_secs(60),
+        || async {
+            let (_, now) = replica_progress(&replica).await?;
+            (now > before_cut).then_some(())
+        },
+    )
+    .await;
+    assert_binary_converged(&replica, &client).await;
     drop(nats);
 }

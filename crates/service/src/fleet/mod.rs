@@ -63,6 +63,10 @@ pub enum FleetError {
     /// must publish nothing more.
     #[error("fenced: projector {by:x} took over the change stream")]
     Fenced { by: u64 },
+    /// An operator asked a replica to bootstrap again (the admin
+    /// resnapshot): it loads the newest checkpoint, serving meanwhile.
+    #[error("an operator asked for a new bootstrap")]
+    BootstrapAsked { asked: u64 },
     /// A replica met a message of a newer epoch: it bootstraps again.
     #[error("the change stream moved to epoch {stream:x}; this copy is of {ours:x}")]
     NewEpoch { ours: u64, stream: u64 },

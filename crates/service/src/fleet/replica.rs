@@ -104,6 +104,9 @@ struct Cursor {
     next_sequence: u64,
     /// The last position applied (or dropped as already held).
     applied: Option<Position>,
+    /// An operator's resnapshot ask (`POST /v1/admin/resnapshot`) the next
+    /// bootstrap answers.
+    asked: Option<u64>,
 }
 
 impl Replica {
@@ -134,6 +137,13 @@ impl Replica {
             }
             match outcome {
                 Ok(()) => return,
+                Err(FleetError::BootstrapAsked { asked }) => {
+                    tracing::info!("bootstrapping again, as an operator asked");
+                    cursor.bootstrap = true;
+                    cursor.asked = Some(asked);
+                    backoff = Duration::from_millis(100);
+                    continue;
+                }
                 Err(FleetError::NewEpoch { ours, stream }) => {
                     tracing::info!(
                         ours,
@@ -232,6 +242,9 @@ impl Replica {
         cursor.bootstrap = false;
         cursor.next_sequence = newest.sequence + 1;
         cursor.applied = None;
+        if let Some(asked) = cursor.asked.take() {
+            self.status.resnapshot_served(asked);
+        }
         self.state.update(|p| {
             p.bootstrapped_from = Some(newest.object_name());
             p.next_sequence = cursor.next_sequence;
@@ -314,6 +327,9 @@ impl Replica {
                 }
                 _ = tokio::time::sleep_until(drain.map_or_else(tokio::time::Instant::now, |(_, d)| d)), if drain.is_some() => continue,
                 _ = stream_end.tick() => {
+                    if let Some(asked) = self.status.pending_resnapshot() {
+                        return Err(FleetError::BootstrapAsked { asked });
+                    }
                     // Where the stream ends, for readiness (`messages_behind`).
                     let last = log.last_sequence().await?;
                     self.state.update(|p| p.stream_last_sequence = last);
@@ -332,6 +348,24 @@ impl Replica {
                 .info()
                 .map_err(|e| FleetError::Nats(format!("a message without stream info: {e}")))?
                 .stream_sequence;
+            // The stream holds only the change subject, so its sequences
+            // are contiguous: a jump means messages were removed (retention)
+            // before this replica read them, and applying on would miss them.
+            if sequence > cursor.next_sequence && cursor.next_sequence > 0 {
+                tracing::warn!(
+                    expected = cursor.next_sequence,
+                    got = sequence,
+                    "messages of the change stream are gone before this replica applied them; bootstrapping again"
+                );
+                cursor.bootstrap = true;
+                return Err(FleetError::Nats(format!(
+                    "the change stream skipped from sequence {} to {sequence}",
+                    cursor.next_sequence
+                )));
+            }
+            if sequence < cursor.next_sequence {
+                continue; // delivered again after a consumer's recreation
+            }
             let decoded = Message::decode(&message.payload)?;
             self.apply(decoded, &mut assembly, cursor)?;
             cursor.next_sequence = sequence + 1;

@@ -413,12 +413,15 @@ pub(super) async fn calendar(
 }
 
 /// `POST /v1/admin/resnapshot`: the projector takes a new snapshot (and a
-/// new slot) while the current copy keeps serving, then swaps it in whole.
+/// new slot) while the current copy keeps serving, then swaps it in whole;
+/// in the fleet that starts a new epoch, and every replica bootstraps from
+/// its first checkpoint. On a replica: it bootstraps again from the newest
+/// checkpoint.
 /// Answered 202 at once; `/v1/status` shows `resnapshotting` until done.
 #[utoipa::path(post, path = "/v1/admin/resnapshot", tag = "operations",
     security(("admin_token" = [])),
     responses(
-        (status = 202, description = "a new snapshot will be taken; the current copy serves meanwhile", body = ResnapshotAccepted),
+        (status = 202, description = "a new snapshot will be taken (a replica: a new bootstrap); the current copy serves meanwhile", body = ResnapshotAccepted),
         (status = 401, description = "missing or wrong admin token", body = ProblemBody, content_type = "application/problem+json"),
     ))]
 pub(super) async fn resnapshot(

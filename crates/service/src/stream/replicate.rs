@@ -131,7 +131,7 @@ impl StreamStatus {
 
     /// The ask count a snapshot started now would answer, if it is ahead of
     /// what the last snapshot answered.
-    fn pending_resnapshot(&self) -> Option<u64> {
+    pub(crate) fn pending_resnapshot(&self) -> Option<u64> {
         let requested = self.resnapshots_requested.load(Ordering::SeqCst);
         (requested > self.resnapshots_served.load(Ordering::SeqCst)).then_some(requested)
     }
@@ -141,7 +141,7 @@ impl StreamStatus {
         self.resnapshots_served.load(Ordering::SeqCst)
     }
 
-    fn resnapshot_served(&self, asked: u64) {
+    pub(crate) fn resnapshot_served(&self, asked: u64) {
         self.resnapshots_served.fetch_max(asked, Ordering::SeqCst);
     }
 
