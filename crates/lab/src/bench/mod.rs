@@ -16,6 +16,8 @@
 //! - `memory`: resident bytes per inventory row once the copy is loaded.
 //! - `faults`: recovery and divergence per fault (`crate::bench::faults`).
 //! - `restart`: a restart from a checkpoint beside the first start's snapshot.
+//! - `fleet`: replicas fed by a projector through NATS JetStream: their
+//!   bootstrap, memory, latency and owner cost beside a standalone's.
 //!
 //! Each measurement is a module named as its subcommand. This one holds the
 //! command line, the owner under test (prepared once, its slots and
@@ -25,6 +27,7 @@
 
 mod apply;
 pub mod faults;
+mod fleet;
 mod latency;
 mod memory;
 mod restart;
@@ -162,6 +165,48 @@ pub enum BenchCommand {
         #[arg(long)]
         work_dir: Option<PathBuf>,
     },
+    /// A fleet (one projector publishing to a throwaway nats-server, two
+    /// replicas) beside standalone copies, on the same owner data: seconds
+    /// to ready and peak RSS of a replica's bootstrap beside a standalone's
+    /// full snapshot; walsenders and owner rows read with one and two
+    /// replicas beside one and two standalones; commit-to-visible latency of
+    /// holds on a replica beside the projector under the same load. Writes
+    /// to the owner.
+    Fleet {
+        /// An existing owner database (seeded with `vacancy seed`). When its
+        /// tables are empty it is seeded with the sizes below. Default: an
+        /// embedded throwaway cluster with fsync on.
+        #[arg(long)]
+        owner_url: Option<String>,
+        /// Folder with the PostgreSQL binaries (initdb, pg_ctl, pgbench).
+        #[arg(long, env = "VACANCY_PG_BIN")]
+        pg_bin: Option<PathBuf>,
+        #[arg(long, default_value_t = 500)]
+        hotels: u32,
+        #[arg(long, default_value_t = 20)]
+        room_types: u32,
+        #[arg(long, default_value_t = 120)]
+        nights: u32,
+        /// Background holds per second (pgbench -R) while latency is probed.
+        #[arg(long, default_value_t = 1000)]
+        rate: u32,
+        /// Seconds of background holds (pgbench -T).
+        #[arg(long, default_value_t = 20)]
+        seconds: u32,
+        /// pgbench clients for the background holds.
+        #[arg(long, default_value_t = 16)]
+        clients: u32,
+        /// Milliseconds between the start of two probe holds.
+        #[arg(long, default_value_t = 10)]
+        probe_interval_ms: u64,
+        /// checkpoint.interval_secs for the projector.
+        #[arg(long, default_value_t = 300)]
+        interval_secs: u64,
+        /// Keep the checkpoints and the processes' logs here (default: a
+        /// temporary directory, removed at the end).
+        #[arg(long)]
+        work_dir: Option<PathBuf>,
+    },
     /// Load-test /v1/search beside the same question asked of the owner in SQL.
     Search(crate::bench::search::SearchBenchArgs),
     /// The copy's 409s (after a showing the owner refused at the moment the
@@ -220,6 +265,8 @@ pub enum BenchError {
     Search(#[from] crate::bench::search::SearchBenchError),
     #[error("bench stale: {0}")]
     Stale(#[from] crate::bench::stale::StaleBenchError),
+    #[error("bench fleet: {0}")]
+    Fleet(#[from] fleet::FleetBenchError),
 }
 
 pub async fn run(command: BenchCommand) -> Result<(), BenchError> {
@@ -300,6 +347,37 @@ pub async fn run(command: BenchCommand) -> Result<(), BenchError> {
                 work_dir,
             };
             restart::run(&owner, &options).await
+        }
+        BenchCommand::Fleet {
+            owner_url,
+            pg_bin,
+            hotels,
+            room_types,
+            nights,
+            rate,
+            seconds,
+            clients,
+            probe_interval_ms,
+            interval_secs,
+            work_dir,
+        } => {
+            let owner = Owner::prepare(&OwnerArgs {
+                owner_url,
+                pg_bin,
+                hotels,
+                room_types,
+                nights,
+            })
+            .await?;
+            let options = fleet::FleetOptions {
+                rate: rate.max(1),
+                seconds: seconds.max(3),
+                clients: clients.max(1),
+                probe_interval: Duration::from_millis(probe_interval_ms),
+                interval_secs: interval_secs.max(1),
+                work_dir,
+            };
+            owner.guarded(fleet::run(&owner, &options)).await
         }
         BenchCommand::Faults(args) => Ok(crate::bench::faults::run(args).await?),
         BenchCommand::Search(args) => Ok(crate::bench::search::run(args).await?),

@@ -79,6 +79,12 @@ impl Serve {
         self.dir.join(format!("{}-{}.log", self.name, self.starts))
     }
 
+    /// The process id of the current start (`None` once it was reaped), for
+    /// reading its `/proc/<pid>/status` (bench fleet's peak RSS).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     /// Waits, at most `limit`, for the process to exit; whether it did.
     pub async fn exited_within(&mut self, limit: Duration) -> bool {
         tokio::time::timeout(limit, self.child.wait()).await.is_ok()

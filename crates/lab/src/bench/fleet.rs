@@ -1,0 +1,722 @@
+//! `vacancy bench fleet`: what a fleet (one projector publishing to NATS
+//! JetStream, replicas bootstrapping from its checkpoints) costs and
+//! gains, each figure beside its baseline measured in the same run, on the
+//! same owner data, with `vacancy serve` child processes:
+//!
+//! 1. bootstrap: seconds from spawning a process to its first 200 from
+//!    `/readyz`, and its peak RSS (`VmHWM`), for a standalone first start
+//!    (full snapshot, no checkpoints: the baseline) and for replicas
+//!    started from the projector's uploaded checkpoint;
+//! 2. owner cost: walsenders (`pg_stat_replication`) and the rows the
+//!    owner's sequential scans of `inventory` read during each start
+//!    (`pg_stat_user_tables.seq_tup_read`), for one and two standalone
+//!    copies (the baseline) and for the projector with one and two replicas;
+//! 3. commit-to-visible latency of holds under a steady pgbench load of
+//!    holds, on the projector (the baseline: it applies the slot's WAL) and
+//!    on a replica (which applies what the projector published), probed
+//!    in the same run under the same load.
+//!
+//! The processes run one after the other where a figure is a start time
+//! (on 2 cores a concurrent start would slow the one measured), and side
+//! by side where the figure is what they cost together.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use chrono::NaiveDate;
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde_json::Value;
+use tokio_postgres::Client;
+
+use super::faults::{self, Serve};
+use super::{BenchError, CONNECT_TIMEOUT, Owner, mib, print_header, run_tool};
+use crate::http_client::{HttpClient, HttpError, http};
+use crate::measure::Latencies;
+use crate::nats::{NatsServer, NatsServerError};
+use vacancy_service::slot;
+
+pub(super) struct FleetOptions {
+    /// Background holds per second (pgbench -R).
+    pub(super) rate: u32,
+    /// Seconds of background holds (pgbench -T).
+    pub(super) seconds: u32,
+    /// pgbench clients.
+    pub(super) clients: u32,
+    /// Between the starts of two probe holds.
+    pub(super) probe_interval: Duration,
+    /// The projector's checkpoint.interval_secs.
+    pub(super) interval_secs: u64,
+    /// Keep the logs and checkpoints here (default: a temporary directory).
+    pub(super) work_dir: Option<PathBuf>,
+}
+
+/// What can go wrong in this bench beyond the owner and the child processes.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetBenchError {
+    #[error(transparent)]
+    Nats(#[from] NatsServerError),
+    #[error("http client: {0}")]
+    Http(#[from] HttpError),
+    #[error("{what} took longer than {limit:?}{detail}")]
+    Timeout {
+        what: String,
+        limit: Duration,
+        detail: String,
+    },
+    #[error("{what}: the process exited; its log ({log}) ends: {tail}")]
+    Exited {
+        what: String,
+        log: String,
+        tail: String,
+    },
+    #[error("a bench task failed: {0}")]
+    Task(String),
+}
+
+/// The second standalone copy's slot (the first uses the faults bench's).
+const SECOND_SLOT: &str = "vacancy_fleet_second";
+/// Required on every fleet node (quotes must verify on every node).
+const QUOTE_KEY: &str = "fleet-bench-quote-key-0123456789abcdef0123";
+/// How long a start may take before the bench gives up (a full snapshot of
+/// 73M rows takes minutes on this machine kind).
+const START_LIMIT: Duration = Duration::from_secs(30 * 60);
+/// How long the projector may take to upload its first checkpoint.
+const UPLOAD_LIMIT: Duration = Duration::from_secs(10 * 60);
+/// How often readiness is polled: the resolution of "seconds to ready".
+const READY_POLL: Duration = Duration::from_millis(20);
+/// How often a probe reads a copy's calendar: the resolution of visibility.
+const VISIBLE_POLL: Duration = Duration::from_millis(1);
+const VISIBLE_LIMIT: Duration = Duration::from_secs(10);
+const HTTP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Time for pgbench to connect its clients and settle at its rate.
+const SETTLE: Duration = Duration::from_secs(1);
+/// Nights one probe tries before it counts the tick as full.
+const PROBE_TRIES: u32 = 8;
+const STOP_LIMIT: Duration = Duration::from_secs(60);
+
+/// One process's start: what it took and what it cost the owner.
+struct Start {
+    label: String,
+    seconds: f64,
+    peak_rss_kib: Option<u64>,
+    rows_loaded: Option<u64>,
+    /// Rows the owner's sequential scans of `inventory` read during the start.
+    seq_read: i64,
+    /// Walsenders on the owner once it was ready.
+    walsenders: i64,
+    from: String,
+}
+
+pub(super) async fn run(owner: &Owner, o: &FleetOptions) -> Result<(), BenchError> {
+    let client = vacancy_service::connect(owner.url(), CONNECT_TIMEOUT).await?;
+    print_header("fleet", owner, &client).await?;
+    for name in [faults::SLOT, SECOND_SLOT] {
+        slot::drop_slot(&client, name).await?;
+    }
+    let result = measure(owner, &client, o).await;
+    // A leftover slot pins the owner's WAL: removed also when a step failed
+    // (the children are killed on drop, so their walsenders are gone).
+    let mut cleaned = Ok(());
+    for name in [faults::SLOT, SECOND_SLOT] {
+        if let Err(e) = slot::drop_slot(&client, name).await {
+            cleaned = Err(e.into());
+        }
+    }
+    result.and(cleaned)
+}
+
+async fn measure(owner: &Owner, client: &Client, o: &FleetOptions) -> Result<(), BenchError> {
+    let temporary = tempfile::Builder::new()
+        .prefix("vacancy-fleet-")
+        .tempdir()?;
+    let work = o
+        .work_dir
+        .clone()
+        .unwrap_or_else(|| temporary.path().to_path_buf());
+    std::fs::create_dir_all(&work)?;
+    let exe = std::env::current_exe()?;
+    let nats = tokio::task::spawn_blocking(NatsServer::start)
+        .await
+        .map_err(|e| FleetBenchError::Task(e.to_string()))?
+        .map_err(FleetBenchError::from)?;
+    let nats_url = nats.url();
+    let checkpoints = work.join("checkpoints");
+    println!(
+        "run:      nats-server -js at {nats_url}; logs in {}; projector checkpoints in {}, interval {} s",
+        work.display(),
+        checkpoints.display(),
+        o.interval_secs
+    );
+
+    // 1. The baseline: standalone first starts, each a full snapshot on its own slot.
+    eprintln!("standalone: first start (full snapshot)");
+    let (mut first, first_start) = start_timed(
+        client,
+        "standalone, first start (full snapshot)",
+        &exe,
+        owner.url(),
+        &work,
+        "standalone-a",
+        Vec::new(),
+    )
+    .await?;
+    eprintln!("standalone: a second copy on a second slot");
+    let (mut second, second_start) = start_timed(
+        client,
+        "2nd standalone beside it (full snapshot)",
+        &exe,
+        owner.url(),
+        &work,
+        "standalone-b",
+        vec![("VACANCY_STREAM__SLOT".into(), SECOND_SLOT.into())],
+    )
+    .await?;
+    first.stop().await;
+    second.stop().await;
+    for name in [faults::SLOT, SECOND_SLOT] {
+        slot::drop_slot(client, name).await?;
+    }
+
+    // 2. The fleet: the projector (a full snapshot too), its first upload,
+    //    then two replicas one after the other.
+    let fleet_env = |role: &str| {
+        vec![
+            ("VACANCY_FLEET__ROLE".to_string(), role.to_string()),
+            ("VACANCY_FLEET__NATS_URL".to_string(), nats_url.clone()),
+            (
+                "VACANCY_STALE__QUOTE_KEY".to_string(),
+                QUOTE_KEY.to_string(),
+            ),
+        ]
+    };
+    let mut projector_env = fleet_env("projector");
+    projector_env.push((
+        "VACANCY_CHECKPOINT__DIR".into(),
+        checkpoints.display().to_string(),
+    ));
+    projector_env.push((
+        "VACANCY_CHECKPOINT__INTERVAL_SECS".into(),
+        o.interval_secs.to_string(),
+    ));
+    // The stream must keep what the two kept checkpoints need.
+    projector_env.push((
+        "VACANCY_FLEET__MAX_AGE_SECS".into(),
+        (2 * o.interval_secs).max(3600).to_string(),
+    ));
+    eprintln!("projector: first start (full snapshot)");
+    let (mut projector, projector_start) = start_timed(
+        client,
+        "projector, first start (full snapshot)",
+        &exe,
+        owner.url(),
+        &work,
+        "projector",
+        projector_env,
+    )
+    .await?;
+    let uploaded_after = first_upload(&mut projector).await?;
+    let checkpoint_bytes = projector.status().await.and_then(|s| {
+        s["checkpoint"]["last_written"]["bytes"]
+            .as_u64()
+            .filter(|b| *b > 0)
+    });
+    eprintln!("replicas: two, one after the other");
+    let (mut replica_one, replica_one_start) = start_timed(
+        client,
+        "replica 1 (projector running)",
+        &exe,
+        owner.url(),
+        &work,
+        "replica-1",
+        fleet_env("replica"),
+    )
+    .await?;
+    let (mut replica_two, replica_two_start) = start_timed(
+        client,
+        "replica 2 (projector, replica 1 running)",
+        &exe,
+        owner.url(),
+        &work,
+        "replica-2",
+        fleet_env("replica"),
+    )
+    .await?;
+
+    // 3. Latency under holds, on the projector and a replica at once.
+    eprintln!(
+        "latency: {} s of holds at {}/s, probing the projector and replica 1",
+        o.seconds, o.rate
+    );
+    let measured = latency(owner, &work, o, &projector, &replica_one).await;
+    let walsenders_under_load = walsenders(client).await;
+
+    replica_two.stop().await;
+    replica_one.stop().await;
+    projector.stop().await;
+    let (samples, pgbench) = measured?;
+    let walsenders_under_load = walsenders_under_load?;
+    drop(nats);
+
+    let starts = [
+        &first_start,
+        &second_start,
+        &projector_start,
+        &replica_one_start,
+        &replica_two_start,
+    ];
+    println!(
+        "method:   each process is `vacancy serve` (this executable) as a child; seconds to ready run from its \
+         spawn to its first 200 from /readyz (polled every {READY_POLL:?}); peak RSS is VmHWM of \
+         /proc/<pid>/status once ready; owner rows read are the growth of pg_stat_user_tables.seq_tup_read \
+         of inventory across the start; walsenders are pg_stat_replication rows once it was ready"
+    );
+    println!(
+        "          the standalones are stopped and their slots dropped before the projector starts; the \
+         projector's first checkpoint ({}) was in the object store {uploaded_after:.1} s after it was \
+         ready; the replicas start once it is there",
+        checkpoint_bytes.map_or("size unknown".to_string(), |b| format!("{:.1} MiB", mib(b))),
+    );
+    println!();
+    println!(
+        "| start | seconds to ready | peak RSS (VmHWM) | rows loaded from the owner | owner inventory rows read by seq scans | walsenders after | from |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---|");
+    for s in starts {
+        println!(
+            "| {} | {:.2} | {} | {} | {} | {} | {} |",
+            s.label,
+            s.seconds,
+            s.peak_rss_kib
+                .map_or("?".to_string(), |k| format!("{:.0} MiB", k as f64 / 1024.0)),
+            s.rows_loaded.map_or("?".to_string(), |r| r.to_string()),
+            s.seq_read,
+            s.walsenders,
+            s.from
+        );
+    }
+    println!();
+    println!(
+        "bootstrap: replica 1 ready in {:.2} s beside {:.2} s for the standalone's snapshot ({:.1}x); peak RSS {} beside {}",
+        replica_one_start.seconds,
+        first_start.seconds,
+        first_start.seconds / replica_one_start.seconds.max(1e-9),
+        rss(replica_one_start.peak_rss_kib),
+        rss(first_start.peak_rss_kib),
+    );
+    println!(
+        "owner:     two standalone copies: {} walsenders, {} inventory rows read by their starts; projector + two replicas: {} walsender(s), {} rows read by the replicas' starts ({} walsender(s) under the holds below)",
+        second_start.walsenders,
+        first_start.seq_read + second_start.seq_read,
+        replica_two_start.walsenders,
+        replica_one_start.seq_read + replica_two_start.seq_read,
+        walsenders_under_load
+    );
+    println!();
+    println!(
+        "method:   a probe holds one unit of one random night (`UPDATE inventory SET taken = taken + 1 ... \
+         RETURNING taken`, autocommit) every {:?}, notes the instant the statement returned, then reads \
+         /v1/hotels/<id>/calendar for that night from the projector and from replica 1 at once, each every \
+         {VISIBLE_POLL:?} on a kept-alive connection, until `taken` reaches the value returned; replica 2 \
+         runs meanwhile; the figures include one HTTP round trip",
+        o.probe_interval
+    );
+    println!(
+        "load:     pgbench -R {} -T {} -c {} (one single-night hold `UPDATE` per transaction, synchronous_commit as the owner has it):",
+        o.rate, o.seconds, o.clients
+    );
+    for line in pgbench_summary(&pgbench) {
+        println!("          {line}");
+    }
+    println!();
+    println!(
+        "| copy | samples | p50 | p99 | max | not visible in 10 s | probe holds full | probe statement p50 |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    let statement = Latencies::from_durations(&samples.statement);
+    let ms = |figure: Option<f64>| figure.unwrap_or(f64::NAN);
+    for (label, visible, timeouts) in [
+        (
+            "projector (applies the slot's WAL)",
+            &samples.projector,
+            samples.projector_timeouts,
+        ),
+        (
+            "replica 1 (applies the JetStream stream)",
+            &samples.replica,
+            samples.replica_timeouts,
+        ),
+    ] {
+        let visible = Latencies::from_durations(visible);
+        println!(
+            "| {label} | {} | {:.1} ms | {:.1} ms | {:.1} ms | {timeouts} | {} | {:.1} ms |",
+            visible.len(),
+            ms(visible.percentile(0.50)),
+            ms(visible.percentile(0.99)),
+            ms(visible.max()),
+            samples.full,
+            ms(statement.percentile(0.50)),
+        );
+    }
+    Ok(())
+}
+
+fn rss(kib: Option<u64>) -> String {
+    kib.map_or("?".to_string(), |k| format!("{:.0} MiB", k as f64 / 1024.0))
+}
+
+/// Spawns `exe serve` and waits for its first 200 from `/readyz`; returns
+/// the running process and what the start took and cost.
+async fn start_timed(
+    client: &Client,
+    label: &str,
+    exe: &Path,
+    url: &str,
+    work: &Path,
+    name: &str,
+    env: Vec<(String, String)>,
+) -> Result<(Serve, Start), BenchError> {
+    let before = inventory_seq_read(client).await?;
+    let started = Instant::now();
+    let mut serve = Serve::start_with_env(exe, url, work, name, env)?;
+    let seconds = until_ready(&mut serve, started, label).await?;
+    let peak_rss_kib = serve.pid().and_then(peak_rss_kib);
+    let status = serve.status().await.unwrap_or(Value::Null);
+    let after = inventory_seq_read(client).await?;
+    let walsenders = walsenders(client).await?;
+    let replica = &status["fleet"]["replica"];
+    let load = status["checkpoint"]["loaded_from"]["load_seconds"].as_f64();
+    let from = match replica["bootstrapped_from"].as_str() {
+        Some(object) => match load {
+            Some(load) => format!("{object} (load {load:.2} s)"),
+            None => object.to_string(),
+        },
+        None => "snapshot".to_string(),
+    };
+    Ok((
+        serve,
+        Start {
+            label: label.to_string(),
+            seconds,
+            peak_rss_kib,
+            rows_loaded: status["snapshot"]["rows_loaded"].as_u64(),
+            seq_read: after - before,
+            walsenders,
+            from,
+        },
+    ))
+}
+
+/// Seconds from `started` until `/readyz` answers 200.
+async fn until_ready(serve: &mut Serve, started: Instant, what: &str) -> Result<f64, BenchError> {
+    loop {
+        if let Ok(r) = http(serve.addr, "GET", "/readyz", None, None, HTTP_TIMEOUT).await
+            && r.status == 200
+        {
+            return Ok(started.elapsed().as_secs_f64());
+        }
+        if serve.exited_within(Duration::ZERO).await {
+            return Err(exited(serve, what).into());
+        }
+        if started.elapsed() > START_LIMIT {
+            return Err(FleetBenchError::Timeout {
+                what: format!("{what} to be ready"),
+                limit: START_LIMIT,
+                detail: format!("; {}", serve.status_line().await),
+            }
+            .into());
+        }
+        tokio::time::sleep(READY_POLL).await;
+    }
+}
+
+fn exited(serve: &Serve, what: &str) -> FleetBenchError {
+    let log = serve.log_path();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    FleetBenchError::Exited {
+        what: what.to_string(),
+        log: log.display().to_string(),
+        tail: lines[lines.len().saturating_sub(5)..].join(" | "),
+    }
+}
+
+/// Waits for the projector's first checkpoint upload (its metric); the
+/// seconds it took from now.
+async fn first_upload(projector: &mut Serve) -> Result<f64, BenchError> {
+    let started = Instant::now();
+    loop {
+        if let Ok(r) = http(projector.addr, "GET", "/metrics", None, None, HTTP_TIMEOUT).await
+            && uploads_ok(&String::from_utf8_lossy(&r.body)) > 0
+        {
+            return Ok(started.elapsed().as_secs_f64());
+        }
+        if projector.exited_within(Duration::ZERO).await {
+            return Err(exited(projector, "the projector's first upload").into());
+        }
+        if started.elapsed() > UPLOAD_LIMIT {
+            return Err(FleetBenchError::Timeout {
+                what: "the projector's first checkpoint upload".into(),
+                limit: UPLOAD_LIMIT,
+                detail: format!("; {}", projector.status_line().await),
+            }
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// `vacancy_fleet_checkpoint_uploads_total{outcome="ok"}` from `/metrics`.
+fn uploads_ok(metrics: &str) -> u64 {
+    metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("vacancy_fleet_checkpoint_uploads_total{outcome=\"ok\"}"))
+        .filter_map(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
+        .sum()
+}
+
+/// `VmHWM` (peak resident set) of a process, in KiB.
+fn peak_rss_kib(pid: u32) -> Option<u64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_vm_hwm(&text)
+}
+
+fn parse_vm_hwm(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .trim()
+        .strip_suffix("kB")?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// `inventory`'s `seq_tup_read` so far.
+async fn inventory_seq_read(client: &Client) -> Result<i64, BenchError> {
+    // Stats reach the view when a backend flushes them (at most a second
+    // after its transaction in PostgreSQL 15): wait that long first.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let row = client
+        .query_one(
+            "SELECT coalesce(seq_tup_read, 0) FROM pg_stat_user_tables WHERE relname = 'inventory'",
+            &[],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+async fn walsenders(client: &Client) -> Result<i64, BenchError> {
+    Ok(client
+        .query_one("SELECT count(*) FROM pg_stat_replication", &[])
+        .await?
+        .get(0))
+}
+
+#[derive(Default)]
+struct Samples {
+    projector: Vec<Duration>,
+    replica: Vec<Duration>,
+    projector_timeouts: u64,
+    replica_timeouts: u64,
+    statement: Vec<Duration>,
+    full: u64,
+}
+
+/// pgbench's holds in the background, probes in the foreground; the
+/// samples and pgbench's output.
+async fn latency(
+    owner: &Owner,
+    work: &Path,
+    o: &FleetOptions,
+    projector: &Serve,
+    replica: &Serve,
+) -> Result<(Samples, String), BenchError> {
+    let s = owner.shape;
+    let script = format!(
+        "\\set h random(1, {})\n\\set r random(1, {})\n\\set n random(0, {})\n\
+         UPDATE inventory SET taken = taken + 1 WHERE hotel_id = :h AND room_type_id = :r \
+         AND night = DATE '{}' + :n AND taken < total;\n",
+        s.hotels,
+        s.room_types,
+        s.nights - 1,
+        s.first_night
+    );
+    let path = work.join("hold.sql");
+    std::fs::write(&path, script)?;
+    let mut pgbench = owner.tool("pgbench");
+    pgbench
+        .args(["-n", "-f"])
+        .arg(&path)
+        .args(["-R", &o.rate.to_string()])
+        .args(["-T", &o.seconds.to_string()])
+        .args(["-c", &o.clients.to_string()])
+        .args(["-j", &o.clients.min(2).to_string()])
+        .arg(owner.url());
+    let background = tokio::spawn(run_tool(pgbench, "pgbench"));
+    // Probes start once pgbench runs at its rate and stop before it winds
+    // down, so every sample is taken under the load.
+    let window = Duration::from_secs(u64::from(o.seconds)).saturating_sub(2 * SETTLE);
+    tokio::time::sleep(SETTLE).await;
+    let probed = probe(owner, o.probe_interval, window, projector, replica).await;
+    // pgbench ends by itself after -T; bounded all the same.
+    let limit = Duration::from_secs(u64::from(o.seconds)) + STOP_LIMIT;
+    let out = tokio::time::timeout(limit, background)
+        .await
+        .map_err(|_| FleetBenchError::Timeout {
+            what: "pgbench to finish".into(),
+            limit,
+            detail: String::new(),
+        })?
+        .map_err(|e| FleetBenchError::Task(e.to_string()))??;
+    Ok((probed?, out))
+}
+
+async fn probe(
+    owner: &Owner,
+    interval: Duration,
+    window: Duration,
+    projector: &Serve,
+    replica: &Serve,
+) -> Result<Samples, BenchError> {
+    let s = owner.shape;
+    let client = vacancy_service::connect(owner.url(), CONNECT_TIMEOUT).await?;
+    let hold = client
+        .prepare(
+            "UPDATE inventory SET taken = taken + 1
+             WHERE hotel_id = $1 AND room_type_id = $2 AND night = $3 AND taken < total
+             RETURNING taken",
+        )
+        .await?;
+    let projector_http =
+        HttpClient::new(projector.addr, HTTP_TIMEOUT).map_err(FleetBenchError::from)?;
+    let replica_http =
+        HttpClient::new(replica.addr, HTTP_TIMEOUT).map_err(FleetBenchError::from)?;
+    let mut rng = ChaCha8Rng::seed_from_u64(22);
+    let mut ticker = tokio::time::interval(interval.max(Duration::from_millis(1)));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut samples = Samples::default();
+    let started = Instant::now();
+    while started.elapsed() < window {
+        ticker.tick().await;
+        let mut held = None;
+        for _ in 0..PROBE_TRIES {
+            let hotel = rng.random_range(1..=s.hotels);
+            let room_type = rng.random_range(1..=s.room_types);
+            let night = s.first_night + chrono::Days::new(rng.random_range(0..s.nights) as u64);
+            let sent = Instant::now();
+            let row = client
+                .query_opt(&hold, &[&hotel, &room_type, &night])
+                .await?;
+            let committed = Instant::now();
+            samples.statement.push(committed - sent);
+            if let Some(row) = row {
+                held = Some((hotel, room_type, night, row.get::<_, i32>(0), committed));
+                break;
+            }
+        }
+        let Some((hotel, room_type, night, taken, committed)) = held else {
+            samples.full += 1;
+            continue;
+        };
+        let (on_projector, on_replica) = tokio::join!(
+            visible_after(&projector_http, hotel, room_type, night, taken, committed),
+            visible_after(&replica_http, hotel, room_type, night, taken, committed),
+        );
+        match on_projector {
+            Some(d) => samples.projector.push(d),
+            None => samples.projector_timeouts += 1,
+        }
+        match on_replica {
+            Some(d) => samples.replica.push(d),
+            None => samples.replica_timeouts += 1,
+        }
+    }
+    Ok(samples)
+}
+
+/// How long after `committed` the copy at `http` showed the night's
+/// `taken` at `taken` or above; `None` past [`VISIBLE_LIMIT`].
+async fn visible_after(
+    http: &HttpClient,
+    hotel: i64,
+    room_type: i64,
+    night: NaiveDate,
+    taken: i32,
+    committed: Instant,
+) -> Option<Duration> {
+    let next = night + chrono::Days::new(1);
+    let path = format!("/v1/hotels/{hotel}/calendar?from={night}&to={next}");
+    loop {
+        if let Ok(r) = http.get(&path).await
+            && r.status == 200
+            && night_taken(&r.json(), room_type, night).is_some_and(|t| t >= i64::from(taken))
+        {
+            return Some(committed.elapsed());
+        }
+        if committed.elapsed() > VISIBLE_LIMIT {
+            return None;
+        }
+        tokio::time::sleep(VISIBLE_POLL).await;
+    }
+}
+
+/// The `taken` of one room type's night in a calendar answer.
+fn night_taken(calendar: &Value, room_type: i64, night: NaiveDate) -> Option<i64> {
+    let night = night.to_string();
+    calendar["room_types"]
+        .as_array()?
+        .iter()
+        .find(|rt| rt["room_type_id"].as_i64() == Some(room_type))?["nights"]
+        .as_array()?
+        .iter()
+        .find(|n| n["night"].as_str() == Some(night.as_str()))?["taken"]
+        .as_i64()
+}
+
+/// The summary lines of a pgbench run worth printing.
+fn pgbench_summary(out: &str) -> Vec<&str> {
+    out.lines()
+        .filter(|l| {
+            l.starts_with("number of transactions actually processed")
+                || l.starts_with("number of failed")
+                || l.starts_with("latency average")
+                || l.starts_with("rate limit schedule lag")
+                || l.starts_with("tps")
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_peak_rss_is_read_from_proc_status() {
+        let status = "Name:\tvacancy\nVmPeak:\t 2000 kB\nVmHWM:\t  123456 kB\nVmRSS:\t 100 kB\n";
+        assert_eq!(parse_vm_hwm(status), Some(123_456));
+        assert_eq!(parse_vm_hwm("Name:\tx\n"), None);
+    }
+
+    #[test]
+    fn uploads_are_read_from_the_metrics_text() {
+        let text = "# HELP x\nvacancy_fleet_checkpoint_uploads_total{outcome=\"ok\"} 2\n\
+                    vacancy_fleet_checkpoint_uploads_total{outcome=\"error\"} 1\n";
+        assert_eq!(uploads_ok(text), 2);
+        assert_eq!(uploads_ok(""), 0);
+    }
+
+    #[test]
+    fn a_nights_taken_is_found_in_a_calendar_answer() {
+        let calendar: Value = serde_json::json!({
+            "room_types": [
+                {"room_type_id": 1, "nights": [{"night": "2027-01-02", "taken": 3}]},
+                {"room_type_id": 2, "nights": [{"night": "2027-01-02", "taken": 7}]}
+            ]
+        });
+        let night = NaiveDate::from_ymd_opt(2027, 1, 2).expect("a date");
+        assert_eq!(night_taken(&calendar, 2, night), Some(7));
+        assert_eq!(night_taken(&calendar, 3, night), None);
+    }
+}
