@@ -14,7 +14,12 @@
 //! 3. commit-to-visible latency of holds under a steady pgbench load of
 //!    holds, on the projector (the baseline: it applies the slot's WAL) and
 //!    on a replica (which applies what the projector published), probed
-//!    in the same run under the same load.
+//!    in the same run under the same load;
+//! 4. failover: a second projector stands by (following the stream), the
+//!    active one is SIGKILLed under the same holds, and the bench times the
+//!    kill to the standby's takeover and to the first transaction committed
+//!    after the kill being applied on a replica; then every row of that
+//!    replica is compared with the owner's.
 //!
 //! The processes run one after the other where a figure is a start time
 //! (on 2 cores a concurrent start would slow the one measured), and side
@@ -251,11 +256,41 @@ async fn measure(owner: &Owner, client: &Client, o: &FleetOptions) -> Result<(),
     let measured = latency(owner, &work, o, &projector, &replica_one).await;
     let walsenders_under_load = walsenders(client).await;
 
+    // 4. Failover: a standby projector, then SIGKILL of the active one
+    //    under holds.
+    eprintln!("failover: a standby projector, then SIGKILL of the active one under holds");
+    let mut standby_env = fleet_env("projector");
+    standby_env.push((
+        "VACANCY_CHECKPOINT__DIR".into(),
+        work.join("checkpoints-standby").display().to_string(),
+    ));
+    standby_env.push((
+        "VACANCY_CHECKPOINT__INTERVAL_SECS".into(),
+        o.interval_secs.to_string(),
+    ));
+    standby_env.push((
+        "VACANCY_FLEET__MAX_AGE_SECS".into(),
+        (2 * o.interval_secs).max(3600).to_string(),
+    ));
+    let failed_over = failover(
+        owner,
+        client,
+        &work,
+        o,
+        &mut projector,
+        &replica_one,
+        &exe,
+        standby_env,
+    )
+    .await;
+
     replica_two.stop().await;
     replica_one.stop().await;
     projector.stop().await;
     let (samples, pgbench) = measured?;
     let walsenders_under_load = walsenders_under_load?;
+    let (failover_figures, mut standby) = failed_over?;
+    standby.stop().await;
     drop(nats);
 
     let starts = [
@@ -358,7 +393,140 @@ async fn measure(owner: &Owner, client: &Client, o: &FleetOptions) -> Result<(),
             ms(statement.percentile(0.50)),
         );
     }
+    println!();
+    println!(
+        "method:   a second projector (same slot, its own checkpoint directory) follows the stream until it is \
+         ready; pgbench -R {} holds run; {} s in, the active projector is SIGKILLed; the owner's \
+         pg_current_wal_insert_lsn() is read right after the kill, and replica 1's /v1/status is polled every \
+         {FAILOVER_POLL:?} until its applied_lsn passes it (a transaction committed after the kill, applied \
+         through the new projector); once the holds end and replica 1 has applied the owner's position, every \
+         row of it is compared with the owner's",
+        o.rate,
+        FAILOVER_AFTER.as_secs()
+    );
+    println!("| failover | seconds after the SIGKILL |");
+    println!("|---|---:|");
+    println!(
+        "| the standby says it holds the slot | {:.2} |",
+        failover_figures.takeover
+    );
+    println!(
+        "| replica 1 applies a transaction committed after the kill | {:.2} |",
+        failover_figures.first_applied
+    );
+    println!(
+        "failover: {:.2} s from SIGKILL to the first transaction after it applied on a replica (goal <= 10 s); \
+         divergent rows on replica 1 afterwards: {} of {} compared",
+        failover_figures.first_applied, failover_figures.divergent, failover_figures.compared,
+    );
     Ok(())
+}
+
+/// When the active projector is killed, after the holds start.
+const FAILOVER_AFTER: Duration = Duration::from_secs(3);
+const FAILOVER_POLL: Duration = Duration::from_millis(20);
+/// How long a takeover may take before the bench gives up.
+const FAILOVER_LIMIT: Duration = Duration::from_secs(120);
+
+struct Failover {
+    takeover: f64,
+    first_applied: f64,
+    divergent: u64,
+    compared: u64,
+}
+
+/// Starts a standby projector, kills `active` under holds, and times the
+/// takeover as seen by the standby and by `replica`.
+#[allow(clippy::too_many_arguments)]
+async fn failover(
+    owner: &Owner,
+    client: &Client,
+    work: &Path,
+    o: &FleetOptions,
+    active: &mut Serve,
+    replica: &Serve,
+    exe: &Path,
+    standby_env: Vec<(String, String)>,
+) -> Result<(Failover, Serve), BenchError> {
+    let mut standby =
+        Serve::start_with_env(exe, owner.url(), work, "projector-standby", standby_env)?;
+    until_ready(&mut standby, Instant::now(), "the standby projector").await?;
+    let seconds = (FAILOVER_AFTER.as_secs() as u32 * 4).max(10);
+    let mut pgbench = owner.tool("pgbench");
+    pgbench
+        .args(["-n", "-f"])
+        .arg(work.join("hold.sql"))
+        .args(["-R", &o.rate.to_string()])
+        .args(["-T", &seconds.to_string()])
+        .args(["-c", &o.clients.to_string()])
+        .args(["-j", &o.clients.min(2).to_string()])
+        .arg(owner.url());
+    let background = tokio::spawn(run_tool(pgbench, "pgbench"));
+    tokio::time::sleep(FAILOVER_AFTER).await;
+    active.kill().await;
+    let killed = Instant::now();
+    let after_kill: vacancy_service::Lsn = slot::current_wal_lsn(client).await?;
+    let mut takeover = None;
+    let mut first_applied = None;
+    while takeover.is_none() || first_applied.is_none() {
+        if killed.elapsed() > FAILOVER_LIMIT {
+            return Err(FleetBenchError::Timeout {
+                what: "the standby's takeover and a replica's first transaction after it".into(),
+                limit: FAILOVER_LIMIT,
+                detail: format!("; standby: {}", standby.status_line().await),
+            }
+            .into());
+        }
+        if takeover.is_none()
+            && let Some(s) = standby.status().await
+            && s["fleet"]["active"] == true
+        {
+            takeover = Some(killed.elapsed().as_secs_f64());
+        }
+        if first_applied.is_none()
+            && let Some(s) = replica.status().await
+            && let Some(applied) = s["applied_lsn"]
+                .as_str()
+                .and_then(|t| t.parse::<vacancy_service::Lsn>().ok())
+            && applied > after_kill
+        {
+            first_applied = Some(killed.elapsed().as_secs_f64());
+        }
+        tokio::time::sleep(FAILOVER_POLL).await;
+    }
+    let limit = Duration::from_secs(u64::from(seconds)) + STOP_LIMIT;
+    tokio::time::timeout(limit, background)
+        .await
+        .map_err(|_| FleetBenchError::Timeout {
+            what: "pgbench to finish".into(),
+            limit,
+            detail: String::new(),
+        })?
+        .map_err(|e| FleetBenchError::Task(e.to_string()))??;
+    // Every row, once the replica has applied what the owner has now.
+    let target = slot::current_wal_lsn(client).await?;
+    let caught_up = Instant::now();
+    while !replica.recovered_past(target).await {
+        if caught_up.elapsed() > FAILOVER_LIMIT {
+            return Err(FleetBenchError::Timeout {
+                what: format!("replica 1 to apply {target} after the failover"),
+                limit: FAILOVER_LIMIT,
+                detail: String::new(),
+            }
+            .into());
+        }
+        tokio::time::sleep(FAILOVER_POLL).await;
+    }
+    let d = faults::measure_divergence(replica.addr, client).await?;
+    Ok((
+        Failover {
+            takeover: takeover.unwrap_or(f64::NAN),
+            first_applied: first_applied.unwrap_or(f64::NAN),
+            divergent: d.total(),
+            compared: d.compared,
+        },
+        standby,
+    ))
 }
 
 fn rss(kib: Option<u64>) -> String {
