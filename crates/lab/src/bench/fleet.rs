@@ -54,6 +54,8 @@ pub(super) struct FleetOptions {
     pub(super) interval_secs: u64,
     /// Keep the logs and checkpoints here (default: a temporary directory).
     pub(super) work_dir: Option<PathBuf>,
+    /// Only the starts (parts 1 and 2).
+    pub(super) bootstrap_only: bool,
 }
 
 /// What can go wrong in this bench beyond the owner and the child processes.
@@ -248,6 +250,25 @@ async fn measure(owner: &Owner, client: &Client, o: &FleetOptions) -> Result<(),
     )
     .await?;
 
+    if o.bootstrap_only {
+        replica_two.stop().await;
+        replica_one.stop().await;
+        projector.stop().await;
+        drop(nats);
+        print_starts(
+            &[
+                &first_start,
+                &second_start,
+                &projector_start,
+                &replica_one_start,
+                &replica_two_start,
+            ],
+            uploaded_after,
+            checkpoint_bytes,
+        );
+        return Ok(());
+    }
+
     // 3. Latency under holds, on the projector and a replica at once.
     eprintln!(
         "latency: {} s of holds at {}/s, probing the projector and replica 1",
@@ -293,60 +314,18 @@ async fn measure(owner: &Owner, client: &Client, o: &FleetOptions) -> Result<(),
     standby.stop().await;
     drop(nats);
 
-    let starts = [
-        &first_start,
-        &second_start,
-        &projector_start,
-        &replica_one_start,
-        &replica_two_start,
-    ];
-    println!(
-        "method:   each process is `vacancy serve` (this executable) as a child; seconds to ready run from its \
-         spawn to its first 200 from /readyz (polled every {READY_POLL:?}); peak RSS is VmHWM of \
-         /proc/<pid>/status once ready; owner rows read are the growth of pg_stat_user_tables.seq_tup_read \
-         of inventory across the start; walsenders are pg_stat_replication rows once it was ready"
+    print_starts(
+        &[
+            &first_start,
+            &second_start,
+            &projector_start,
+            &replica_one_start,
+            &replica_two_start,
+        ],
+        uploaded_after,
+        checkpoint_bytes,
     );
-    println!(
-        "          the standalones are stopped and their slots dropped before the projector starts; the \
-         projector's first checkpoint ({}) was in the object store {uploaded_after:.1} s after it was \
-         ready; the replicas start once it is there",
-        checkpoint_bytes.map_or("size unknown".to_string(), |b| format!("{:.1} MiB", mib(b))),
-    );
-    println!();
-    println!(
-        "| start | seconds to ready | peak RSS (VmHWM) | rows loaded from the owner | owner inventory rows read by seq scans | walsenders after | from |"
-    );
-    println!("|---|---:|---:|---:|---:|---:|---|");
-    for s in starts {
-        println!(
-            "| {} | {:.2} | {} | {} | {} | {} | {} |",
-            s.label,
-            s.seconds,
-            s.peak_rss_kib
-                .map_or("?".to_string(), |k| format!("{:.0} MiB", k as f64 / 1024.0)),
-            s.rows_loaded.map_or("?".to_string(), |r| r.to_string()),
-            s.seq_read,
-            s.walsenders,
-            s.from
-        );
-    }
-    println!();
-    println!(
-        "bootstrap: replica 1 ready in {:.2} s beside {:.2} s for the standalone's snapshot ({:.1}x); peak RSS {} beside {}",
-        replica_one_start.seconds,
-        first_start.seconds,
-        first_start.seconds / replica_one_start.seconds.max(1e-9),
-        rss(replica_one_start.peak_rss_kib),
-        rss(first_start.peak_rss_kib),
-    );
-    println!(
-        "owner:     two standalone copies: {} walsenders, {} inventory rows read by their starts; projector + two replicas: {} walsender(s), {} rows read by the replicas' starts ({} walsender(s) under the holds below)",
-        second_start.walsenders,
-        first_start.seq_read + second_start.seq_read,
-        replica_two_start.walsenders,
-        replica_one_start.seq_read + replica_two_start.seq_read,
-        walsenders_under_load
-    );
+    println!("owner:     {walsenders_under_load} walsender(s) under the holds below");
     println!();
     println!(
         "method:   a probe holds one unit of one random night (`UPDATE inventory SET taken = taken + 1 ... \
@@ -527,6 +506,57 @@ async fn failover(
         },
         standby,
     ))
+}
+
+/// The starts' table and the bootstrap and owner lines; `starts` in the
+/// order: two standalones, the projector, two replicas.
+fn print_starts(starts: &[&Start; 5], uploaded_after: f64, checkpoint_bytes: Option<u64>) {
+    println!(
+        "method:   each process is `vacancy serve` (this executable) as a child; seconds to ready run from its \
+         spawn to its first 200 from /readyz (polled every {READY_POLL:?}); peak RSS is VmHWM of \
+         /proc/<pid>/status once ready; owner rows read are the growth of pg_stat_user_tables.seq_tup_read \
+         of inventory across the start; walsenders are pg_stat_replication rows once it was ready"
+    );
+    println!(
+        "          the standalones are stopped and their slots dropped before the projector starts; the \
+         projector's first checkpoint ({}) was in the object store {uploaded_after:.1} s after it was \
+         ready; the replicas start once it is there",
+        checkpoint_bytes.map_or("size unknown".to_string(), |b| format!("{:.1} MiB", mib(b))),
+    );
+    println!();
+    println!(
+        "| start | seconds to ready | peak RSS (VmHWM) | rows loaded from the owner | owner inventory rows read by seq scans | walsenders after | from |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---|");
+    for s in starts {
+        println!(
+            "| {} | {:.2} | {} | {} | {} | {} | {} |",
+            s.label,
+            s.seconds,
+            s.peak_rss_kib
+                .map_or("?".to_string(), |k| format!("{:.0} MiB", k as f64 / 1024.0)),
+            s.rows_loaded.map_or("?".to_string(), |r| r.to_string()),
+            s.seq_read,
+            s.walsenders,
+            s.from
+        );
+    }
+    println!();
+    println!(
+        "bootstrap: replica 1 ready in {:.2} s beside {:.2} s for the standalone's snapshot ({:.1}x); peak RSS {} beside {}",
+        starts[3].seconds,
+        starts[0].seconds,
+        starts[0].seconds / starts[3].seconds.max(1e-9),
+        rss(starts[3].peak_rss_kib),
+        rss(starts[0].peak_rss_kib),
+    );
+    println!(
+        "owner:     two standalone copies: {} walsenders, {} inventory rows read by their starts; projector + two replicas: {} walsender(s), {} rows read by the replicas' starts",
+        starts[1].walsenders,
+        starts[0].seq_read + starts[1].seq_read,
+        starts[4].walsenders,
+        starts[3].seq_read + starts[4].seq_read,
+    );
 }
 
 fn rss(kib: Option<u64>) -> String {

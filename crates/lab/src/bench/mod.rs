@@ -206,6 +206,11 @@ pub enum BenchCommand {
         /// temporary directory, removed at the end).
         #[arg(long)]
         work_dir: Option<PathBuf>,
+        /// Only the starts and what they cost the owner (no latency, no
+        /// failover): at 73M rows the failover's row-for-row comparison
+        /// reads every row of the owner and of a replica into memory.
+        #[arg(long)]
+        bootstrap_only: bool,
     },
     /// Load-test /v1/search beside the same question asked of the owner in SQL.
     Search(crate::bench::search::SearchBenchArgs),
@@ -360,6 +365,7 @@ pub async fn run(command: BenchCommand) -> Result<(), BenchError> {
             probe_interval_ms,
             interval_secs,
             work_dir,
+            bootstrap_only,
         } => {
             let owner = Owner::prepare(&OwnerArgs {
                 owner_url,
@@ -376,6 +382,7 @@ pub async fn run(command: BenchCommand) -> Result<(), BenchError> {
                 probe_interval: Duration::from_millis(probe_interval_ms),
                 interval_secs: interval_secs.max(1),
                 work_dir,
+                bootstrap_only,
             };
             owner.guarded(fleet::run(&owner, &options)).await
         }
