@@ -161,5 +161,15 @@ mod tests {
         for field in ["event", "id", "data", "retry"] {
             assert!(event[field].is_object(), "SseEvent.{field} missing");
         }
+        // `/v1/status` documents the fleet part, and every schema it refers
+        // to is in the document (a missing one fails the API fuzz run).
+        let schemas = doc["components"]["schemas"].as_object().unwrap();
+        let fleet = &schemas["StatusBody"]["properties"]["fleet"];
+        assert!(fleet.is_object(), "StatusBody.fleet missing");
+        let text = doc.to_string();
+        for reference in text.split("\"#/components/schemas/").skip(1) {
+            let name = reference.split('"').next().unwrap();
+            assert!(schemas.contains_key(name), "{name} is referred to but not defined");
+        }
     }
 }
