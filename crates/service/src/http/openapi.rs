@@ -169,7 +169,10 @@ mod tests {
         let text = doc.to_string();
         for reference in text.split("\"#/components/schemas/").skip(1) {
             let name = reference.split('"').next().unwrap();
-            assert!(schemas.contains_key(name), "{name} is referred to but not defined");
+            assert!(
+                schemas.contains_key(name),
+                "{name} is referred to but not defined"
+            );
         }
     }
 }
