@@ -198,6 +198,10 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
                 tasks.push(tokio::spawn(heartbeat::run_heartbeat(
                     settings.owner.clone(),
                     Duration::from_millis(settings.stream.heartbeat_interval_ms),
+                    fleet_status
+                        .outbox
+                        .is_some()
+                        .then(|| fleet_status.active.clone()),
                     shutdown.clone(),
                 )));
             }

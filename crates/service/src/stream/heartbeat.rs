@@ -10,7 +10,16 @@ use crate::owner::{self, OwnerSettings};
 
 /// Writes a transactional logical message at an interval, so the copy's lag
 /// is measured from a recent commit even while the owner is idle.
-pub async fn run_heartbeat(owner: OwnerSettings, interval: Duration, shutdown: CancellationToken) {
+///
+/// With `only_while` (a fleet projector's "holds the slot"), a beat is
+/// written only while it is set: a standby's heartbeat would be decoded by
+/// the active projector's walsender for nothing.
+pub async fn run_heartbeat(
+    owner: OwnerSettings,
+    interval: Duration,
+    only_while: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    shutdown: CancellationToken,
+) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut client = None;
@@ -19,6 +28,12 @@ pub async fn run_heartbeat(owner: OwnerSettings, interval: Duration, shutdown: C
             biased;
             _ = shutdown.cancelled() => return,
             _ = ticker.tick() => {}
+        }
+        if only_while
+            .as_ref()
+            .is_some_and(|active| !active.load(std::sync::atomic::Ordering::Acquire))
+        {
+            continue;
         }
         if client.is_none() {
             client = owner::connect_configured(&owner, owner.connect_timeout())
