@@ -10,7 +10,8 @@
 //! 2. owner cost: walsenders (`pg_stat_replication`) and the rows the
 //!    owner's sequential scans of `inventory` read during each start
 //!    (`pg_stat_user_tables.seq_tup_read`), for one and two standalone
-//!    copies (the baseline) and for the projector with one and two replicas;
+//!    copies (the baseline) and for the projector with one, two and four
+//!    replicas;
 //! 3. commit-to-visible latency of holds under a steady pgbench load of
 //!    holds, on the projector (the baseline: it applies the slot's WAL) and
 //!    on a replica (which applies what the projector published), probed
@@ -249,6 +250,26 @@ async fn measure(owner: &Owner, client: &Client, o: &FleetOptions) -> Result<(),
         fleet_env("replica"),
     )
     .await?;
+    // Two more: what the owner pays must not grow with the replicas.
+    let mut more = Vec::new();
+    for n in 3..=4 {
+        let (replica, start) = start_timed(
+            client,
+            &format!("replica {n} (projector, {} replicas running)", n - 1),
+            &exe,
+            owner.url(),
+            &work,
+            &format!("replica-{n}"),
+            fleet_env("replica"),
+        )
+        .await?;
+        more.push((replica, start));
+    }
+    let walsenders_with_four = walsenders(client).await?;
+    for (replica, _) in &mut more {
+        replica.stop().await;
+    }
+    let more_starts: Vec<Start> = more.into_iter().map(|(_, start)| start).collect();
 
     if o.bootstrap_only {
         replica_two.stop().await;
@@ -262,9 +283,12 @@ async fn measure(owner: &Owner, client: &Client, o: &FleetOptions) -> Result<(),
                 &projector_start,
                 &replica_one_start,
                 &replica_two_start,
+                &more_starts[0],
+                &more_starts[1],
             ],
             uploaded_after,
             checkpoint_bytes,
+            walsenders_with_four,
         );
         return Ok(());
     }
@@ -321,9 +345,12 @@ async fn measure(owner: &Owner, client: &Client, o: &FleetOptions) -> Result<(),
             &projector_start,
             &replica_one_start,
             &replica_two_start,
+            &more_starts[0],
+            &more_starts[1],
         ],
         uploaded_after,
         checkpoint_bytes,
+        walsenders_with_four,
     );
     println!("owner:     {walsenders_under_load} walsender(s) under the holds below");
     println!();
@@ -509,8 +536,14 @@ async fn failover(
 }
 
 /// The starts' table and the bootstrap and owner lines; `starts` in the
-/// order: two standalones, the projector, two replicas.
-fn print_starts(starts: &[&Start; 5], uploaded_after: f64, checkpoint_bytes: Option<u64>) {
+/// order: two standalones, the projector, then the replicas (four);
+/// `walsenders_with_four` counted once all four ran.
+fn print_starts(
+    starts: &[&Start; 7],
+    uploaded_after: f64,
+    checkpoint_bytes: Option<u64>,
+    walsenders_with_four: i64,
+) {
     println!(
         "method:   each process is `vacancy serve` (this executable) as a child; seconds to ready run from its \
          spawn to its first 200 from /readyz (polled every {READY_POLL:?}); peak RSS is VmHWM of \
@@ -551,11 +584,12 @@ fn print_starts(starts: &[&Start; 5], uploaded_after: f64, checkpoint_bytes: Opt
         rss(starts[0].peak_rss_kib),
     );
     println!(
-        "owner:     two standalone copies: {} walsenders, {} inventory rows read by their starts; projector + two replicas: {} walsender(s), {} rows read by the replicas' starts",
+        "owner:     two standalone copies: {} walsenders, {} inventory rows read by their starts; projector + one, two, four replicas: {}, {}, {walsenders_with_four} walsender(s), {} rows read by the four replicas' starts",
         starts[1].walsenders,
         starts[0].seq_read + starts[1].seq_read,
+        starts[3].walsenders,
         starts[4].walsenders,
-        starts[3].seq_read + starts[4].seq_read,
+        starts[3..].iter().map(|s| s.seq_read).sum::<i64>(),
     );
 }
 
