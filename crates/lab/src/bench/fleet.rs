@@ -84,6 +84,8 @@ pub enum FleetBenchError {
 
 /// The second standalone copy's slot (the first uses the faults bench's).
 const SECOND_SLOT: &str = "vacancy_fleet_second";
+/// The bench's admin token (`POST /v1/admin/resnapshot` on a replica).
+const ADMIN_TOKEN: &str = "fleet-bench-admin-token-0123456789";
 /// Required on every fleet node (quotes must verify on every node).
 const QUOTE_KEY: &str = "fleet-bench-quote-key-0123456789abcdef0123";
 /// How long a start may take before the bench gives up (a full snapshot of
@@ -188,6 +190,9 @@ async fn measure(owner: &Owner, client: &Client, o: &FleetOptions) -> Result<(),
 
     // 2. The fleet: the projector (a full snapshot too), its first upload,
     //    then two replicas one after the other.
+    // The admin token lets the bench ask replica 1 for a new bootstrap.
+    let admin_tokens = work.join("admin-tokens");
+    std::fs::write(&admin_tokens, format!("{ADMIN_TOKEN}\n"))?;
     let fleet_env = |role: &str| {
         vec![
             ("VACANCY_FLEET__ROLE".to_string(), role.to_string()),
@@ -195,6 +200,10 @@ async fn measure(owner: &Owner, client: &Client, o: &FleetOptions) -> Result<(),
             (
                 "VACANCY_STALE__QUOTE_KEY".to_string(),
                 QUOTE_KEY.to_string(),
+            ),
+            (
+                "VACANCY_ADMIN__TOKENS_FILE".to_string(),
+                admin_tokens.display().to_string(),
             ),
         ]
     };
@@ -269,6 +278,7 @@ async fn measure(owner: &Owner, client: &Client, o: &FleetOptions) -> Result<(),
     for (replica, _) in &mut more {
         replica.stop().await;
     }
+    let rebootstrap = rebootstrap(&replica_one).await?;
     let more_starts: Vec<Start> = more.into_iter().map(|(_, start)| start).collect();
 
     if o.bootstrap_only {
@@ -290,6 +300,7 @@ async fn measure(owner: &Owner, client: &Client, o: &FleetOptions) -> Result<(),
             checkpoint_bytes,
             walsenders_with_four,
         );
+        print_rebootstrap(&rebootstrap, &replica_one_start);
         return Ok(());
     }
 
@@ -352,6 +363,7 @@ async fn measure(owner: &Owner, client: &Client, o: &FleetOptions) -> Result<(),
         checkpoint_bytes,
         walsenders_with_four,
     );
+    print_rebootstrap(&rebootstrap, &replica_one_start);
     println!("owner:     {walsenders_under_load} walsender(s) under the holds below");
     println!();
     println!(
@@ -590,6 +602,61 @@ fn print_starts(
         starts[3].walsenders,
         starts[4].walsenders,
         starts[3..].iter().map(|s| s.seq_read).sum::<i64>(),
+    );
+}
+
+/// Replica 1 asked to bootstrap again (the admin resnapshot): how long it
+/// took, and its peak RSS through it, when the old copy serves while the
+/// new one loads.
+struct Rebootstrap {
+    seconds: f64,
+    peak_rss_kib: Option<u64>,
+}
+
+async fn rebootstrap(replica: &Serve) -> Result<Rebootstrap, BenchError> {
+    let boots = |status: &Option<Value>| {
+        status
+            .as_ref()
+            .and_then(|s| s["fleet"]["replica"]["bootstraps"].as_u64())
+            .unwrap_or(0)
+    };
+    let before = boots(&replica.status().await);
+    let http = HttpClient::new(replica.addr, HTTP_TIMEOUT).map_err(FleetBenchError::from)?;
+    let started = Instant::now();
+    let asked = http
+        .post_json("/v1/admin/resnapshot", Some(ADMIN_TOKEN), "")
+        .await
+        .map_err(FleetBenchError::from)?;
+    if asked.status != 202 {
+        return Err(FleetBenchError::Task(format!(
+            "POST /v1/admin/resnapshot on replica 1 answered {}",
+            asked.status
+        ))
+        .into());
+    }
+    while boots(&replica.status().await) <= before {
+        if started.elapsed() > START_LIMIT {
+            return Err(FleetBenchError::Timeout {
+                what: "replica 1's second bootstrap".into(),
+                limit: START_LIMIT,
+                detail: String::new(),
+            }
+            .into());
+        }
+        tokio::time::sleep(READY_POLL).await;
+    }
+    Ok(Rebootstrap {
+        seconds: started.elapsed().as_secs_f64(),
+        peak_rss_kib: replica.pid().and_then(peak_rss_kib),
+    })
+}
+
+fn print_rebootstrap(again: &Rebootstrap, first: &Start) {
+    println!(
+        "re-bootstrap: replica 1, asked again (POST /v1/admin/resnapshot), had the new copy in {:.2} s; its peak RSS through it {} (after its first bootstrap {}): the old copy serves while the new one loads",
+        again.seconds,
+        rss(again.peak_rss_kib),
+        rss(first.peak_rss_kib),
     );
 }
 
