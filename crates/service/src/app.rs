@@ -132,6 +132,19 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
         Duration::from_millis(200),
         shutdown.clone(),
     ))];
+    // A replica's task, or a standby projector's follower: the same copy,
+    // index and status as everything else here.
+    let replica_of = |state| fleet::replica::Replica {
+        settings: settings.fleet.clone(),
+        owner: settings.owner.clone(),
+        slot: settings.stream.slot.clone(),
+        publication: settings.stream.publication.clone(),
+        download_dir: fleet::store::download_dir(settings.checkpoint.dir()),
+        model: model.clone(),
+        index: hotel_index.clone(),
+        status: status.clone(),
+        state,
+    };
     match settings.fleet.role {
         Role::Standalone | Role::Projector => {
             let projector = Projector::new(
@@ -147,17 +160,7 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
                 (Some(outbox), Some(receiver)) => {
                     let standby = fleet::standby::Standby {
                         projector: projector.with_outbox(outbox.clone()).yield_when_slot_busy(),
-                        follower: fleet::replica::Replica {
-                            settings: settings.fleet.clone(),
-                            owner: settings.owner.clone(),
-                            slot: settings.stream.slot.clone(),
-                            publication: settings.stream.publication.clone(),
-                            download_dir: fleet::store::download_dir(settings.checkpoint.dir()),
-                            model: model.clone(),
-                            index: hotel_index.clone(),
-                            status: status.clone(),
-                            state: fleet_status.follower.clone().unwrap_or_default(),
-                        },
+                        follower: replica_of(fleet_status.follower.clone().unwrap_or_default()),
                         owner: settings.owner.clone(),
                         slot: settings.stream.slot.clone(),
                         model: model.clone(),
@@ -216,17 +219,7 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
         Role::Replica => {
             // No slot, no refresher, no heartbeat: a replica never writes
             // to the owner.
-            let replica = fleet::replica::Replica {
-                settings: settings.fleet.clone(),
-                owner: settings.owner.clone(),
-                slot: settings.stream.slot.clone(),
-                publication: settings.stream.publication.clone(),
-                download_dir: fleet::store::download_dir(settings.checkpoint.dir()),
-                model: model.clone(),
-                index: hotel_index.clone(),
-                status: status.clone(),
-                state: fleet_status.replica.clone().unwrap_or_default(),
-            };
+            let replica = replica_of(fleet_status.replica.clone().unwrap_or_default());
             tasks.push(tokio::spawn(replica.run(shutdown.clone())));
             tasks.push(tokio::spawn(fleet::replica::run_owner_position(
                 settings.owner.clone(),

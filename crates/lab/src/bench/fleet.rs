@@ -207,20 +207,24 @@ async fn measure(owner: &Owner, client: &Client, o: &FleetOptions) -> Result<(),
             ),
         ]
     };
-    let mut projector_env = fleet_env("projector");
-    projector_env.push((
-        "VACANCY_CHECKPOINT__DIR".into(),
-        checkpoints.display().to_string(),
-    ));
-    projector_env.push((
-        "VACANCY_CHECKPOINT__INTERVAL_SECS".into(),
-        o.interval_secs.to_string(),
-    ));
-    // The stream must keep what the two kept checkpoints need.
-    projector_env.push((
-        "VACANCY_FLEET__MAX_AGE_SECS".into(),
-        (2 * o.interval_secs).max(3600).to_string(),
-    ));
+    // A projector: its own checkpoint directory, the interval asked for,
+    // and a stream that keeps what the two kept checkpoints need.
+    let projector_env = |checkpoints: &Path| {
+        let mut env = fleet_env("projector");
+        env.push((
+            "VACANCY_CHECKPOINT__DIR".into(),
+            checkpoints.display().to_string(),
+        ));
+        env.push((
+            "VACANCY_CHECKPOINT__INTERVAL_SECS".into(),
+            o.interval_secs.to_string(),
+        ));
+        env.push((
+            "VACANCY_FLEET__MAX_AGE_SECS".into(),
+            (2 * o.interval_secs).max(3600).to_string(),
+        ));
+        env
+    };
     eprintln!("projector: first start (full snapshot)");
     let (mut projector, projector_start) = start_timed(
         client,
@@ -229,7 +233,7 @@ async fn measure(owner: &Owner, client: &Client, o: &FleetOptions) -> Result<(),
         owner.url(),
         &work,
         "projector",
-        projector_env,
+        projector_env(&checkpoints),
     )
     .await?;
     let uploaded_after = first_upload(&mut projector).await?;
@@ -281,11 +285,7 @@ async fn measure(owner: &Owner, client: &Client, o: &FleetOptions) -> Result<(),
     let rebootstrap = rebootstrap(&replica_one).await?;
     let more_starts: Vec<Start> = more.into_iter().map(|(_, start)| start).collect();
 
-    if o.bootstrap_only {
-        replica_two.stop().await;
-        replica_one.stop().await;
-        projector.stop().await;
-        drop(nats);
+    let report_starts = || {
         print_starts(
             &[
                 &first_start,
@@ -301,6 +301,13 @@ async fn measure(owner: &Owner, client: &Client, o: &FleetOptions) -> Result<(),
             walsenders_with_four,
         );
         print_rebootstrap(&rebootstrap, &replica_one_start);
+    };
+    if o.bootstrap_only {
+        replica_two.stop().await;
+        replica_one.stop().await;
+        projector.stop().await;
+        drop(nats);
+        report_starts();
         return Ok(());
     }
 
@@ -315,19 +322,7 @@ async fn measure(owner: &Owner, client: &Client, o: &FleetOptions) -> Result<(),
     // 4. Failover: a standby projector, then SIGKILL of the active one
     //    under holds.
     eprintln!("failover: a standby projector, then SIGKILL of the active one under holds");
-    let mut standby_env = fleet_env("projector");
-    standby_env.push((
-        "VACANCY_CHECKPOINT__DIR".into(),
-        work.join("checkpoints-standby").display().to_string(),
-    ));
-    standby_env.push((
-        "VACANCY_CHECKPOINT__INTERVAL_SECS".into(),
-        o.interval_secs.to_string(),
-    ));
-    standby_env.push((
-        "VACANCY_FLEET__MAX_AGE_SECS".into(),
-        (2 * o.interval_secs).max(3600).to_string(),
-    ));
+    let standby_env = projector_env(&work.join("checkpoints-standby"));
     let failed_over = failover(
         owner,
         client,
@@ -349,21 +344,7 @@ async fn measure(owner: &Owner, client: &Client, o: &FleetOptions) -> Result<(),
     standby.stop().await;
     drop(nats);
 
-    print_starts(
-        &[
-            &first_start,
-            &second_start,
-            &projector_start,
-            &replica_one_start,
-            &replica_two_start,
-            &more_starts[0],
-            &more_starts[1],
-        ],
-        uploaded_after,
-        checkpoint_bytes,
-        walsenders_with_four,
-    );
-    print_rebootstrap(&rebootstrap, &replica_one_start);
+    report_starts();
     println!("owner:     {walsenders_under_load} walsender(s) under the holds below");
     println!();
     println!(

@@ -115,24 +115,14 @@ impl ChangeLog {
     }
 
     /// The stream's first sequence still kept (retention may have removed
-    /// older ones).
-    pub(super) async fn first_sequence(&self) -> Result<u64, FleetError> {
+    /// older ones) and its last (0 when empty).
+    pub(super) async fn sequences(&self) -> Result<(u64, u64), FleetError> {
         let mut stream = self.changes().await?;
         let info = self
             .bounded(stream.info())
             .await?
             .map_err(|e| FleetError::Nats(format!("stream {}: {e}", self.settings.stream)))?;
-        Ok(info.state.first_sequence)
-    }
-
-    /// The stream's last sequence (0 when empty).
-    pub(super) async fn last_sequence(&self) -> Result<u64, FleetError> {
-        let mut stream = self.changes().await?;
-        let info = self
-            .bounded(stream.info())
-            .await?
-            .map_err(|e| FleetError::Nats(format!("stream {}: {e}", self.settings.stream)))?;
-        Ok(info.state.last_sequence)
+        Ok((info.state.first_sequence, info.state.last_sequence))
     }
 
     /// Bounds one JetStream request by `fleet.request_timeout_ms`.

@@ -177,7 +177,7 @@ impl Replica {
     ) -> Result<(), FleetError> {
         let log = ChangeLog::connect(&self.settings).await?;
         if !cursor.bootstrap {
-            let first = log.first_sequence().await?;
+            let (first, _) = log.sequences().await?;
             if cursor.next_sequence < first {
                 tracing::warn!(
                     next = cursor.next_sequence,
@@ -206,7 +206,7 @@ impl Replica {
         shutdown: &CancellationToken,
     ) -> Result<(), FleetError> {
         let newest = loop {
-            let first = log.first_sequence().await?;
+            let (first, _) = log.sequences().await?;
             let newest = store::list(log).await?.pop();
             match newest {
                 Some(stored) if stored.sequence + 1 >= first => break stored,
@@ -321,7 +321,7 @@ impl Replica {
                 biased;
                 _ = shutdown.cancelled() => return Ok(()),
                 _ = handover.cancelled(), if drain.is_none() => {
-                    let end = log.last_sequence().await?;
+                    let (_, end) = log.sequences().await?;
                     drain = Some((end, tokio::time::Instant::now() + HANDOVER_DRAIN));
                     continue;
                 }
@@ -331,7 +331,7 @@ impl Replica {
                         return Err(FleetError::BootstrapAsked { asked });
                     }
                     // Where the stream ends, for readiness (`messages_behind`).
-                    let last = log.last_sequence().await?;
+                    let (_, last) = log.sequences().await?;
                     self.state.update(|p| p.stream_last_sequence = last);
                     continue;
                 }
