@@ -111,21 +111,23 @@ impl Fleet {
     }
 
     fn replica(&self, name: &str) -> Serve {
+        self.replica_with(name, &self.owner_url, &[])
+    }
+
+    /// A replica reaching the owner at `owner_url`, with more settings.
+    fn replica_with(&self, name: &str, owner_url: &str, more: &[(&str, &str)]) -> Serve {
+        let mut extra = vec![
+            ("VACANCY_FLEET__REQUEST_TIMEOUT_MS", "1000"),
+            // Far below what a dead projector makes it lag: a lag
+            // bound would turn the replicas not-ready (see below).
+            ("VACANCY_HTTP__READY_MAX_LAG_MS", "200"),
+        ];
+        extra.extend_from_slice(more);
         Serve::start_with(
-            &self.owner_url,
+            owner_url,
             self.logs(),
             name,
-            &fleet_env(
-                "replica",
-                &self.nats_url,
-                &self.tokens,
-                &[
-                    ("VACANCY_FLEET__REQUEST_TIMEOUT_MS", "1000"),
-                    // Far below what a dead projector makes it lag: a lag
-                    // bound would turn the replicas not-ready (see below).
-                    ("VACANCY_HTTP__READY_MAX_LAG_MS", "200"),
-                ],
-            ),
+            &fleet_env("replica", &self.nats_url, &self.tokens, &extra),
         )
     }
 }
@@ -305,7 +307,30 @@ async fn replicas_converge_exactly_with_one_walsender_and_no_table_read() {
     // Replicas start while the owner takes writes.
     let seed = test_seed();
     let workload = run_workload(&owner, seed, 3, 60);
-    let late = fleet.replica("replica-late");
+    // The late replica makes every shown room type owner-fresh by a
+    // confirmed read, as a role that may read the tables and may not write
+    // a logical message: a position written rather than read would fail,
+    // and the read fall back to the owner's rows.
+    client
+        .batch_execute(
+            "CREATE ROLE reader LOGIN;
+             GRANT SELECT ON hotels, room_types, inventory TO reader;
+             REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) FROM PUBLIC;
+             REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, bytea) FROM PUBLIC;",
+        )
+        .await
+        .expect("a reading role");
+    let read_only = owner.url.replacen("postgres@", "reader@", 1);
+    let late = fleet.replica_with(
+        "replica-late",
+        &read_only,
+        &[
+            ("VACANCY_SEARCH__FRESH_READS", "confirmed"),
+            ("VACANCY_SEARCH__FEW_UNITS_THRESHOLD", "1000"),
+            ("VACANCY_SEARCH__OWNER_READ_TIMEOUT_MS", "20000"),
+            ("VACANCY_SEARCH__HORIZON_DAYS", "5000"),
+        ],
+    );
     workload.await;
     // One transaction over every inventory row: cut into many chunks.
     client
@@ -318,6 +343,74 @@ async fn replicas_converge_exactly_with_one_walsender_and_no_table_read() {
     wait_ready(&late, Duration::from_secs(60)).await;
     for serve in [&projector, &early, &late] {
         assert_binary_converged(serve, &client).await;
+    }
+
+    // A confirmed answer on the late replica: its position was read after
+    // the owner's last write (a take on a room type it showed), and the
+    // copy applied it.
+    let path = "/v1/search?city=Lisbon&check_in=2030-01-02&check_out=2030-01-04&room=1";
+    let search = || async {
+        let (code, _, body) = crate::api::get(late.addr, path).await;
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str::<Value>(&body).expect("json")
+    };
+    let first = search().await;
+    let hotel = first["results"][0]["hotel_id"].as_i64().expect("a hotel");
+    let room_type = first["results"][0]["room_types"][0]["room_type_id"]
+        .as_i64()
+        .expect("a room type");
+    client
+        .execute(
+            "UPDATE inventory SET taken = taken + 1
+             WHERE hotel_id = $1 AND room_type_id = $2 AND night = DATE '2030-01-02'",
+            &[&hotel, &room_type],
+        )
+        .await
+        .expect("a take");
+    let written: vacancy_service::Lsn = slot::current_wal_lsn(&client).await.expect("lsn");
+    let answer = search().await;
+    let shown: Vec<&Value> = answer["results"]
+        .as_array()
+        .expect("results")
+        .iter()
+        .flat_map(|h| h["room_types"].as_array().expect("room types"))
+        .collect();
+    assert!(!shown.is_empty(), "{answer}");
+    assert!(
+        shown.iter().all(|t| t["source"] == "confirmed"),
+        "every shown room type confirmed, none read from rows: {answer}"
+    );
+    let confirmed: vacancy_service::Lsn = answer["confirmed_lsn"]
+        .as_str()
+        .and_then(|l| l.parse().ok())
+        .unwrap_or_else(|| panic!("confirmed_lsn in {answer}"));
+    assert!(
+        confirmed >= written,
+        "confirmed at {confirmed}, before the take at {written}: {answer}"
+    );
+    let owner_free: i32 = client
+        .query_one(
+            "SELECT min(coalesce(sell_limit, total) - taken) FROM inventory
+             WHERE hotel_id = $1 AND room_type_id = $2
+               AND night IN (DATE '2030-01-02', DATE '2030-01-03')",
+            &[&hotel, &room_type],
+        )
+        .await
+        .expect("owner's free units")
+        .get(0);
+    let shown_free = answer["results"]
+        .as_array()
+        .and_then(|r| r.iter().find(|h| h["hotel_id"] == hotel))
+        .and_then(|h| {
+            h["room_types"]
+                .as_array()
+                .and_then(|t| t.iter().find(|t| t["room_type_id"] == room_type))
+        })
+        .map(|t| t["free_units"].clone());
+    if owner_free > 0 {
+        assert_eq!(shown_free, Some(Value::from(owner_free)), "{answer}");
+    } else {
+        assert_eq!(shown_free, None, "a full room type is not shown: {answer}");
     }
 
     // The owner's cost does not grow with replicas: one walsender, one

@@ -7,6 +7,7 @@
 //! port 0 and learn the address.
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
@@ -107,7 +108,12 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
             model.clone(),
             hotel_index.clone(),
         )
-        .with_stale(stale.clone()),
+        .with_stale(stale.clone())
+        .writing_positions_while(match settings.fleet.role {
+            Role::Standalone => Arc::new(AtomicBool::new(true)),
+            Role::Projector => fleet_status.active.clone(),
+            Role::Replica => Arc::new(AtomicBool::new(false)),
+        }),
     );
     let router = http::router(ApiState {
         model: model.clone(),
@@ -139,7 +145,6 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
         owner: settings.owner.clone(),
         slot: settings.stream.slot.clone(),
         publication: settings.stream.publication.clone(),
-        download_dir: fleet::store::download_dir(settings.checkpoint.dir()),
         model: model.clone(),
         index: hotel_index.clone(),
         status: status.clone(),

@@ -97,7 +97,7 @@ pub use choose::{Choice, Skipped, choose};
 pub use dir::{list, prune};
 pub use format::{FORMAT_VERSION, Header, Identity};
 pub use name::CheckpointName;
-pub use read::{Loaded, load, verify};
+pub use read::{Loaded, load, load_from, verify};
 pub use settings::CheckpointSettings;
 pub use write::{Written, write, write_model};
 

@@ -500,6 +500,68 @@ fn a_flipped_byte_is_refused() {
     ));
 }
 
+/// Read as a stream (a replica's download as it arrives), a checkpoint
+/// loads as the file does; a stream cut short, one with a byte flipped, one
+/// longer than it was said to be, or read under another name is refused.
+#[test]
+fn a_checkpoint_loads_from_a_stream_as_from_its_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let tables = copy(3, 3, 40, 100);
+    let written = write(dir.path(), &identity(1), &tables, &ring(), &[], &none()).unwrap();
+    let whole = std::fs::read(&written.path).unwrap();
+    let len = whole.len() as u64;
+    let name = PathBuf::from(written.path.file_name().unwrap());
+    let streamed = load_from(whole.as_slice(), len, &name, &identity(1)).unwrap();
+    let from_file = load(&written.path, &identity(1)).unwrap();
+    assert_same(&streamed.tables, &tables);
+    assert_eq!(streamed.header, from_file.header);
+    assert_eq!(streamed.xids, from_file.xids);
+    assert_eq!(streamed.nights, from_file.nights);
+
+    for keep in [
+        0,
+        5,
+        100,
+        whole.len() / 2,
+        whole.len() - 17,
+        whole.len() - 1,
+    ] {
+        let refused = load_from(&whole[..keep], len, &name, &identity(1));
+        assert!(refused.is_err(), "cut to {keep} bytes was accepted");
+    }
+    for at in (0..whole.len()).step_by(7) {
+        let mut flipped = whole.clone();
+        flipped[at] ^= 0x40;
+        let refused = load_from(flipped.as_slice(), len, &name, &identity(1));
+        assert!(refused.is_err(), "byte {at} flipped was accepted");
+    }
+    let mut middle = whole.clone();
+    middle[whole.len() / 2] ^= 0x40;
+    assert!(matches!(
+        load_from(middle.as_slice(), len, &name, &identity(1)),
+        Err(CheckpointError::Checksum { .. }) | Err(CheckpointError::Malformed { .. })
+    ));
+    let mut longer = whole.clone();
+    longer.push(0);
+    assert!(
+        load_from(longer.as_slice(), len, &name, &identity(1)).is_err(),
+        "a byte after the trailer"
+    );
+    assert!(matches!(
+        load_from(whole.as_slice(), len - 1, &name, &identity(1)),
+        Err(CheckpointError::Truncated { .. }) | Err(CheckpointError::Malformed { .. })
+    ));
+    let misnamed = PathBuf::from("checkpoint-00000001-00000001-00003000.vcp");
+    assert!(matches!(
+        load_from(whole.as_slice(), len, &misnamed, &identity(1)),
+        Err(CheckpointError::Misnamed { .. })
+    ));
+    assert!(matches!(
+        load_from(whole.as_slice(), len, &name, &identity(2)),
+        Err(CheckpointError::Mismatch { .. })
+    ));
+}
+
 /// Past the checksum: another version, not our magic, and records that
 /// break the format are refused by name.
 #[test]

@@ -23,6 +23,7 @@ use std::time::Duration;
 use async_nats::jetstream::consumer::{DeliverPolicy, pull};
 use chrono::Utc;
 use futures_util::StreamExt;
+use tokio_util::io::SyncIoBridge;
 use tokio_util::sync::CancellationToken;
 
 use super::FleetError;
@@ -88,7 +89,6 @@ pub struct Replica {
     pub owner: OwnerSettings,
     pub slot: String,
     pub publication: String,
-    pub download_dir: PathBuf,
     pub model: Arc<ReadModel>,
     pub index: Arc<HotelIndex>,
     pub status: Arc<StreamStatus>,
@@ -228,16 +228,29 @@ impl Replica {
             timeline: identity.timeline,
             lsn: newest.lsn,
         };
-        let downloaded =
-            store::download(log, newest, &self.download_dir, &name.to_string()).await?;
+        let label = PathBuf::from(name.to_string());
+        let download = store::open(log, newest).await?;
+        let (bytes, deadline) = (download.bytes, download.deadline);
+        // Decoded as it arrives: the transfer and the decode overlap, and
+        // nothing touches the disk.
+        let reader = SyncIoBridge::new(download.reader);
         let expected = identity.clone();
-        let loaded = tokio::task::spawn_blocking(move || {
-            let loaded = checkpoint::load(&downloaded.path, &expected);
-            drop(downloaded); // removes the download
-            loaded
-        })
-        .await
-        .map_err(|e| FleetError::Nats(format!("the checkpoint loader failed: {e}")))??;
+        let started = std::time::Instant::now();
+        let loading = tokio::task::spawn_blocking(move || {
+            checkpoint::load_from(reader, bytes, &label, &expected)
+        });
+        let loaded = tokio::time::timeout(deadline, loading)
+            .await
+            .map_err(|_| {
+                FleetError::Nats(format!("downloading {} timed out", newest.object_name()))
+            })?
+            .map_err(|e| FleetError::Nats(format!("the checkpoint loader failed: {e}")))??;
+        tracing::info!(
+            checkpoint = newest.object_name(),
+            bytes,
+            seconds = started.elapsed().as_secs_f64(),
+            "checkpoint downloaded and loaded"
+        );
         self.install(loaded, newest).await?;
         cursor.bootstrap = false;
         cursor.next_sequence = newest.sequence + 1;

@@ -10,11 +10,13 @@
 //! them rather than object metadata, which Debian's nats-server 2.9 era
 //! clients do not all keep.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
+use std::pin::Pin;
 use std::time::Duration;
 
-use async_nats::jetstream::object_store::ObjectMetadata;
+use async_nats::jetstream::object_store::{Object, ObjectMetadata};
 use futures_util::StreamExt;
+use tokio_io_timeout::TimeoutReader;
 use tokio_util::sync::CancellationToken;
 
 use super::FleetError;
@@ -73,6 +75,9 @@ pub async fn upload(log: &ChangeLog, file: &Path, stored: Stored) -> Result<u64,
             "vacancy checkpoint: epoch {:x}, lsn {}, stream sequence {}",
             stored.epoch, stored.lsn, stored.sequence
         )),
+        // As large as a message may be: a replica's download is then a
+        // seventh as many messages as at the client's 128 KiB default.
+        chunk_size: Some(log.settings.max_chunk_bytes),
         ..Default::default()
     };
     tokio::time::timeout(transfer_timeout(bytes), store.put(meta, &mut reader))
@@ -112,50 +117,34 @@ pub async fn list(log: &ChangeLog) -> Result<Vec<Stored>, FleetError> {
     Ok(found)
 }
 
-/// A downloaded checkpoint: the file, named as the checkpoint module
-/// expects (`checkpoint-<timeline>-<lsn>.vcp`), in a temporary directory
-/// removed on drop.
-pub struct Downloaded {
-    _dir: tempfile::TempDir,
-    pub path: PathBuf,
+/// A checkpoint being downloaded, read as it arrives: `reader` yields its
+/// `bytes` bytes and fails if nothing arrives for `stall`, so a blocking
+/// reader (`SyncIoBridge`) never waits without a bound.
+pub struct Download {
+    pub reader: Pin<Box<TimeoutReader<Object>>>,
+    pub bytes: u64,
+    /// The bound on the whole transfer, for the caller's timeout.
+    pub deadline: Duration,
 }
 
-/// Downloads `stored` into a new temporary directory under `dir`, as the
-/// file `name`.
-pub async fn download(
-    log: &ChangeLog,
-    stored: Stored,
-    dir: &Path,
-    name: &str,
-) -> Result<Downloaded, FleetError> {
+/// Opens `stored` for reading. The object store checks the SHA-256 of
+/// what it sent at its end, and the checkpoint's own trailer is checked by
+/// the loader.
+pub async fn open(log: &ChangeLog, stored: Stored) -> Result<Download, FleetError> {
     let store = log.checkpoints().await?;
     let object_name = stored.object_name();
-    let mut object = log
+    let object = log
         .bounded(store.get(&object_name))
         .await?
         .map_err(|e| FleetError::Nats(format!("downloading {object_name}: {e}")))?;
     let bytes = object.info().size as u64;
-    tokio::fs::create_dir_all(dir)
-        .await
-        .map_err(|e| FleetError::Nats(format!("creating {}: {e}", dir.display())))?;
-    let temp = tempfile::Builder::new()
-        .prefix(".vacancy-download-")
-        .tempdir_in(dir)
-        .map_err(|e| {
-            FleetError::Nats(format!("a temporary directory in {}: {e}", dir.display()))
-        })?;
-    let path = temp.path().join(name);
-    let mut file = tokio::fs::File::create(&path)
-        .await
-        .map_err(|e| FleetError::Nats(format!("creating {}: {e}", path.display())))?;
-    tokio::time::timeout(
-        transfer_timeout(bytes),
-        tokio::io::copy(&mut object, &mut file),
-    )
-    .await
-    .map_err(|_| FleetError::Nats(format!("downloading {object_name} timed out")))?
-    .map_err(|e| FleetError::Nats(format!("downloading {object_name}: {e}")))?;
-    Ok(Downloaded { _dir: temp, path })
+    let mut reader = TimeoutReader::new(object);
+    reader.set_timeout(Some(log.settings.request_timeout()));
+    Ok(Download {
+        reader: Box::pin(reader),
+        bytes,
+        deadline: transfer_timeout(bytes),
+    })
 }
 
 /// The projector's uploader: every checkpoint made durable locally (with
@@ -228,12 +217,6 @@ async fn upload_one(
         },
     )
     .await
-}
-
-/// Where a replica downloads to: `checkpoint.dir` when set, else the
-/// system's temporary directory.
-pub fn download_dir(checkpoint_dir: Option<&Path>) -> PathBuf {
-    checkpoint_dir.map_or_else(std::env::temp_dir, Path::to_path_buf)
 }
 
 #[cfg(test)]

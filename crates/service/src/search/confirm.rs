@@ -46,6 +46,18 @@
 //! per position read, no row read. Position reads are coalesced: one in
 //! flight at a time serves every search that began before it was sent.
 //!
+//! # On a node that never writes to the owner
+//!
+//! A replica, and a projector standing by, never write to the owner
+//! (`fleet`), so they read `pg_current_wal_insert_lsn()` instead. It is as
+//! sound: every commit the guest could have seen inserted its record below
+//! it. It is prompt only while the owner commits: the copy passes it at the
+//! next published commit (at 1,000 holds/s, within a commit or two) or at a
+//! keepalive advance or heartbeat of the active projector; on an idle owner
+//! the wait may outlast the budget, and the read falls back to the owner's
+//! rows, which is slower but as fresh. Whether this node may write is read
+//! at each position read, since a standby becomes the active projector.
+//!
 //! # Coalescing
 //!
 //! A position read serves a search only if it was sent after that search
@@ -56,6 +68,7 @@
 //! up (its budget, its request's timeout) never strands the others.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -70,6 +83,9 @@ use crate::owner::{self, OwnerSettings};
 /// Written by each position read; its end is the position. The prefix is
 /// ours (`stream::MESSAGE_PREFIX`), so the stream knows it and ignores it.
 const POSITION_SQL: &str = "SELECT pg_logical_emit_message(true, 'vacancy.confirm', '')";
+
+/// The read-only position, for a node that never writes to the owner.
+const READ_ONLY_POSITION_SQL: &str = "SELECT pg_current_wal_insert_lsn()";
 
 /// Why a confirmed read gave up (the fallback metric's `cause`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -213,6 +229,10 @@ pub struct Confirmer {
     owner: OwnerSettings,
     rounds: Coalescer<Result<Lsn, String>>,
     client: Arc<Mutex<Option<Arc<Client>>>>,
+    /// Whether this node may write the position's logical message: true
+    /// for a standalone node, the active flag for a projector, false for a
+    /// replica.
+    writes: Arc<AtomicBool>,
 }
 
 impl Confirmer {
@@ -221,7 +241,15 @@ impl Confirmer {
             owner: owner.clone(),
             rounds: Coalescer::default(),
             client: Arc::new(Mutex::new(None)),
+            writes: Arc::new(AtomicBool::new(true)),
         }
+    }
+
+    /// Writes positions only while `writes` is set, and reads them
+    /// otherwise.
+    pub fn writing_while(mut self, writes: Arc<AtomicBool>) -> Confirmer {
+        self.writes = writes;
+        self
     }
 
     /// An owner position taken after `began`, by `deadline`.
@@ -233,7 +261,12 @@ impl Confirmer {
         let read = || {
             let owner = self.owner.clone();
             let client = self.client.clone();
-            async move { read_position(&owner, &client).await }
+            let sql = if self.writes.load(Ordering::Acquire) {
+                POSITION_SQL
+            } else {
+                READ_ONLY_POSITION_SQL
+            };
+            async move { read_position(&owner, &client, sql).await }
         };
         match self.rounds.get(began, deadline, read).await {
             Some(Ok(lsn)) => Ok(lsn),
@@ -248,11 +281,12 @@ impl Confirmer {
 async fn read_position(
     owner: &OwnerSettings,
     slot: &Mutex<Option<Arc<Client>>>,
+    sql: &'static str,
 ) -> Result<Lsn, String> {
     metrics::OWNER_READS.with_label_values(&["position"]).inc();
     let started = Instant::now();
     let limit = owner.query_timeout();
-    let result = match tokio::time::timeout(limit, query_position(owner, slot)).await {
+    let result = match tokio::time::timeout(limit, query_position(owner, slot, sql)).await {
         Ok(r) => r,
         Err(_) => Err(format!("no answer within {limit:?}")),
     };
@@ -272,6 +306,7 @@ async fn read_position(
 async fn query_position(
     owner: &OwnerSettings,
     slot: &Mutex<Option<Arc<Client>>>,
+    sql: &'static str,
 ) -> Result<Lsn, String> {
     let existing = slot.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let client = match existing.filter(|c| !c.is_closed()) {
@@ -292,7 +327,7 @@ async fn query_position(
         }
     };
     let row = client
-        .query_one(POSITION_SQL, &[])
+        .query_one(sql, &[])
         .await
         .map_err(|e| e.to_string())?;
     let lsn: PgLsn = row.try_get(0).map_err(|e| e.to_string())?;

@@ -324,6 +324,14 @@ impl Search {
         }
     }
 
+    /// Confirmed reads write their position on the owner only while
+    /// `writes` is set (`confirm`): a replica's is never set, a projector's
+    /// while it is the active one.
+    pub fn writing_positions_while(mut self, writes: Arc<std::sync::atomic::AtomicBool>) -> Search {
+        self.confirmer = self.confirmer.writing_while(writes);
+        self
+    }
+
     /// Signs quotes with the loop's key and reads the hotels its policy
     /// flags from the owner.
     pub fn with_stale(mut self, stale: Arc<StaleReadState>) -> Search {
