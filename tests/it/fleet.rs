@@ -697,17 +697,26 @@ async fn a_new_epoch_and_an_operators_ask_bootstrap_a_replica_again() {
         ],
     );
     wait_ready(&projector, Duration::from_secs(60)).await;
-    // The replica reaches NATS through a link the test can cut.
+    // The replica reaches NATS and the owner through links the test can
+    // cut.
     let nats_link = Link::to(([127, 0, 0, 1], nats.port()).into()).await;
+    let owner_link = Link::to(([127, 0, 0, 1], owner.cluster.port()).into()).await;
+    let owner_via = owner.url.replace(
+        &format!(":{}/", owner.cluster.port()),
+        &format!(":{}/", owner_link.addr.port()),
+    );
     let replica = Serve::start_with(
-        &fleet.owner_url,
+        &owner_via,
         fleet.logs(),
         "replica",
         &fleet_env(
             "replica",
             &format!("nats://{}", nats_link.addr),
             &fleet.tokens,
-            &[("VACANCY_FLEET__REQUEST_TIMEOUT_MS", "1000")],
+            &[
+                ("VACANCY_FLEET__REQUEST_TIMEOUT_MS", "1000"),
+                ("VACANCY_SEARCH__HORIZON_DAYS", "5000"),
+            ],
         ),
     );
     wait_ready(&replica, Duration::from_secs(60)).await;
@@ -735,13 +744,41 @@ async fn a_new_epoch_and_an_operators_ask_bootstrap_a_replica_again() {
     run_workload(&owner, seed ^ 1, 2, 20).await;
     assert_binary_converged(&replica, &client).await;
 
-    // An operator asks the replica itself: it bootstraps again.
+    // An operator asks the replica itself: it bootstraps again. With its
+    // owner link cut, that bootstrap cannot finish (it checks the
+    // checkpoint against the owner's identity): meanwhile the old copy
+    // serves, and says it is stale.
+    let stale_of = |path: &'static str| {
+        let addr = replica.addr;
+        async move {
+            let (code, _, body) = crate::api::get(addr, path).await;
+            (code == 200)
+                .then(|| serde_json::from_str::<Value>(&body).ok())
+                .flatten()
+                .and_then(|v| v["stale"].as_bool())
+        }
+    };
+    const SEARCH: &str = "/v1/search?city=Lisbon&check_in=2030-01-02&check_out=2030-01-04&room=1";
+    const AVAILABILITY: &str =
+        "/v1/hotels/2/availability?check_in=2030-01-02&check_out=2030-01-04&room=1";
+    assert_eq!(stale_of(SEARCH).await, Some(false), "before the ask");
+    assert_eq!(stale_of(AVAILABILITY).await, Some(false), "before the ask");
+    owner_link.cut();
     ask_resnapshot(&replica).await;
+    wait_for(
+        "answers marked stale while the bootstrap waits",
+        Duration::from_secs(30),
+        || async { (stale_of(SEARCH).await == Some(true)).then_some(()) },
+    )
+    .await;
+    assert_eq!(stale_of(AVAILABILITY).await, Some(true));
+    owner_link.restore();
     wait_for("the asked bootstrap", Duration::from_secs(60), || async {
         let (_, now) = replica_progress(&replica).await?;
         (now > boots).then_some(())
     })
     .await;
+    assert_eq!(stale_of(SEARCH).await, Some(false), "the new copy is in");
     run_workload(&owner, seed ^ 2, 2, 10).await;
     assert_binary_converged(&replica, &client).await;
 

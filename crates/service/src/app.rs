@@ -88,7 +88,6 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
         &settings.stream,
         settings.search.few_units_threshold,
         model.clone(),
-        status.clone(),
     )?);
     let booking_tokens = Arc::new(http::access::booking_tokens(&settings.stale)?);
     let admin_tokens = Arc::new(http::access::admin_tokens(&settings.admin)?);

@@ -246,7 +246,7 @@ pub static SEARCH_RESULTS: LazyLock<Histogram> = LazyLock::new(|| {
 pub static OWNER_READS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter_vec(
         "vacancy_owner_reads_total",
-        "Direct reads of the owner database, by reason (few_units, min_lsn, bypass: rows for search; position: a confirmed read's WAL position; ttl, audit)",
+        "Direct reads of the owner database, by reason (few_units, min_lsn, bypass: rows for search; position: a confirmed read's WAL position; ttl, audit; lag: a replica's poll of the owner's WAL position)",
         &["reason"],
     )
 });
@@ -561,7 +561,7 @@ pub fn init() {
     for cause in ["position_timeout", "position_failed", "apply_timeout"] {
         CONFIRMED_READ_FALLBACKS.with_label_values(&[cause]);
     }
-    for reason in ["few_units", "min_lsn", "bypass", "position"] {
+    for reason in ["few_units", "min_lsn", "bypass", "position", "lag"] {
         OWNER_READS.with_label_values(&[reason]);
         OWNER_READ_ERRORS.with_label_values(&[reason]);
         OWNER_READ_DURATION.with_label_values(&[reason]);

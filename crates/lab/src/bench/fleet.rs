@@ -7,15 +7,18 @@
 //!    `/readyz`, and its peak RSS (`VmHWM`), for a standalone first start
 //!    (full snapshot, no checkpoints: the baseline) and for replicas
 //!    started from the projector's uploaded checkpoint;
-//! 2. owner cost: walsenders (`pg_stat_replication`) and the rows the
+//! 2. owner cost: walsenders (`pg_stat_replication`), the rows the
 //!    owner's sequential scans of `inventory` read during each start
-//!    (`pg_stat_user_tables.seq_tup_read`), for one and two standalone
+//!    (`pg_stat_user_tables.seq_tup_read`) and the owner's CPU seconds
+//!    across it (its processes' /proc stat), for one and two standalone
 //!    copies (the baseline) and for the projector with one, two and four
 //!    replicas;
 //! 3. commit-to-visible latency of holds under a steady pgbench load of
 //!    holds, on the projector (the baseline: it applies the slot's WAL) and
 //!    on a replica (which applies what the projector published), probed
-//!    in the same run under the same load;
+//!    in the same run under the same load; beside them, a second replica's
+//!    confirmed-read wait (it reads the owner's position and waits for the
+//!    stream to bring its copy there), and each replica's own owner reads;
 //! 4. failover: a second projector stands by (following the stream), the
 //!    active one is SIGKILLed under the same holds, and the bench times the
 //!    kill to the standby's takeover and to the first transaction committed
@@ -115,6 +118,8 @@ struct Start {
     seq_read: i64,
     /// Walsenders on the owner once it was ready.
     walsenders: i64,
+    /// The owner's CPU seconds across the start (`None`: not a local owner).
+    owner_cpu: Option<f64>,
     from: String,
 }
 
@@ -253,6 +258,14 @@ async fn measure(owner: &Owner, client: &Client, o: &FleetOptions) -> Result<(),
         fleet_env("replica"),
     )
     .await?;
+    // Replica 2 makes every shown room type owner-fresh by a confirmed
+    // read, so the latency part measures its wait on every search.
+    let mut confirming = fleet_env("replica");
+    confirming.push(("VACANCY_SEARCH__FRESH_READS".into(), "confirmed".into()));
+    confirming.push((
+        "VACANCY_SEARCH__FEW_UNITS_THRESHOLD".into(),
+        CONFIRM_ALL.to_string(),
+    ));
     let (mut replica_two, replica_two_start) = start_timed(
         client,
         "replica 2 (projector, replica 1 running)",
@@ -260,7 +273,7 @@ async fn measure(owner: &Owner, client: &Client, o: &FleetOptions) -> Result<(),
         owner.url(),
         &work,
         "replica-2",
-        fleet_env("replica"),
+        confirming,
     )
     .await?;
     // Two more: what the owner pays must not grow with the replicas.
@@ -316,8 +329,15 @@ async fn measure(owner: &Owner, client: &Client, o: &FleetOptions) -> Result<(),
         "latency: {} s of holds at {}/s, probing the projector and replica 1",
         o.seconds, o.rate
     );
-    let measured = latency(owner, &work, o, &projector, &replica_one).await;
+    let measured = latency(owner, &work, o, &projector, &replica_one, &replica_two).await;
     let walsenders_under_load = walsenders(client).await;
+    let replica_reads = [
+        ("replica 1", owner_reads(&replica_one).await),
+        (
+            "replica 2 (confirmed reads)",
+            owner_reads(&replica_two).await,
+        ),
+    ];
 
     // 4. Failover: a standby projector, then SIGKILL of the active one
     //    under holds.
@@ -338,7 +358,7 @@ async fn measure(owner: &Owner, client: &Client, o: &FleetOptions) -> Result<(),
     replica_two.stop().await;
     replica_one.stop().await;
     projector.stop().await;
-    let (samples, pgbench) = measured?;
+    let (samples, confirmed, pgbench) = measured?;
     let walsenders_under_load = walsenders_under_load?;
     let (failover_figures, mut standby) = failed_over?;
     standby.stop().await;
@@ -392,6 +412,8 @@ async fn measure(owner: &Owner, client: &Client, o: &FleetOptions) -> Result<(),
             ms(statement.percentile(0.50)),
         );
     }
+    print_confirmed(&confirmed, o);
+    print_owner_reads(&replica_reads);
     println!();
     println!(
         "method:   a second projector (same slot, its own checkpoint directory) follows the stream until it is \
@@ -541,7 +563,9 @@ fn print_starts(
         "method:   each process is `vacancy serve` (this executable) as a child; seconds to ready run from its \
          spawn to its first 200 from /readyz (polled every {READY_POLL:?}); peak RSS is VmHWM of \
          /proc/<pid>/status once ready; owner rows read are the growth of pg_stat_user_tables.seq_tup_read \
-         of inventory across the start; walsenders are pg_stat_replication rows once it was ready"
+         of inventory across the start; owner CPU is the growth across the start of user + system time of \
+         the owner's postmaster, its reaped children and its live children (/proc; the projector's walsender \
+         and checkpointer included); walsenders are pg_stat_replication rows once it was ready"
     );
     println!(
         "          the standalones are stopped and their slots dropped before the projector starts; the \
@@ -551,18 +575,19 @@ fn print_starts(
     );
     println!();
     println!(
-        "| start | seconds to ready | peak RSS (VmHWM) | rows loaded from the owner | owner inventory rows read by seq scans | walsenders after | from |"
+        "| start | seconds to ready | peak RSS (VmHWM) | rows loaded from the owner | owner inventory rows read by seq scans | owner CPU s | walsenders after | from |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---|");
     for s in starts {
         println!(
-            "| {} | {:.2} | {} | {} | {} | {} | {} |",
+            "| {} | {:.2} | {} | {} | {} | {} | {} | {} |",
             s.label,
             s.seconds,
             s.peak_rss_kib
                 .map_or("?".to_string(), |k| format!("{:.0} MiB", k as f64 / 1024.0)),
             s.rows_loaded.map_or("?".to_string(), |r| r.to_string()),
             s.seq_read,
+            cpu(s.owner_cpu),
             s.walsenders,
             s.from
         );
@@ -584,6 +609,52 @@ fn print_starts(
         starts[4].walsenders,
         starts[3..].iter().map(|s| s.seq_read).sum::<i64>(),
     );
+    println!(
+        "owner CPU: the standalones' starts {} and {} s; replicas 1-4 {} s",
+        cpu(starts[0].owner_cpu),
+        cpu(starts[1].owner_cpu),
+        starts[3..]
+            .iter()
+            .map(|s| cpu(s.owner_cpu))
+            .collect::<Vec<_>>()
+            .join(", "),
+    );
+}
+
+fn cpu(seconds: Option<f64>) -> String {
+    seconds.map_or("?".to_string(), |s| format!("{s:.2}"))
+}
+
+/// The owner's postmaster: the parent of this session's backend, when the
+/// owner runs on this machine.
+async fn postmaster_pid(client: &Client) -> Option<i32> {
+    let backend: i32 = client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .ok()?
+        .get(0);
+    let stat = procfs::process::Process::new(backend).ok()?.stat().ok()?;
+    Some(stat.ppid)
+}
+
+/// The owner's CPU seconds so far: the postmaster's own time and its reaped
+/// children's, plus every live child's (backends, walsenders, the
+/// checkpointer). `None` when /proc cannot tell.
+fn owner_cpu_seconds(postmaster: i32) -> Option<f64> {
+    let main = procfs::process::Process::new(postmaster)
+        .ok()?
+        .stat()
+        .ok()?;
+    let reaped = u64::try_from(main.cutime + main.cstime).unwrap_or(0);
+    let mut ticks = main.utime + main.stime + reaped;
+    for process in procfs::process::all_processes().ok()? {
+        if let Ok(stat) = process.and_then(|p| p.stat())
+            && stat.ppid == postmaster
+        {
+            ticks += stat.utime + stat.stime;
+        }
+    }
+    Some(ticks as f64 / procfs::ticks_per_second() as f64)
 }
 
 /// Replica 1 asked to bootstrap again (the admin resnapshot): how long it
@@ -657,11 +728,14 @@ async fn start_timed(
     env: Vec<(String, String)>,
 ) -> Result<(Serve, Start), BenchError> {
     let before = inventory_seq_read(client).await?;
+    let postmaster = postmaster_pid(client).await;
+    let cpu_before = postmaster.and_then(owner_cpu_seconds);
     let started = Instant::now();
     let mut serve = Serve::start_with_env(exe, url, work, name, env)?;
     let seconds = until_ready(&mut serve, started, label).await?;
     let peak_rss_kib = serve.pid().and_then(peak_rss_kib);
     let status = serve.status().await.unwrap_or(Value::Null);
+    let cpu_after = postmaster.and_then(owner_cpu_seconds);
     let after = inventory_seq_read(client).await?;
     let walsenders = walsenders(client).await?;
     let replica = &status["fleet"]["replica"];
@@ -682,6 +756,7 @@ async fn start_timed(
             rows_loaded: status["snapshot"]["rows_loaded"].as_u64(),
             seq_read: after - before,
             walsenders,
+            owner_cpu: cpu_before.zip(cpu_after).map(|(b, a)| a - b),
             from,
         },
     ))
@@ -804,15 +879,16 @@ struct Samples {
     full: u64,
 }
 
-/// pgbench's holds in the background, probes in the foreground; the
-/// samples and pgbench's output.
+/// pgbench's holds in the background, probes and replica 2's confirmed
+/// reads in the foreground; the samples and pgbench's output.
 async fn latency(
     owner: &Owner,
     work: &Path,
     o: &FleetOptions,
     projector: &Serve,
     replica: &Serve,
-) -> Result<(Samples, String), BenchError> {
+    confirming: &Serve,
+) -> Result<(Samples, ConfirmedReads, String), BenchError> {
     let s = owner.shape;
     let script = format!(
         "\\set h random(1, {})\n\\set r random(1, {})\n\\set n random(0, {})\n\
@@ -839,7 +915,10 @@ async fn latency(
     // down, so every sample is taken under the load.
     let window = Duration::from_secs(u64::from(o.seconds)).saturating_sub(2 * SETTLE);
     tokio::time::sleep(SETTLE).await;
-    let probed = probe(owner, o.probe_interval, window, projector, replica).await;
+    let (probed, confirmed) = tokio::join!(
+        probe(owner, o.probe_interval, window, projector, replica),
+        confirmed_reads(owner, window, confirming),
+    );
     // pgbench ends by itself after -T; bounded all the same.
     let limit = Duration::from_secs(u64::from(o.seconds)) + STOP_LIMIT;
     let out = tokio::time::timeout(limit, background)
@@ -850,7 +929,254 @@ async fn latency(
             detail: String::new(),
         })?
         .map_err(|e| FleetBenchError::Task(e.to_string()))??;
-    Ok((probed?, out))
+    Ok((probed?, confirmed?, out))
+}
+
+/// The reasons a node reads the owner (`vacancy_owner_reads_total`).
+const READ_REASONS: [&str; 7] = [
+    "few_units",
+    "min_lsn",
+    "bypass",
+    "position",
+    "audit",
+    "ttl",
+    "lag",
+];
+
+/// A replica's own reads of the owner so far, by reason.
+async fn owner_reads(replica: &Serve) -> Vec<f64> {
+    let text = match http(replica.addr, "GET", "/metrics", None, None, HTTP_TIMEOUT).await {
+        Ok(r) => r.text(),
+        Err(_) => String::new(),
+    };
+    READ_REASONS
+        .iter()
+        .map(|reason| {
+            counter_sum(
+                &text,
+                &format!("vacancy_owner_reads_total{{reason=\"{reason}\"}}"),
+            )
+        })
+        .collect()
+}
+
+fn print_owner_reads(replicas: &[(&str, Vec<f64>); 2]) {
+    println!();
+    println!(
+        "owner reads by the replicas themselves (their vacancy_owner_reads_total since they started, after the \
+         latency part; none of them is a row of the copy):"
+    );
+    println!("| replica | {} |", READ_REASONS.join(" | "));
+    println!("|---|{}", "---:|".repeat(READ_REASONS.len()));
+    for (label, reads) in replicas {
+        let cells: Vec<String> = reads.iter().map(|n| format!("{n:.0}")).collect();
+        println!("| {label} | {} |", cells.join(" | "));
+    }
+}
+
+/// Every shown room type is few-unit at this threshold: each search on
+/// replica 2 takes a confirmed read.
+const CONFIRM_ALL: u32 = 1_000_000;
+/// Between two searches on replica 2.
+const CONFIRMED_INTERVAL: Duration = Duration::from_millis(20);
+
+/// Replica 2's confirmed reads under the holds.
+#[derive(Default)]
+struct ConfirmedReads {
+    /// Whole searches, as the client saw them (an upper bound on the wait).
+    searches: Vec<Duration>,
+    failed: u64,
+    /// Room types shown, and those that said `confirmed`.
+    shown: u64,
+    confirmed: u64,
+    /// `vacancy_confirmed_read_wait_seconds` across the window.
+    waits: TextHistogram,
+    /// `vacancy_confirmed_read_fallbacks_total` across the window.
+    fallbacks: f64,
+}
+
+/// Searches replica 2 every [`CONFIRMED_INTERVAL`] for `window`, and reads
+/// its confirmed-read metrics before and after.
+async fn confirmed_reads(
+    owner: &Owner,
+    window: Duration,
+    replica: &Serve,
+) -> Result<ConfirmedReads, BenchError> {
+    let s = owner.shape;
+    let client = vacancy_service::connect(owner.url(), CONNECT_TIMEOUT).await?;
+    let cities: Vec<String> = client
+        .query(
+            "SELECT city FROM hotels GROUP BY city ORDER BY count(*) DESC, city LIMIT 20",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let http = HttpClient::new(replica.addr, HTTP_TIMEOUT).map_err(FleetBenchError::from)?;
+    let metrics = || async {
+        http.get("/metrics")
+            .await
+            .map(|r| r.text())
+            .unwrap_or_default()
+    };
+    let before = metrics().await;
+    let mut rng = ChaCha8Rng::seed_from_u64(23);
+    let mut ticker = tokio::time::interval(CONFIRMED_INTERVAL);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut reads = ConfirmedReads::default();
+    let started = Instant::now();
+    while started.elapsed() < window && !cities.is_empty() {
+        ticker.tick().await;
+        let city: String =
+            form_urlencoded::byte_serialize(cities[rng.random_range(0..cities.len())].as_bytes())
+                .collect();
+        let stay = rng.random_range(1..=3);
+        let check_in =
+            s.first_night + chrono::Days::new(rng.random_range(0..(s.nights - stay).max(1)) as u64);
+        let check_out = check_in + chrono::Days::new(stay as u64);
+        let path = format!(
+            "/v1/search?city={city}&check_in={check_in}&check_out={check_out}&room=1&limit=10"
+        );
+        let asked = Instant::now();
+        match http.get(&path).await {
+            Ok(r) if r.status == 200 => {
+                reads.searches.push(asked.elapsed());
+                let answer = r.json();
+                for hotel in answer["results"].as_array().into_iter().flatten() {
+                    for shown in hotel["room_types"].as_array().into_iter().flatten() {
+                        reads.shown += 1;
+                        reads.confirmed += u64::from(shown["source"] == "confirmed");
+                    }
+                }
+            }
+            _ => reads.failed += 1,
+        }
+    }
+    let after = metrics().await;
+    const WAIT: &str = "vacancy_confirmed_read_wait_seconds";
+    const FALLBACKS: &str = "vacancy_confirmed_read_fallbacks_total";
+    reads.waits = TextHistogram::parse(&after, WAIT).since(&TextHistogram::parse(&before, WAIT));
+    reads.fallbacks = counter_sum(&after, FALLBACKS) - counter_sum(&before, FALLBACKS);
+    Ok(reads)
+}
+
+fn print_confirmed(reads: &ConfirmedReads, o: &FleetOptions) {
+    println!();
+    println!(
+        "method:   replica 2 runs with search.fresh_reads = confirmed and few_units_threshold = {CONFIRM_ALL}, so \
+         every shown room type takes a confirmed read: the replica reads pg_current_wal_insert_lsn() (it writes \
+         nothing) and waits until the stream brings its copy there; under the same pgbench -R {} holds, one \
+         search of a random city and stay every {CONFIRMED_INTERVAL:?}; the wait is the replica's own \
+         vacancy_confirmed_read_wait_seconds histogram across the window (so its p99 is a bucket bound), \
+         the search figures the client's, HTTP included",
+        o.rate
+    );
+    let searches = Latencies::from_durations(&reads.searches);
+    let ms = |figure: Option<f64>| figure.unwrap_or(f64::NAN);
+    println!(
+        "| replica 2, confirmed reads | searches | failed | room types shown / confirmed | fallbacks to rows | wait p50 at most | wait p99 at most | search p50 | search p99 |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let bound = |q: f64| {
+        reads
+            .waits
+            .quantile_bound(q)
+            .map_or("past the last bucket".to_string(), |b| {
+                format!("{:.1} ms", b * 1e3)
+            })
+    };
+    println!(
+        "| under {}/s holds | {} | {} | {} / {} | {} | {} | {} | {:.1} ms | {:.1} ms |",
+        o.rate,
+        searches.len(),
+        reads.failed,
+        reads.shown,
+        reads.confirmed,
+        reads.fallbacks,
+        bound(0.50),
+        bound(0.99),
+        ms(searches.percentile(0.50)),
+        ms(searches.percentile(0.99)),
+    );
+    println!(
+        "confirmed: replica 2's confirmed-read wait p99 <= {} over {} waits (goal <= 50 ms); {} fallbacks to the owner's rows",
+        bound(0.99),
+        reads.waits.count,
+        reads.fallbacks
+    );
+}
+
+/// A Prometheus histogram as `/metrics` text shows it: each bucket's upper
+/// bound and cumulative count, and the count. (Read by hand: four kinds of
+/// line of one metric; a text-format parser crate would bring more than
+/// it saves.)
+#[derive(Debug, Default, Clone, PartialEq)]
+struct TextHistogram {
+    buckets: Vec<(f64, u64)>,
+    count: u64,
+}
+
+impl TextHistogram {
+    fn parse(metrics: &str, name: &str) -> TextHistogram {
+        let bucket = format!("{name}_bucket{{le=\"");
+        let count = format!("{name}_count ");
+        let mut histogram = TextHistogram::default();
+        for line in metrics.lines() {
+            if let Some(rest) = line.strip_prefix(&bucket)
+                && let Some((le, value)) = rest.split_once("\"} ")
+                && let (Ok(le), Ok(value)) = (le.parse::<f64>(), value.trim().parse::<f64>())
+            {
+                histogram.buckets.push((le, value as u64));
+            } else if let Some(value) = line.strip_prefix(&count) {
+                histogram.count = value.trim().parse::<f64>().unwrap_or(0.0) as u64;
+            }
+        }
+        histogram
+    }
+
+    /// What was observed after `earlier`.
+    fn since(&self, earlier: &TextHistogram) -> TextHistogram {
+        TextHistogram {
+            buckets: self
+                .buckets
+                .iter()
+                .enumerate()
+                .map(|(i, (le, c))| {
+                    let before = earlier.buckets.get(i).map_or(0, |(_, b)| *b);
+                    (*le, c.saturating_sub(before))
+                })
+                .collect(),
+            count: self.count.saturating_sub(earlier.count),
+        }
+    }
+
+    /// The smallest finite bucket bound with at least `quantile` of the
+    /// observations at or below it; `None` when there are none, or past
+    /// the last finite bucket.
+    fn quantile_bound(&self, quantile: f64) -> Option<f64> {
+        if self.count == 0 {
+            return None;
+        }
+        let wanted = (quantile * self.count as f64).ceil() as u64;
+        self.buckets
+            .iter()
+            .find(|(le, c)| le.is_finite() && *c >= wanted)
+            .map(|(le, _)| *le)
+    }
+}
+
+/// The sum over every label set of a counter in `/metrics` text.
+fn counter_sum(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter_map(|(_, v)| v.parse::<f64>().ok())
+        .sum()
 }
 
 async fn probe(
@@ -977,6 +1303,30 @@ mod tests {
         let status = "Name:\tvacancy\nVmPeak:\t 2000 kB\nVmHWM:\t  123456 kB\nVmRSS:\t 100 kB\n";
         assert_eq!(parse_vm_hwm(status), Some(123_456));
         assert_eq!(parse_vm_hwm("Name:\tx\n"), None);
+    }
+
+    #[test]
+    fn a_histogram_and_a_counter_are_read_from_the_metrics_text() {
+        let before = "# HELP w x\nw_bucket{le=\"0.001\"} 1\nw_bucket{le=\"0.01\"} 2\nw_bucket{le=\"+Inf\"} 2\nw_count 2\nf_total{cause=\"a\"} 1\n";
+        let after = "w_bucket{le=\"0.001\"} 51\nw_bucket{le=\"0.01\"} 150\nw_bucket{le=\"+Inf\"} 202\nw_count 202\nf_total{cause=\"a\"} 3\nf_total{cause=\"b\"} 4\nf_totals 100\n";
+        let waits = TextHistogram::parse(after, "w").since(&TextHistogram::parse(before, "w"));
+        assert_eq!(waits.count, 200);
+        assert_eq!(
+            waits.buckets,
+            vec![(0.001, 50), (0.01, 148), (f64::INFINITY, 200)]
+        );
+        assert_eq!(waits.quantile_bound(0.25), Some(0.001));
+        assert_eq!(waits.quantile_bound(0.5), Some(0.01));
+        assert_eq!(
+            waits.quantile_bound(0.99),
+            None,
+            "past the last finite bucket"
+        );
+        assert_eq!(TextHistogram::default().quantile_bound(0.5), None);
+        assert_eq!(
+            counter_sum(after, "f_total") - counter_sum(before, "f_total"),
+            6.0
+        );
     }
 
     #[test]

@@ -223,6 +223,11 @@ impl Replica {
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
         };
+        // An old copy serves, marked stale, until the new one is in: it
+        // applies nothing of the stream meanwhile.
+        if self.model.freshness.is_loaded() {
+            self.model.freshness.set_replacing(true);
+        }
         let identity = self.owner_identity().await?;
         let name = CheckpointName {
             timeline: identity.timeline,
@@ -285,6 +290,7 @@ impl Replica {
         let owner_now = self.owner_position().await?;
         self.model.xids.restore(xids);
         self.model.replace(tables);
+        self.model.freshness.set_replacing(false);
         self.model.freshness.require_catch_up_to(owner_now);
         self.index.mark_all();
         self.status.snapshot.loaded_from_checkpoint();
@@ -501,6 +507,7 @@ pub async fn run_owner_position(
                 .ok();
         }
         let Some(connected) = &client else { continue };
+        metrics::OWNER_READS.with_label_values(&["lag"]).inc();
         match tokio::time::timeout(owner.query_timeout(), slot::current_wal_lsn(connected)).await {
             Ok(Ok(position)) => model.freshness.note_server_wal_end(position),
             Ok(Err(error)) => {

@@ -325,6 +325,9 @@ pub struct Freshness {
     /// before it counts as caught up: set when the copy comes from a
     /// checkpoint, whose position may be far behind (0: none).
     catch_up_to: AtomicU64,
+    /// The copy is being replaced whole (a new snapshot, or a replica's new
+    /// bootstrap) and follows no change until then: answers say `stale`.
+    replacing: AtomicBool,
 }
 
 impl Freshness {
@@ -356,6 +359,17 @@ impl Freshness {
 
     pub fn is_loaded(&self) -> bool {
         self.loaded.load(Ordering::Acquire)
+    }
+
+    /// Marks the copy as being replaced (or no longer).
+    pub fn set_replacing(&self, replacing: bool) {
+        self.replacing.store(replacing, Ordering::Release);
+    }
+
+    /// Whether the copy served is being replaced and follows no change
+    /// meanwhile: its numbers stay as of `applied` until the new one is in.
+    pub fn is_replacing(&self) -> bool {
+        self.replacing.load(Ordering::Acquire)
     }
 
     /// The copy must reach `owner_position` (read from the owner after this

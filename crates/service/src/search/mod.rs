@@ -97,6 +97,11 @@ pub struct SearchAnswer {
     #[schema(value_type = String, example = "0/16B3748")]
     pub lsn: Lsn,
     pub lag_ms: u64,
+    /// True while this node's copy is being replaced whole: a new snapshot,
+    /// or on a replica a new bootstrap (a new epoch, an operator's ask, a
+    /// gap in the stream). It applies no change until then, so its numbers
+    /// stay as of `lsn` while `lag_ms` grows.
+    pub stale: bool,
     /// The owner WAL position the `confirmed` room types were read at or
     /// past: taken on the owner after this search began, so every owner
     /// commit made before the search began is in their numbers. Null when
@@ -417,6 +422,7 @@ impl Search {
         Ok(SearchAnswer {
             lsn,
             lag_ms: quotes.lag_ms,
+            stale: self.model.freshness.is_replacing(),
             confirmed_lsn: confirmed,
             // The copy's count, less the hotels the owner's numbers ruled out here.
             total_hotels: ranked.total - page.ruled_out,
@@ -944,6 +950,7 @@ impl Search {
             hotel_id,
             lsn,
             lag_ms: quotes.lag_ms,
+            stale: self.model.freshness.is_replacing(),
             confirmed_lsn: confirmed,
             hotel_fits,
             room_types,
@@ -957,6 +964,8 @@ pub struct Availability {
     #[schema(value_type = String, example = "0/16B3748")]
     pub lsn: Lsn,
     pub lag_ms: u64,
+    /// As in a search answer.
+    pub stale: bool,
     /// As in a search answer: the owner position the `confirmed` room types
     /// were read at or past; null when none is `confirmed`.
     #[schema(value_type = Option<String>, example = "0/16B37A0")]

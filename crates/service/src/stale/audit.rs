@@ -50,7 +50,6 @@ use crate::model::xids::XidMark;
 use crate::model::{CalendarKey, NightCounts, ReadModel, Tables};
 use crate::owner::visibility::{self, VisibilityError};
 use crate::owner::{self, OwnerError};
-use crate::stream::StreamStatus;
 
 /// One sampled row of the copy.
 pub type Key = (CalendarKey, NaiveDate);
@@ -130,7 +129,6 @@ const MAX_DIVERGING_HOTELS: usize = 10_000;
 pub struct Audit {
     settings: AuditSettings,
     model: Arc<ReadModel>,
-    status: Arc<StreamStatus>,
     /// One connection, shared: a pass uses single statements only (no
     /// transaction), so concurrent passes cannot interleave inside one.
     client: Mutex<Option<Arc<Client>>>,
@@ -162,11 +160,10 @@ struct OwnerRow {
 }
 
 impl Audit {
-    pub fn new(settings: AuditSettings, model: Arc<ReadModel>, status: Arc<StreamStatus>) -> Audit {
+    pub fn new(settings: AuditSettings, model: Arc<ReadModel>) -> Audit {
         Audit {
             settings,
             model,
-            status,
             client: Mutex::new(None),
             passes: AtomicU64::new(0),
             checked: AtomicU64::new(0),
@@ -281,7 +278,7 @@ impl Audit {
     }
 
     async fn pass_inner(&self) -> Result<PassReport, AuditError> {
-        if !self.model.freshness.is_loaded() || self.status.resnapshotting.load(Ordering::Acquire) {
+        if !self.model.freshness.is_loaded() || self.model.freshness.is_replacing() {
             return Err(AuditError::NotReady);
         }
         let keys = {

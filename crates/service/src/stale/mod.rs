@@ -24,7 +24,6 @@ pub mod window;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
@@ -36,7 +35,7 @@ use crate::model::Stay;
 use crate::model::{CalendarKey, ReadModel};
 use crate::owner::OwnerSettings;
 use crate::setting::SecretFileError;
-use crate::stream::{StreamSettings, StreamStatus};
+use crate::stream::StreamSettings;
 use audit::{Audit, AuditSettings, AuditStatus};
 use bypass::{Advice, Inputs, Policy};
 use outcomes::{Ledger, LedgerSettings, Restored, Totals};
@@ -53,7 +52,6 @@ pub struct StaleReadState {
     pub top_hotels: usize,
     pub max_body_bytes: usize,
     model: Arc<ReadModel>,
-    status: Arc<StreamStatus>,
 }
 
 /// One question to `GET /v1/bypass`.
@@ -110,7 +108,6 @@ impl StaleReadState {
         stream: &StreamSettings,
         few_units_threshold: i32,
         model: Arc<ReadModel>,
-        status: Arc<StreamStatus>,
     ) -> Result<StaleReadState, SecretFileError> {
         let key = match load_key(&s.quote_key, &s.quote_key_file)? {
             Some(bytes) => QuoteKey::new(&bytes),
@@ -135,7 +132,6 @@ impl StaleReadState {
                 diverging_for: Duration::from_secs(s.window_secs),
             },
             model.clone(),
-            status.clone(),
         );
         Ok(StaleReadState {
             key,
@@ -156,7 +152,6 @@ impl StaleReadState {
             top_hotels: s.top_hotels,
             max_body_bytes: s.max_body_bytes,
             model,
-            status,
         })
     }
 
@@ -175,7 +170,7 @@ impl StaleReadState {
     }
 
     fn ready(&self) -> bool {
-        self.model.freshness.is_loaded() && !self.status.resnapshotting.load(Ordering::Acquire)
+        self.model.freshness.is_loaded() && !self.model.freshness.is_replacing()
     }
 
     /// The advice for one take, from one published copy.
@@ -347,8 +342,7 @@ mod tests {
         stale.hotel_min_takes = 1;
         let owner: OwnerSettings = defaults.extract_inner("owner").unwrap();
         let stream: StreamSettings = defaults.extract_inner("stream").unwrap();
-        let status = Arc::new(StreamStatus::default());
-        StaleReadState::new(&stale, &owner, &stream, 2, ReadModel::new(), status).unwrap()
+        StaleReadState::new(&stale, &owner, &stream, 2, ReadModel::new()).unwrap()
     }
 
     fn report(key: &QuoteKey, attempt: usize, source: Source, outcome: Outcome) -> TakeReport {

@@ -475,12 +475,14 @@ impl Projector {
                 SnapshotReason::Requested => {
                     tracing::warn!(slot = %s.slot, reason = reason.label(), "resnapshot requested; taking a new snapshot while the old copy serves, marked stale");
                     self.status.resnapshotting.store(true, Ordering::Release);
+                    self.model.freshness.set_replacing(true);
                 }
                 SnapshotReason::SlotMissing
                 | SnapshotReason::SlotLost
                 | SnapshotReason::SlotAhead => {
                     tracing::error!(slot = %s.slot, reason = reason.label(), "slot cannot be resumed; taking a new snapshot while the old copy serves, marked stale");
                     self.status.resnapshotting.store(true, Ordering::Release);
+                    self.model.freshness.set_replacing(true);
                 }
             }
         }
@@ -504,6 +506,7 @@ impl Projector {
             self.model.replace(tables);
             self.index.mark_all();
             self.status.resnapshotting.store(false, Ordering::Release);
+            self.model.freshness.set_replacing(false);
             if let Some(asked) = asked {
                 self.status.resnapshot_served(asked);
             }
