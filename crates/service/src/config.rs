@@ -12,8 +12,8 @@
 use std::path::Path;
 use std::time::Duration;
 
-use figment::Figment;
-use figment::providers::{Env, Format, Toml};
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::{Figment, Provider};
 use serde::Deserialize;
 
 use crate::checkpoint::CheckpointSettings;
@@ -28,6 +28,18 @@ use crate::stale::StaleSettings;
 use crate::stream::StreamSettings;
 
 pub const DEFAULT_TOML: &str = include_str!("../../../config/default.toml");
+
+const ENV_PREFIX: &str = "VACANCY_";
+
+/// A variable's name, less the prefix, as a settings key: two documented
+/// short forms; everything else nests with "__".
+fn env_key(name: &str) -> String {
+    match name.to_ascii_lowercase().as_str() {
+        "owner_url" => "owner.url".into(),
+        "listen" => "http.listen".into(),
+        other => other.replace("__", "."),
+    }
+}
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -68,10 +80,39 @@ impl From<OwnerSettingsError> for ConfigError {
 impl Settings {
     /// Loads the layers: defaults, `file` when given, then the environment.
     pub fn load(file: Option<&Path>) -> Result<Settings, ConfigError> {
-        Self::load_from(file, Env::prefixed("VACANCY_"))
+        let env = Env::prefixed(ENV_PREFIX).map(|key| env_key(key.as_str()).into());
+        Self::load_from(file, env)
     }
 
-    fn load_from(file: Option<&Path>, env: Env) -> Result<Settings, ConfigError> {
+    /// As `load`, with `vars` (name, value) in place of the process
+    /// environment: checks what a deploy would set without setting it
+    /// (`tests/it/kubernetes.rs`). Names and values are read as `load` reads
+    /// the environment's; names without the `VACANCY_` prefix are ignored.
+    pub fn load_with_vars<'a>(
+        file: Option<&Path>,
+        vars: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Settings, ConfigError> {
+        let mut layer = Figment::new();
+        for (name, value) in vars {
+            let name = name.trim();
+            let Some(key) = name
+                .get(..ENV_PREFIX.len())
+                .filter(|prefix| prefix.eq_ignore_ascii_case(ENV_PREFIX))
+                .map(|_| env_key(&name[ENV_PREFIX.len()..]))
+            else {
+                continue;
+            };
+            // As figment's `Env`: a key with an empty part is skipped.
+            if key.split('.').any(str::is_empty) {
+                continue;
+            }
+            let value: figment::value::Value = value.parse().expect("infallible");
+            layer = layer.merge(Serialized::default(&key, value));
+        }
+        Self::load_from(file, layer)
+    }
+
+    fn load_from(file: Option<&Path>, env: impl Provider) -> Result<Settings, ConfigError> {
         let mut figment = Figment::from(Toml::string(DEFAULT_TOML));
         if let Some(path) = file {
             if !path.is_file() {
@@ -83,12 +124,6 @@ impl Settings {
             }
             figment = figment.merge(Toml::file(path));
         }
-        // Two documented short forms; everything else nests with "__".
-        let env = env.map(|key| match key.as_str().to_ascii_lowercase().as_str() {
-            "owner_url" => "owner.url".into(),
-            "listen" => "http.listen".into(),
-            other => other.replace("__", ".").into(),
-        });
         let settings: Settings = figment.merge(env).extract().map_err(Box::new)?;
         settings.validate()?;
         Ok(settings)
@@ -407,6 +442,44 @@ mod tests {
         ] {
             let e = load_with_env(&[(key, value)]).unwrap_err();
             assert!(e.contains(field), "{key}={value}: {e}");
+        }
+    }
+
+    #[test]
+    fn given_variables_load_as_the_environment_does() {
+        let cases: [&[(&str, &str)]; 4] = [
+            &[
+                ("VACANCY_OWNER_URL", "postgresql://u@db.example:6543/shop"),
+                ("VACANCY_LISTEN", "0.0.0.0:9000"),
+                ("VACANCY_FLEET__ROLE", "replica"),
+                ("VACANCY_FLEET__NATS_URL", "nats://nats:4222"),
+                ("VACANCY_STALE__QUOTE_KEY_FILE", "/run/secrets/quote-key"),
+                (
+                    "VACANCY_STALE__BOOKING_TOKENS",
+                    "[\"booking-token-0123456789\"]",
+                ),
+                ("VACANCY_HTTP__SHUTDOWN_GRACE_MS", "20000"),
+                ("OTHER", "ignored"),
+            ],
+            &[("VACANCY_STREAM__SLOTT", "x")],
+            &[("VACANCY_SERVICE_HOST", "10.0.0.1")],
+            &[("VACANCY_MODEL__TTL_SECS", "0")],
+        ];
+        for vars in cases {
+            let from_env = load_with_env(vars).map(|s| format!("{s:?}"));
+            let given = Settings::load_with_vars(None, vars.iter().copied())
+                .map(|s| format!("{s:?}"))
+                .map_err(|e| e.to_string());
+            match (&from_env, &given) {
+                (Ok(a), Ok(b)) => assert_eq!(a, b, "{vars:?}"),
+                // The messages name the source (environment or given), so
+                // compare what they refuse rather than the whole text.
+                (Err(a), Err(b)) => {
+                    let refused = |e: &str| e.split(" for ").next().unwrap_or(e).to_string();
+                    assert_eq!(refused(a), refused(b), "{vars:?}");
+                }
+                _ => panic!("{vars:?}: the environment gave {from_env:?}, the variables {given:?}"),
+            }
         }
     }
 
