@@ -23,7 +23,10 @@
 //!    active one is SIGKILLed under the same holds, and the bench times the
 //!    kill to the standby's takeover and to the first transaction committed
 //!    after the kill being applied on a replica; then every row of that
-//!    replica is compared with the owner's.
+//!    replica is compared with the owner's;
+//! 5. throughput: searches/s of one replica asked directly (the baseline),
+//!    and of one and two replicas behind HAProxy (`balancer`), with the
+//!    replicas' and HAProxy's CPU per search.
 //!
 //! The processes run one after the other where a figure is a start time
 //! (on 2 cores a concurrent start would slow the one measured), and side
@@ -38,6 +41,7 @@ use rand_chacha::ChaCha8Rng;
 use serde_json::Value;
 use tokio_postgres::Client;
 
+use super::balancer;
 use super::faults::{self, Serve};
 use super::{BenchError, CONNECT_TIMEOUT, Owner, mib, print_header, run_tool};
 use crate::http_client::{HttpClient, HttpError, http};
@@ -81,6 +85,8 @@ pub enum FleetBenchError {
         log: String,
         tail: String,
     },
+    #[error(transparent)]
+    Balancer(#[from] super::balancer::BalancerError),
     #[error("a bench task failed: {0}")]
     Task(String),
 }
@@ -361,8 +367,31 @@ async fn measure(owner: &Owner, client: &Client, o: &FleetOptions) -> Result<(),
     let (samples, confirmed, pgbench) = measured?;
     let walsenders_under_load = walsenders_under_load?;
     let (failover_figures, mut standby) = failed_over?;
+
+    // 5. Throughput: two fresh replicas with default settings (the standby,
+    //    now active, idle), asked directly and through HAProxy.
+    eprintln!("throughput: searches/s of one replica directly, and of one and two behind HAProxy");
+    let mut throughput_replicas = Vec::new();
+    for n in 1..=2 {
+        let (replica, _) = start_timed(
+            client,
+            &format!("throughput replica {n}"),
+            &exe,
+            owner.url(),
+            &work,
+            &format!("throughput-{n}"),
+            fleet_env("replica"),
+        )
+        .await?;
+        throughput_replicas.push(replica);
+    }
+    let throughput_rows = throughput(client, owner, &work, &throughput_replicas).await;
+    for mut replica in throughput_replicas {
+        replica.stop().await;
+    }
     standby.stop().await;
     drop(nats);
+    let throughput_rows = throughput_rows?;
 
     report_starts();
     println!("owner:     {walsenders_under_load} walsender(s) under the holds below");
@@ -440,7 +469,139 @@ async fn measure(owner: &Owner, client: &Client, o: &FleetOptions) -> Result<(),
          divergent rows on replica 1 afterwards: {} of {} compared",
         failover_figures.first_applied, failover_figures.divergent, failover_figures.compared,
     );
+    print_throughput(&throughput_rows);
     Ok(())
+}
+
+/// Seconds of each throughput run, after a warm-up of [`WARM_UP`].
+const THROUGHPUT_SECONDS: u32 = 10;
+const WARM_UP: u32 = 3;
+/// wrk's keep-alive connections.
+const THROUGHPUT_CONNECTIONS: u32 = 16;
+/// Distinct searches the wrk script picks from.
+const THROUGHPUT_PATHS: usize = 500;
+
+/// One throughput run: where the searches went and what came back.
+struct ThroughputRow {
+    label: &'static str,
+    figures: balancer::WrkFigures,
+    /// CPU ms per answered search: the replicas', and HAProxy's.
+    replicas_cpu_ms: Option<f64>,
+    haproxy_cpu_ms: Option<f64>,
+}
+
+/// wrk against replica 1 directly, then HAProxy over replica 1, then over
+/// both; each run with the same random searches.
+async fn throughput(
+    client: &Client,
+    owner: &Owner,
+    work: &Path,
+    replicas: &[Serve],
+) -> Result<Vec<ThroughputRow>, BenchError> {
+    let s = owner.shape;
+    let cities: Vec<String> = client
+        .query(
+            "SELECT city FROM hotels GROUP BY city ORDER BY count(*) DESC, city LIMIT 20",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let mut rng = ChaCha8Rng::seed_from_u64(24);
+    let paths: Vec<String> = (0..THROUGHPUT_PATHS)
+        .filter(|_| !cities.is_empty())
+        .map(|_| {
+            let city: String = form_urlencoded::byte_serialize(
+                cities[rng.random_range(0..cities.len())].as_bytes(),
+            )
+            .collect();
+            let stay = rng.random_range(1..=3);
+            let check_in = s.first_night
+                + chrono::Days::new(rng.random_range(0..(s.nights - stay).max(1)) as u64);
+            let check_out = check_in + chrono::Days::new(stay as u64);
+            format!(
+                "/v1/search?city={city}&check_in={check_in}&check_out={check_out}&room=2&limit=10"
+            )
+        })
+        .collect();
+    let script = balancer::write_script(work, &paths).map_err(FleetBenchError::from)?;
+    let backends: Vec<std::net::SocketAddr> = replicas.iter().map(|r| r.addr).collect();
+    let replica_pids: Vec<u32> = replicas.iter().filter_map(Serve::pid).collect();
+    let mut rows = Vec::new();
+    for (label, through, count) in [
+        ("replica 1, asked directly", false, 1),
+        ("HAProxy over replica 1", true, 1),
+        ("HAProxy over replicas 1 and 2", true, 2),
+    ] {
+        let proxy = if through {
+            Some(
+                balancer::HaProxy::start(&backends[..count], work)
+                    .await
+                    .map_err(FleetBenchError::from)?,
+            )
+        } else {
+            None
+        };
+        let target = proxy.as_ref().map_or(backends[0], |p| p.addr);
+        balancer::run_wrk(target, &script, THROUGHPUT_CONNECTIONS, WARM_UP)
+            .await
+            .map_err(FleetBenchError::from)?;
+        let cpu = || {
+            let replicas: Option<f64> = replica_pids[..count]
+                .iter()
+                .map(|pid| balancer::cpu_seconds(*pid))
+                .sum();
+            let haproxy = proxy.as_ref().and_then(|p| balancer::cpu_seconds(p.pid));
+            (replicas, haproxy)
+        };
+        let before = cpu();
+        let figures =
+            balancer::run_wrk(target, &script, THROUGHPUT_CONNECTIONS, THROUGHPUT_SECONDS)
+                .await
+                .map_err(FleetBenchError::from)?;
+        let after = cpu();
+        let answered = figures.requests.saturating_sub(figures.failed).max(1) as f64;
+        let per_search =
+            |b: Option<f64>, a: Option<f64>| b.zip(a).map(|(b, a)| (a - b) * 1e3 / answered);
+        rows.push(ThroughputRow {
+            label,
+            replicas_cpu_ms: per_search(before.0, after.0),
+            haproxy_cpu_ms: per_search(before.1, after.1),
+            figures,
+        });
+    }
+    Ok(rows)
+}
+
+fn print_throughput(rows: &[ThroughputRow]) {
+    println!();
+    println!(
+        "method:   two fresh replicas (default settings; the projector idle, no holds); wrk -t1 -c{THROUGHPUT_CONNECTIONS} \
+         -d{THROUGHPUT_SECONDS}s --latency, after a {WARM_UP} s warm-up, each request one of {THROUGHPUT_PATHS} \
+         random searches (a city of the 20 largest, 1-3 nights, room=2, limit=10); HAProxy 2.6 (Debian), one \
+         thread, round robin, keep-alive, /readyz health checks; CPU is user + system time of the replicas and \
+         of HAProxy across the run (/proc), per answered search; on two cores the replicas, HAProxy and wrk \
+         share the CPU, so two replicas cannot double the rate: CPU per search is the figure to compare"
+    );
+    println!(
+        "| searches went to | searches/s | p50 | p99 | failed | replicas' CPU ms/search | HAProxy CPU ms/search |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let ms = |v: Option<f64>| v.map_or("?".to_string(), |v| format!("{v:.2} ms"));
+    let cpu = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.3}"));
+    for row in rows {
+        println!(
+            "| {} | {:.0} | {} | {} | {} | {} | {} |",
+            row.label,
+            row.figures.per_second,
+            ms(row.figures.p50_ms),
+            ms(row.figures.p99_ms),
+            row.figures.failed,
+            cpu(row.replicas_cpu_ms),
+            cpu(row.haproxy_cpu_ms),
+        );
+    }
 }
 
 /// When the active projector is killed, after the holds start.

@@ -26,6 +26,7 @@
 //! positions.
 
 mod apply;
+mod balancer;
 pub mod faults;
 mod fleet;
 mod latency;
