@@ -23,6 +23,11 @@ pub struct StaleCarry {
     /// Attempt ids already counted, in id order, each once.
     pub attempts: Vec<CountedAttempt>,
     pub totals: OutcomeTotals,
+    /// A fleet node's: the outcome-stream sequence this state holds every
+    /// outcome up to (and none after), so a node that loads it reads the
+    /// stream from the next one. `None` on a standalone node, whose
+    /// outcomes were posted to it alone.
+    pub outcomes_sequence: Option<u64>,
 }
 
 /// One bucket of the sliding window.

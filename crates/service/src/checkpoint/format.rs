@@ -42,8 +42,10 @@ pub const MAGIC: [u8; 8] = *b"VCPT\r\n\x1a\n";
 /// not read (the start falls back to a snapshot). Version 2 added the
 /// stale-read loop's records (window, attempts, totals) and their counts
 /// in the end record; so the tags after `Ttl` moved. Version 3 added the
-/// copy's epoch to the header (the fleet's bootstrap format).
-pub const FORMAT_VERSION: u32 = 3;
+/// copy's epoch to the header (the fleet's bootstrap format). Version 4
+/// added the fleet's outcome-stream sequence to the stale-read totals
+/// (`StaleTotalsRecord::outcomes_sequence`).
+pub const FORMAT_VERSION: u32 = 4;
 
 /// The last bytes of a complete file: a write that stopped early lacks them.
 pub const END: [u8; 4] = *b"VEND";
@@ -516,7 +518,10 @@ impl Serialize for AttemptEntriesOut<'_> {
 }
 
 /// The stale-read ledger's totals (`carry::OutcomeTotals`), sources as
-/// `source_code`s.
+/// `source_code`s, and where the state stands in the fleet's outcome
+/// stream (`carry::StaleCarry::outcomes_sequence`): the last record of the
+/// stale-read state, so the sequence is written after everything it
+/// describes.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StaleTotalsRecord {
     pub taken: u64,
@@ -526,6 +531,8 @@ pub struct StaleTotalsRecord {
     pub replays: u64,
     pub conflicts_by_source: Vec<(u8, u64)>,
     pub takes_by_source: Vec<(u8, u64)>,
+    /// New in version 4. `None`: a standalone node's state.
+    pub outcomes_sequence: Option<u64>,
 }
 
 /// A quote's source in the file: fixed numbers, not the enum's order, so

@@ -550,6 +550,7 @@ fn decode(
                     ));
                 }
                 let record: StaleTotalsRecord = decode_payload(&payload, path, tag)?;
+                stale.outcomes_sequence = record.outcomes_sequence;
                 stale_totals =
                     Some(totals_of(record).map_err(|reason| {
                         malformed(path, format!("stale-read totals: {reason}"))

@@ -185,6 +185,7 @@ fn stale_state() -> StaleCarry {
                 (None, 1),
             ],
         },
+        outcomes_sequence: Some(41),
     }
 }
 
@@ -1125,48 +1126,52 @@ fn any_stale_state() -> impl Strategy<Value = StaleCarry> {
         any::<[u64; 5]>(),
         by_source.clone(),
         by_source,
+        proptest::option::of(any::<u64>()),
     )
-        .prop_map(|(buckets, attempts, t, conflicts, takes)| {
-            let mut by_age: BTreeMap<u64, WindowBucket> = BTreeMap::new();
-            for (age_ms, overall, untracked, hotels) in buckets {
-                by_age.insert(
-                    age_ms,
-                    WindowBucket {
-                        age: Duration::from_millis(age_ms),
-                        overall,
-                        untracked,
-                        hotels: hotels.into_iter().collect(),
+        .prop_map(
+            |(buckets, attempts, t, conflicts, takes, outcomes_sequence)| {
+                let mut by_age: BTreeMap<u64, WindowBucket> = BTreeMap::new();
+                for (age_ms, overall, untracked, hotels) in buckets {
+                    by_age.insert(
+                        age_ms,
+                        WindowBucket {
+                            age: Duration::from_millis(age_ms),
+                            overall,
+                            untracked,
+                            hotels: hotels.into_iter().collect(),
+                        },
+                    );
+                }
+                let sources = |of: Vec<Option<u64>>| -> Vec<(Option<Source>, u64)> {
+                    std::iter::once(None)
+                        .chain(Source::ALL.into_iter().map(Some))
+                        .zip(of)
+                        .filter_map(|(source, n)| Some((source, n?)))
+                        .collect()
+                };
+                StaleCarry {
+                    buckets: by_age.into_values().rev().collect(),
+                    attempts: attempts
+                        .into_iter()
+                        .map(|(attempt_id, (fingerprint, ms))| CountedAttempt {
+                            attempt_id,
+                            fingerprint,
+                            left: Duration::from_millis(ms),
+                        })
+                        .collect(),
+                    totals: OutcomeTotals {
+                        taken: t[0],
+                        conflicts: t[1],
+                        errors: t[2],
+                        stale_reads: t[3],
+                        replays: t[4],
+                        conflicts_by_source: sources(conflicts),
+                        takes_by_source: sources(takes),
                     },
-                );
-            }
-            let sources = |of: Vec<Option<u64>>| -> Vec<(Option<Source>, u64)> {
-                std::iter::once(None)
-                    .chain(Source::ALL.into_iter().map(Some))
-                    .zip(of)
-                    .filter_map(|(source, n)| Some((source, n?)))
-                    .collect()
-            };
-            StaleCarry {
-                buckets: by_age.into_values().rev().collect(),
-                attempts: attempts
-                    .into_iter()
-                    .map(|(attempt_id, (fingerprint, ms))| CountedAttempt {
-                        attempt_id,
-                        fingerprint,
-                        left: Duration::from_millis(ms),
-                    })
-                    .collect(),
-                totals: OutcomeTotals {
-                    taken: t[0],
-                    conflicts: t[1],
-                    errors: t[2],
-                    stale_reads: t[3],
-                    replays: t[4],
-                    conflicts_by_source: sources(conflicts),
-                    takes_by_source: sources(takes),
-                },
-            }
-        })
+                    outcomes_sequence,
+                }
+            },
+        )
 }
 
 proptest! {

@@ -334,6 +334,7 @@ fn write_stale(
         replays: t.replays,
         conflicts_by_source: by_source(&t.conflicts_by_source),
         takes_by_source: by_source(&t.takes_by_source),
+        outcomes_sequence: stale.outcomes_sequence,
     };
     let unique = |of: &[(u8, u64)]| {
         let mut codes: Vec<u8> = of.iter().map(|(c, _)| *c).collect();

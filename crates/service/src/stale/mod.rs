@@ -155,6 +155,16 @@ impl StaleReadState {
         })
     }
 
+    /// The fleet shares this loop: the ledger counts what the fleet's
+    /// outcome stream delivers (`fleet::outcomes`), never a report posted
+    /// here directly. Call before the state is shared with any task.
+    pub fn shared_by_fleet(self) -> StaleReadState {
+        StaleReadState {
+            ledger: self.ledger.shared(),
+            ..self
+        }
+    }
+
     /// The hotels among `ids` that search should read from the owner now:
     /// those with a stale share past the bound (stale reads only: conflicts
     /// after unconfirmed copy numbers) and those the audit found diverging.
@@ -311,7 +321,10 @@ impl crate::stream::checkpoints::Carried for StaleReadState {
 
     fn restore(&self, carry: StaleCarry, written_at: DateTime<Utc>, now: DateTime<Utc>) {
         let restored = StaleReadState::restore(self, carry, written_at, now);
-        tracing::info!(?restored, "stale-read state restored from the checkpoint");
+        match restored.ignored {
+            Some(why) => tracing::info!(why, "stale-read state of the checkpoint not restored"),
+            None => tracing::info!(?restored, "stale-read state restored from the checkpoint"),
+        }
     }
 }
 
@@ -517,6 +530,67 @@ mod tests {
             Ok(Recording::New(_))
         ));
         assert_eq!(days_later.stale_reads().takes, 1);
+    }
+
+    /// Two fleet nodes read one outcome stream; the second starts from a
+    /// checkpoint the first wrote half-way, and reads on after the
+    /// sequence in it. Both answer `/v1/stale-reads` the same: nothing
+    /// counted twice, nothing dropped.
+    #[test]
+    fn a_fleet_node_from_a_checkpoint_agrees_with_one_that_read_it_all() {
+        let first = state().shared_by_fleet();
+        assert_eq!(first.ledger.begin_consuming(), 0);
+        let key = first.key.clone();
+        let stream: Vec<TakeReport> = (0..24)
+            .map(|i| {
+                let source = if i % 3 == 0 {
+                    Source::Owner
+                } else {
+                    Source::Copy
+                };
+                let outcome = if i % 2 == 0 {
+                    Outcome::Conflict
+                } else {
+                    Outcome::Taken
+                };
+                report(&key, i % 20, source, outcome)
+            })
+            .collect();
+        let apply = |node: &StaleReadState, from: usize, to: usize| {
+            for (i, r) in stream.iter().enumerate().take(to).skip(from) {
+                let _ = node.ledger.apply(i as u64 + 1, r, Duration::ZERO);
+            }
+        };
+        apply(&first, 0, 12);
+        let dir = tempfile::tempdir().unwrap();
+        let written = checkpoint::write(
+            dir.path(),
+            &identity(),
+            &Tables::default(),
+            &RingContents::default(),
+            &[],
+            &first.carry(),
+        )
+        .unwrap();
+        apply(&first, 12, 24);
+
+        let loaded = checkpoint::load(&written.path, &identity()).unwrap();
+        assert_eq!(loaded.stale.outcomes_sequence, Some(12));
+        let second = state().shared_by_fleet();
+        let restored = second.restore(
+            loaded.stale,
+            loaded.header.written_at().unwrap(),
+            Utc::now(),
+        );
+        assert_eq!(restored.ignored, None);
+        let after = second.ledger.begin_consuming();
+        assert_eq!(after, 12);
+        apply(&second, after as usize, 24);
+        assert_eq!(body(&second), body(&first));
+        let totals = first.stale_reads().totals;
+        // Ids 20-23 repeat ids 0-3: replays where the report is the same,
+        // refused (not counted) where not.
+        assert_eq!(totals.taken + totals.conflicts + totals.errors, 20);
     }
 
     #[test]

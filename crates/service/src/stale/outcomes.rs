@@ -64,7 +64,10 @@ pub fn source_label(source: Option<Source>) -> &'static str {
 
 /// The body of `POST /v1/take-outcomes`, as sent. Every field is optional
 /// here so a missing one is refused by name, not by a parser message.
-#[derive(Debug, Clone, Default, Deserialize, utoipa::ToSchema)]
+/// Serialised back to JSON, it is the message a fleet node publishes
+/// (`fleet::outcomes`), which every node reads with `from_json` and checks
+/// again.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TakeOutcomeBody {
     /// Made by the booking service before its first report; a retry repeats it.
     pub attempt_id: Option<String>,
@@ -259,6 +262,18 @@ impl TakeOutcomeBody {
 }
 
 impl TakeReport {
+    /// The answer to this report, whether counted now or a retry: a
+    /// function of the report alone.
+    pub fn answer(&self) -> Recorded {
+        Recorded {
+            attempt_id: self.attempt_id.clone(),
+            outcome: self.outcome,
+            source: source_label(self.source()),
+            shown_available: self.shown_available(),
+            stale_read: self.stale_read(),
+        }
+    }
+
     pub fn source(&self) -> Option<Source> {
         self.quote.map(|q| q.source)
     }
@@ -383,10 +398,14 @@ pub struct Totals {
 struct Entry {
     fingerprint: [u8; 32],
     /// When the ledger took the entry, and for how long from then it keeps
-    /// it: `attempt_ttl` for a report, what was left for an id a
-    /// checkpoint carried.
+    /// it: `attempt_ttl` for a report (less its age, for one read from the
+    /// fleet's stream), what was left for an id a checkpoint carried.
     created: Instant,
     ttl: Duration,
+    /// The fleet's outcome-stream sequence of the report that won the id;
+    /// 0 (no sequence) for a report posted to a standalone node and an id a
+    /// checkpoint carried.
+    sequence: u64,
 }
 
 impl Entry {
@@ -420,6 +439,33 @@ pub struct Restored {
     pub attempts: usize,
     /// Ids whose time ran out during the downtime.
     pub attempts_expired: usize,
+    /// Why nothing was restored, when nothing was: a ledger shared by the
+    /// fleet takes a carried state only before it reads the outcome stream,
+    /// and only one that says where in that stream it stands.
+    pub ignored: Option<&'static str>,
+    /// The outcome-stream sequence the restored state includes (a fleet's
+    /// checkpoint; `None` for a standalone one).
+    pub outcomes_sequence: Option<u64>,
+}
+
+/// Where a ledger shared by the fleet stands in the outcome stream.
+#[derive(Debug, Clone, Copy, Default)]
+struct StreamPosition {
+    /// Every outcome at or below this sequence is in the ledger (counted,
+    /// or refused), none after it.
+    applied: u64,
+    /// The consumer began reading the stream: from now on the ledger's
+    /// state is the stream's alone, and a checkpoint's carry is ignored.
+    consuming: bool,
+}
+
+/// What won an attempt id, as the ledger holds it (`Ledger::winner`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Winner {
+    /// The report asked about is the winning one (same fingerprint).
+    pub same_report: bool,
+    /// The outcome-stream sequence the winner was counted at (0: none).
+    pub sequence: u64,
 }
 
 pub struct Ledger {
@@ -432,6 +478,12 @@ pub struct Ledger {
     /// held across an await.
     window: Mutex<SlidingWindow>,
     totals: Mutex<Totals>,
+    /// `Some` once the fleet shares this ledger (`shared`): the position in
+    /// the outcome stream. Held (outermost, before the window's and the
+    /// totals' locks) while an outcome from the stream is recorded and
+    /// while a checkpoint's carry is taken or restored, so a carry is
+    /// exactly "every outcome up to `applied`".
+    stream: Option<Mutex<StreamPosition>>,
 }
 
 /// Whether a report was new or a retry.
@@ -457,23 +509,126 @@ impl Ledger {
                 s.max_hotels,
             )),
             totals: Mutex::new(Totals::default()),
+            stream: None,
         }
+    }
+
+    /// This ledger counts only what the fleet's outcome stream delivers
+    /// (`apply`), never a report posted to this node (`record`): every
+    /// node then counts the same outcomes, in the same order.
+    pub fn shared(mut self) -> Ledger {
+        self.stream = Some(Mutex::new(StreamPosition::default()));
+        self
+    }
+
+    pub fn is_shared(&self) -> bool {
+        self.stream.is_some()
     }
 
     fn window(&self) -> std::sync::MutexGuard<'_, SlidingWindow> {
         self.window.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records `report` once per attempt id.
+    fn position(&self) -> Option<std::sync::MutexGuard<'_, StreamPosition>> {
+        self.stream
+            .as_ref()
+            .map(|m| m.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Records `report` once per attempt id: a standalone node's report.
     pub fn record(&self, report: &TakeReport) -> Result<Recording, ReportError> {
+        // A shared ledger counting a report of its own would disagree with
+        // every other node's.
+        debug_assert!(
+            !self.is_shared(),
+            "a shared ledger records only the stream's outcomes"
+        );
+        self.record_as(report, 0, Duration::ZERO)
+    }
+
+    /// The consumer of the outcome stream begins: from now on a carried
+    /// state is ignored. Returns the sequence it applies after (a restored
+    /// checkpoint's, or 0).
+    pub fn begin_consuming(&self) -> u64 {
+        let mut position = self
+            .position()
+            .expect("only a shared ledger consumes the stream");
+        position.consuming = true;
+        position.applied
+    }
+
+    /// The outcome-stream sequence this ledger holds every outcome up to
+    /// (0 for a ledger not shared, or nothing applied yet).
+    pub fn applied(&self) -> u64 {
+        self.position().map_or(0, |p| p.applied)
+    }
+
+    /// Records the outcome the stream stored at `sequence`, `age` before
+    /// now: in stream order, so the first report of an id in the stream
+    /// wins on every node, and a different one under the id is refused by
+    /// every node. Its window bucket is that of its time, and its id is
+    /// kept `attempt_ttl` from then.
+    pub fn apply(
+        &self,
+        sequence: u64,
+        report: &TakeReport,
+        age: Duration,
+    ) -> Result<Recording, ReportError> {
+        let mut position = self
+            .position()
+            .expect("only a shared ledger applies the stream");
+        debug_assert!(position.consuming, "applied before the consumer began");
+        debug_assert!(
+            sequence > position.applied,
+            "outcome {sequence} applied after {}",
+            position.applied
+        );
+        let recording = self.record_as(report, sequence, age);
+        position.applied = position.applied.max(sequence);
+        recording
+    }
+
+    /// Moves past `sequence` without recording anything: a message that
+    /// does not hold a valid report (every node refuses it alike).
+    pub fn skip(&self, sequence: u64) {
+        let mut position = self
+            .position()
+            .expect("only a shared ledger applies the stream");
+        debug_assert!(sequence > position.applied);
+        position.applied = position.applied.max(sequence);
+    }
+
+    /// The stream was made again and ends before what this ledger applied:
+    /// its sequences start over, so the position does too (to `last`, the
+    /// new stream's end). What was counted stays counted.
+    pub fn rebase(&self, last: u64) {
+        let mut position = self
+            .position()
+            .expect("only a shared ledger applies the stream");
+        debug_assert!(last < position.applied);
+        position.applied = last;
+    }
+
+    /// What won `report`'s attempt id, if the ledger still holds it.
+    pub fn winner(&self, report: &TakeReport) -> Option<Winner> {
+        let entry = self.attempts.get(&report.attempt_id)?;
+        Some(Winner {
+            same_report: bool::from(entry.fingerprint.ct_eq(&report.fingerprint())),
+            sequence: entry.sequence,
+        })
+    }
+
+    /// Records `report` once per attempt id: counted (at `age` before now)
+    /// if its id is new, a replay if the same report won it, refused if
+    /// another did.
+    fn record_as(
+        &self,
+        report: &TakeReport,
+        sequence: u64,
+        age: Duration,
+    ) -> Result<Recording, ReportError> {
         let fingerprint = report.fingerprint();
-        let answer = Recorded {
-            attempt_id: report.attempt_id.clone(),
-            outcome: report.outcome,
-            source: source_label(report.source()),
-            shown_available: report.shown_available(),
-            stale_read: report.stale_read(),
-        };
+        let answer = report.answer();
         // `entry().or_insert_with` runs the insert once for concurrent
         // reports of one attempt: exactly one of them sees `is_fresh`.
         let entry = self
@@ -483,7 +638,15 @@ impl Ledger {
                 Arc::new(Entry {
                     fingerprint,
                     created: Instant::now(),
-                    ttl: self.attempt_ttl,
+                    // Kept `attempt_ttl` from the outcome's time, so every
+                    // node forgets the id at the same moment, however late
+                    // it read it. Kept a moment at least: a later report
+                    // under the id in the same stream read still meets it.
+                    ttl: self
+                        .attempt_ttl
+                        .saturating_sub(age)
+                        .max(Duration::from_secs(1)),
+                    sequence,
                 })
             });
         if !entry.is_fresh() {
@@ -497,13 +660,13 @@ impl Ledger {
             // The same fingerprint, the same report: the first answer.
             return Ok(Recording::Replay(answer));
         }
-        self.count(report);
+        self.count(report, age);
         Ok(Recording::New(answer))
     }
 
-    /// Counts a new report: metrics, per-instance totals, the window. Each
-    /// report is counted here and nowhere else.
-    fn count(&self, report: &TakeReport) {
+    /// Counts a new report, `age` before now: metrics, per-instance totals,
+    /// the window. Each report is counted here and nowhere else.
+    fn count(&self, report: &TakeReport, age: Duration) {
         let source = source_label(report.source());
         metrics::TAKES
             .with_label_values(&[report.outcome.label(), source])
@@ -536,7 +699,7 @@ impl Ledger {
         let share = {
             let mut w = self.window();
             let now = Instant::now();
-            w.record(now, report.hotel_id, report.counts());
+            w.record_aged(now, age, report.hotel_id, report.counts());
             w.overall(now).share()
         };
         metrics::STALE_SHARE.set(share);
@@ -595,6 +758,9 @@ impl Ledger {
     /// not in it: they are the process's, and start again from zero like
     /// any restarted process's.
     pub fn carry(&self, now: Instant) -> StaleCarry {
+        // Held to the end: no outcome of the stream is recorded while the
+        // state is read, so it is exactly every outcome up to `applied`.
+        let position = self.position();
         let buckets = self
             .window()
             .buckets(now)
@@ -627,6 +793,7 @@ impl Ledger {
             buckets,
             attempts,
             totals: OutcomeTotals::from(&self.totals()),
+            outcomes_sequence: position.map(|p| p.applied),
         }
     }
 
@@ -638,8 +805,32 @@ impl Ledger {
     /// to this process's. What was already counted here stays: restore
     /// before reports arrive, or they are counted on top (an id already
     /// here keeps its entry).
+    ///
+    /// A ledger shared by the fleet restores only before its consumer
+    /// begins, and only a fleet node's carry (one that says which outcomes
+    /// it holds): it then holds every outcome up to that sequence, and the
+    /// consumer reads on from the next. Otherwise nothing is restored
+    /// (`Restored::ignored` says why): a standalone node's counts are not
+    /// in the stream, so no other node has them, and a ledger already
+    /// reading the stream has its state from there.
     pub fn restore(&self, carry: StaleCarry, downtime: Duration, now: Instant) -> Restored {
-        let mut restored = Restored::default();
+        let mut restored = Restored {
+            outcomes_sequence: carry.outcomes_sequence,
+            ..Restored::default()
+        };
+        let mut position = self.position();
+        if let Some(p) = position.as_deref_mut() {
+            if p.consuming {
+                restored.ignored = Some("the outcome stream is already being read");
+                return restored;
+            }
+            let Some(sequence) = carry.outcomes_sequence else {
+                restored.ignored =
+                    Some("a standalone checkpoint: its outcomes are not the fleet's");
+                return restored;
+            };
+            p.applied = sequence;
+        }
         {
             let mut w = self.window();
             for bucket in carry.buckets {
@@ -663,6 +854,7 @@ impl Ledger {
                     fingerprint: attempt.fingerprint,
                     created: now,
                     ttl: left,
+                    sequence: 0,
                 })
             });
             restored.attempts += usize::from(entry.is_fresh());
@@ -686,6 +878,7 @@ impl Ledger {
                     .or_default() += n;
             }
         }
+        drop(position);
         // The share gauge follows the restored window.
         self.overall();
         restored
@@ -1061,5 +1254,147 @@ mod tests {
         other.outcome = Outcome::Taken;
         assert_eq!(l.record(&other), Err(ReportError::AttemptReused));
         assert_eq!(l.totals().taken, 0);
+    }
+
+    /// A report with attempt id `id` and outcome `outcome`.
+    fn numbered(key: &QuoteKey, id: usize, outcome: Outcome) -> TakeReport {
+        let mut b = body(key, Source::Copy, 3, outcome);
+        b.attempt_id = Some(format!("id-{id}"));
+        b.check(key).unwrap()
+    }
+
+    /// A shared ledger counts in stream order: the first report of an id
+    /// wins, the same report again is a replay, another is refused and
+    /// counts nothing; the winner's sequence is kept for the answer.
+    #[test]
+    fn a_shared_ledger_counts_the_stream_in_order() {
+        let key = QuoteKey::random();
+        let l = ledger().shared();
+        assert_eq!(l.begin_consuming(), 0);
+        let first = numbered(&key, 1, Outcome::Conflict);
+        let mut other = first.clone();
+        other.outcome = Outcome::Taken;
+        assert!(matches!(
+            l.apply(1, &first, Duration::ZERO),
+            Ok(Recording::New(_))
+        ));
+        assert_eq!(
+            l.apply(2, &other, Duration::ZERO),
+            Err(ReportError::AttemptReused)
+        );
+        assert!(matches!(
+            l.apply(3, &first, Duration::ZERO),
+            Ok(Recording::Replay(_))
+        ));
+        l.skip(4);
+        assert_eq!(l.applied(), 4);
+        let t = l.totals();
+        assert_eq!((t.conflicts, t.taken, t.replays), (1, 0, 1));
+        assert_eq!(
+            l.winner(&first),
+            Some(Winner {
+                same_report: true,
+                sequence: 1
+            })
+        );
+        assert_eq!(l.winner(&other).map(|w| w.same_report), Some(false));
+        assert_eq!(l.winner(&numbered(&key, 2, Outcome::Taken)), None);
+        // Counted at its time in the stream: one older than the window is
+        // in the totals, not in the window.
+        let old = numbered(&key, 5, Outcome::Taken);
+        assert!(matches!(
+            l.apply(5, &old, l.span() + Duration::from_secs(1)),
+            Ok(Recording::New(_))
+        ));
+        assert_eq!(l.totals().taken, 1);
+        assert_eq!(l.overall().takes, 1, "the conflict only");
+        assert_eq!(l.carry(Instant::now()).outcomes_sequence, Some(5));
+    }
+
+    /// A standalone ledger's carry says it holds no stream position; a
+    /// shared ledger takes a carry only before it consumes, and only a
+    /// fleet node's.
+    #[test]
+    fn a_shared_ledger_restores_only_a_fleet_carry_before_it_consumes() {
+        let key = QuoteKey::random();
+        let standalone = ledger();
+        standalone
+            .record(&numbered(&key, 1, Outcome::Taken))
+            .unwrap();
+        let standalone_carry = standalone.carry(Instant::now());
+        assert_eq!(standalone_carry.outcomes_sequence, None);
+
+        let fleet = ledger().shared();
+        let restored = fleet.restore(standalone_carry.clone(), Duration::ZERO, Instant::now());
+        assert!(restored.ignored.is_some());
+        assert_eq!(
+            fleet.totals().taken,
+            0,
+            "a standalone node's counts are not the fleet's"
+        );
+
+        let source = ledger().shared();
+        source.begin_consuming();
+        source
+            .apply(7, &numbered(&key, 1, Outcome::Taken), Duration::ZERO)
+            .unwrap();
+        let fleet_carry = source.carry(Instant::now());
+        assert_eq!(fleet_carry.outcomes_sequence, Some(7));
+        let restored = fleet.restore(fleet_carry.clone(), Duration::ZERO, Instant::now());
+        assert_eq!((restored.ignored, restored.attempts), (None, 1));
+        assert_eq!(
+            fleet.begin_consuming(),
+            7,
+            "reads on after the carry's sequence"
+        );
+        assert_eq!(fleet.totals().taken, 1);
+        let again = fleet.restore(fleet_carry, Duration::ZERO, Instant::now());
+        assert!(again.ignored.is_some(), "not once the stream is read");
+        assert_eq!(fleet.totals().taken, 1);
+        // A standalone ledger restores whatever it is given, as before.
+        let plain = ledger();
+        let restored = plain.restore(standalone_carry, Duration::ZERO, Instant::now());
+        assert_eq!(restored.ignored, None);
+        assert_eq!(plain.totals().taken, 1);
+    }
+
+    /// A carry taken while the consumer applies is exactly "every outcome
+    /// up to its sequence": never one more or one less in its counts.
+    #[test]
+    fn a_carry_matches_its_sequence_while_outcomes_are_applied() {
+        let key = QuoteKey::random();
+        let l = Arc::new(
+            Ledger::new(&LedgerSettings {
+                attempt_capacity: 100_000,
+                attempt_ttl: Duration::from_secs(60),
+                bucket_width: Duration::from_secs(5),
+                buckets: 60,
+                max_hotels: 10,
+            })
+            .shared(),
+        );
+        l.begin_consuming();
+        let reports: Vec<TakeReport> = (1..=3000)
+            .map(|i| numbered(&key, i, Outcome::Taken))
+            .collect();
+        let consumer = {
+            let l = l.clone();
+            std::thread::spawn(move || {
+                for (i, report) in reports.iter().enumerate() {
+                    l.apply(i as u64 + 1, report, Duration::ZERO).unwrap();
+                }
+            })
+        };
+        let mut seen = 0;
+        while !consumer.is_finished() || seen < 3000 {
+            let carry = l.carry(Instant::now());
+            let at = carry.outcomes_sequence.unwrap();
+            assert_eq!(carry.totals.taken, at);
+            assert_eq!(carry.attempts.len() as u64, at);
+            let in_window: u64 = carry.buckets.iter().map(|b| b.overall.takes).sum();
+            assert_eq!(in_window, at);
+            seen = at;
+        }
+        consumer.join().unwrap();
     }
 }

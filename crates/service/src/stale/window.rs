@@ -1,8 +1,9 @@
 //! The sliding window over take outcomes: overall and per hotel.
 //!
 //! Time is cut into `buckets` buckets of `width` each, in a ring; an outcome
-//! is added to the bucket of its arrival time, and a bucket that falls out of
-//! the window is subtracted from the running totals before its slot is
+//! is added to the bucket of its time (its arrival on a standalone node, its
+//! time in the outcome stream in a fleet: `record_aged`), and a bucket that
+//! falls out of the window is subtracted from the running totals before its slot is
 //! reused. So a read (the share of one hotel, on every search) is one hash
 //! lookup, and a write touches one bucket and the totals.
 //!
@@ -175,13 +176,53 @@ impl SlidingWindow {
         }
     }
 
-    /// Adds one outcome for `hotel_id` at `now`.
+    /// Adds one outcome for `hotel_id` at `now`: what `record_aged` does
+    /// with no age, done the plain way, so tests hold one against the other.
+    #[cfg(test)]
     pub fn record(&mut self, now: Instant, hotel_id: i64, counts: Counts) {
         self.advance(now);
         let slot = (self.head % self.ring.len() as u64) as usize;
         self.ring[slot].overall.add(&counts);
         self.overall.add(&counts);
         self.add_hotel(slot, hotel_id, counts);
+    }
+
+    /// Adds one outcome for `hotel_id` that happened `age` before `now`, to
+    /// the bucket that holds that instant: the fleet counts an outcome at
+    /// the time its stream stored it, not when this node read it, so a node
+    /// that reads late (a restart, a slow consumer) expires it when the
+    /// others do. Returns whether it is in the window: an outcome as old as
+    /// the span is not (the caller still counts it in its totals).
+    pub fn record_aged(
+        &mut self,
+        now: Instant,
+        age: Duration,
+        hotel_id: i64,
+        counts: Counts,
+    ) -> bool {
+        self.advance(now);
+        if age >= self.span() {
+            return false;
+        }
+        let n = self.ring.len() as i128;
+        let width = self.width.as_nanos() as i128;
+        let since = now.saturating_duration_since(self.origin).as_nanos() as i128;
+        // In i128 from the origin, as `restore` does: the instant may lie
+        // before this window began (a process younger than the outcome).
+        let at = n + (since - age.as_nanos() as i128).div_euclid(width);
+        let head = i128::from(self.head);
+        // Later than the head only if `now` is behind a time the window
+        // already advanced to (a caller's clock read before another's):
+        // then it goes to the newest bucket, the latest there is.
+        let number = at.min(head);
+        if number <= head - n {
+            return false;
+        }
+        let slot = number.rem_euclid(n) as usize;
+        self.ring[slot].overall.add(&counts);
+        self.overall.add(&counts);
+        self.add_hotel(slot, hotel_id, counts);
+        true
     }
 
     /// A hotel's part of an outcome, into bucket `slot` and the totals, or
@@ -549,7 +590,62 @@ mod tests {
         assert_eq!(tracked + capped.untracked(at), overall.takes);
     }
 
+    /// An outcome read late, with its age, lands where it would have on
+    /// time; one older than the span is not in the window at all; one older
+    /// than the window itself (a young process) still counts while inside
+    /// the span.
+    #[test]
+    fn aged_outcomes_land_in_the_bucket_of_their_time() {
+        let t0 = Instant::now();
+        let mut on_time = SlidingWindow::new(t0, W, 10, 100);
+        let mut late = SlidingWindow::new(t0, W, 10, 100);
+        on_time.record(t0 + Duration::from_secs(3), 1, take(true));
+        let read_at = t0 + Duration::from_secs(40);
+        assert!(late.record_aged(read_at, Duration::from_secs(37), 1, take(true)));
+        assert!(!late.record_aged(read_at, Duration::from_secs(50), 2, take(true)));
+        for s in [40, 49, 50, 51] {
+            let at = t0 + Duration::from_secs(s);
+            assert_eq!(figures(&mut late, at), figures(&mut on_time, at), "{s} s");
+        }
+        assert_eq!(
+            late.overall(t0 + Duration::from_secs(50)).takes,
+            0,
+            "left at 50 s"
+        );
+        // A window begun after the outcome: placed before its origin.
+        let later = t0 + Duration::from_secs(20);
+        let mut young = SlidingWindow::new(later, W, 10, 100);
+        assert!(young.record_aged(later, Duration::from_secs(17), 1, take(false)));
+        assert_eq!(young.overall(t0 + Duration::from_secs(49)).takes, 1);
+        assert_eq!(young.overall(t0 + Duration::from_secs(50)).takes, 0);
+    }
+
     proptest! {
+        /// Outcomes read late, each with its age, give the figures they
+        /// would have given read on time, from the late read onwards.
+        #[test]
+        fn aged_outcomes_match_outcomes_on_time(
+            events in proptest::collection::vec((0u64..2_000, 0i64..6, any::<bool>()), 1..200),
+            delay_ms in 0u64..1_000,
+        ) {
+            let t0 = Instant::now();
+            let mut events = events;
+            events.sort_by_key(|e| e.0);
+            let width = Duration::from_millis(100);
+            let mut on_time = SlidingWindow::new(t0, width, 8, 100);
+            let mut late = SlidingWindow::new(t0, width, 8, 100);
+            let read_at = t0 + Duration::from_millis(2_000 + delay_ms);
+            for (ms, hotel, stale) in &events {
+                let at = t0 + Duration::from_millis(*ms);
+                on_time.record(at, *hotel, take(*stale));
+                late.record_aged(read_at, read_at - at, *hotel, take(*stale));
+            }
+            for step in 0..10u64 {
+                let at = read_at + Duration::from_millis(step * 90);
+                prop_assert_eq!(figures(&mut late, at), figures(&mut on_time, at));
+            }
+        }
+
         /// The running totals always equal a recount of the outcomes still
         /// inside the window, whatever the arrival times.
         #[test]
