@@ -82,18 +82,28 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
     // Read once here so a missing password or root file stops the start
     // with its name; every connect reads them again (rotation).
     let owner_tls = owner::Endpoint::from_settings(&settings.owner)?.ssl_mode();
-    let stale = Arc::new(StaleReadState::new(
+    let own_stale = StaleReadState::new(
         &settings.stale,
         &settings.owner,
         &settings.stream,
         settings.search.few_units_threshold,
         model.clone(),
-    )?);
+    )?;
+    // In a fleet the ledger counts the fleet's outcome stream, never a
+    // report posted here alone.
+    let stale = Arc::new(if settings.fleet.is_fleet() {
+        own_stale.shared_by_fleet()
+    } else {
+        own_stale
+    });
+    let outcomes = settings.fleet.is_fleet().then(|| {
+        fleet::outcomes::OutcomeStream::new(settings.fleet.clone(), stale.clone(), model.clone())
+    });
     let booking_tokens = Arc::new(http::access::booking_tokens(&settings.stale)?);
     let admin_tokens = Arc::new(http::access::admin_tokens(&settings.admin)?);
     let checkpoints = Checkpoints::new(settings.checkpoint.clone());
     checkpoints.carry_also(stale.clone());
-    let (fleet_status, outbox_receiver) = fleet_parts(&settings);
+    let (fleet_status, outbox_receiver) = fleet_parts(&settings, outcomes.clone());
     if let Some(outbox) = &fleet_status.outbox {
         checkpoints.record_outbox(outbox.state());
     }
@@ -148,6 +158,7 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
         index: hotel_index.clone(),
         status: status.clone(),
         state,
+        stale: stale.clone(),
     };
     match settings.fleet.role {
         Role::Standalone | Role::Projector => {
@@ -238,6 +249,12 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
         stale.audit.clone(),
         shutdown.clone(),
     )));
+    if let Some(outcomes) = outcomes {
+        tasks.push(tokio::spawn(fleet::outcomes::run(
+            outcomes,
+            shutdown.clone(),
+        )));
+    }
 
     let http_shutdown = shutdown.clone();
     let events_model = model.clone();
@@ -270,28 +287,30 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
 }
 
 /// The fleet's parts for this role: the projector's outbox (and its
-/// receiving end, for the publisher), a replica's progress.
+/// receiving end, for the publisher), a replica's progress, and every
+/// fleet node's outcome stream.
 fn fleet_parts(
     settings: &Settings,
+    outcomes: Option<Arc<fleet::outcomes::OutcomeStream>>,
 ) -> (
     Arc<fleet::FleetStatus>,
     Option<tokio::sync::mpsc::Receiver<crate::stream::outbox::Outgoing>>,
 ) {
     let role = settings.fleet.role;
+    let mut status = fleet::FleetStatus::new(&settings.fleet);
+    status.outcomes = outcomes;
     match role {
-        Role::Standalone => (Arc::new(fleet::FleetStatus::new(&settings.fleet)), None),
+        Role::Standalone => (Arc::new(status), None),
         Role::Projector => {
             let (outbox, receiver) = Outbox::new(
                 settings.fleet.max_publishes_in_flight,
                 settings.fleet.publish_ack_timeout(),
             );
-            let mut status = fleet::FleetStatus::new(&settings.fleet);
             status.outbox = Some(outbox);
             status.follower = Some(Arc::default());
             (Arc::new(status), Some(receiver))
         }
         Role::Replica => {
-            let mut status = fleet::FleetStatus::new(&settings.fleet);
             status.replica = Some(Arc::default());
             (Arc::new(status), None)
         }

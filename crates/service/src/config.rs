@@ -425,6 +425,26 @@ mod tests {
             ),
             ("VACANCY_FLEET__SUBJECT", "vacancy.>", "fleet.subject"),
             (
+                "VACANCY_FLEET__OUTCOMES_STREAM",
+                "a b",
+                "fleet.outcomes_stream",
+            ),
+            (
+                "VACANCY_FLEET__OUTCOMES_STREAM",
+                "VACANCY_CHANGES",
+                "fleet.outcomes_stream",
+            ),
+            (
+                "VACANCY_FLEET__OUTCOMES_SUBJECT",
+                "vacancy.*",
+                "fleet.outcomes_subject",
+            ),
+            (
+                "VACANCY_FLEET__OUTCOMES_SUBJECT",
+                "vacancy.changes",
+                "fleet.outcomes_stream",
+            ),
+            (
                 "VACANCY_FLEET__MAX_CHUNK_BYTES",
                 "2000000",
                 "fleet.max_chunk_bytes",

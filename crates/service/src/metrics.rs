@@ -468,6 +468,26 @@ pub static FLEET_BOOTSTRAPS: LazyLock<IntCounter> = LazyLock::new(|| {
         "Replica bootstraps from a checkpoint in the object store",
     )
 });
+pub static FLEET_OUTCOMES_PUBLISHED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "vacancy_fleet_outcomes_published_total",
+        "Take outcomes this node published to the fleet's outcome stream, by result (stored, duplicate: JetStream had one under the attempt id, error: not acknowledged)",
+        &["result"],
+    )
+});
+pub static FLEET_OUTCOMES_APPLIED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "vacancy_fleet_outcomes_applied_total",
+        "Outcome-stream messages this node applied to its ledger, by result (new: counted, replay: the same report again, refused: another report under the id, invalid: not a valid report); every node applies every message, so do not sum over nodes",
+        &["result"],
+    )
+});
+pub static FLEET_OUTCOMES_MISSED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "vacancy_fleet_outcomes_missed_total",
+        "Outcome-stream messages retention removed before this node read them (not counted here)",
+    )
+});
 pub static CHECKPOINT_WRITE_DURATION: LazyLock<Histogram> = LazyLock::new(|| {
     histogram(
         "vacancy_checkpoint_write_seconds",
@@ -526,6 +546,13 @@ pub fn init() {
     LazyLock::force(&FLEET_MESSAGES_APPLIED);
     LazyLock::force(&FLEET_MESSAGES_DROPPED);
     LazyLock::force(&FLEET_BOOTSTRAPS);
+    for result in ["stored", "duplicate", "error"] {
+        FLEET_OUTCOMES_PUBLISHED.with_label_values(&[result]);
+    }
+    for result in ["new", "replay", "refused", "invalid"] {
+        FLEET_OUTCOMES_APPLIED.with_label_values(&[result]);
+    }
+    LazyLock::force(&FLEET_OUTCOMES_MISSED);
     LazyLock::force(&CHECKPOINT_UNACKNOWLEDGED);
     LazyLock::force(&TRANSACTIONS_APPLIED);
     LazyLock::force(&TRANSACTIONS_SKIPPED);

@@ -1,5 +1,6 @@
 //! The fleet's shared log in NATS JetStream: one connection, the change
-//! stream and the checkpoint bucket, created if missing.
+//! stream and the checkpoint bucket, created if missing; and the outcome
+//! stream (`fleet::outcomes`), on a connection of its own.
 //!
 //! Every node calls `ChangeLog::connect` with the same `[fleet]` names; the
 //! first creates the stream and the bucket, the others find them. Only
@@ -25,6 +26,22 @@ impl ChangeLog {
     /// Connects (bounded by `fleet.request_timeout_ms`) and makes sure the
     /// change stream and the checkpoint bucket exist.
     pub async fn connect(settings: &FleetSettings) -> Result<ChangeLog, FleetError> {
+        let log = ChangeLog::connect_only(settings).await?;
+        log.changes().await?;
+        log.checkpoints().await?;
+        Ok(log)
+    }
+
+    /// Connects and makes sure the outcome stream exists, nothing else: the
+    /// outcome loop's own connection, so take outcomes are not queued
+    /// behind the projector's publishes or a checkpoint's transfer.
+    pub async fn connect_outcomes(settings: &FleetSettings) -> Result<ChangeLog, FleetError> {
+        let log = ChangeLog::connect_only(settings).await?;
+        log.outcomes().await?;
+        Ok(log)
+    }
+
+    async fn connect_only(settings: &FleetSettings) -> Result<ChangeLog, FleetError> {
         let timeout = settings.request_timeout();
         let client = tokio::time::timeout(
             timeout,
@@ -45,21 +62,32 @@ impl ChangeLog {
             .max_ack_inflight(settings.max_publishes_in_flight)
             .backpressure_on_inflight(true)
             .build(client);
-        let log = ChangeLog {
+        Ok(ChangeLog {
             jetstream,
             settings: settings.clone(),
-        };
-        log.changes().await?;
-        log.checkpoints().await?;
-        Ok(log)
+        })
     }
 
     /// The change stream, created with the configured retention if missing.
     pub(super) async fn changes(&self) -> Result<stream::Stream, FleetError> {
         let s = &self.settings;
+        self.stream_of(&s.stream, &s.subject).await
+    }
+
+    /// The outcome stream, created like the change stream if missing.
+    pub(super) async fn outcomes(&self) -> Result<stream::Stream, FleetError> {
+        let s = &self.settings;
+        self.stream_of(&s.outcomes_stream, &s.outcomes_subject)
+            .await
+    }
+
+    /// The stream `name` over the one `subject`, with the configured
+    /// retention and duplicate window, created if missing.
+    async fn stream_of(&self, name: &str, subject: &str) -> Result<stream::Stream, FleetError> {
+        let s = &self.settings;
         let config = stream::Config {
-            name: s.stream.clone(),
-            subjects: vec![s.subject.clone()],
+            name: name.to_string(),
+            subjects: vec![subject.to_string()],
             storage: stream::StorageType::File,
             retention: stream::RetentionPolicy::Limits,
             discard: stream::DiscardPolicy::Old,
@@ -70,7 +98,7 @@ impl ChangeLog {
         };
         self.bounded(self.jetstream.get_or_create_stream(config))
             .await?
-            .map_err(|e| FleetError::Nats(format!("stream {}: {e}", s.stream)))
+            .map_err(|e| FleetError::Nats(format!("stream {name}: {e}")))
     }
 
     /// The checkpoint bucket, created (file storage) if missing.
@@ -114,14 +142,25 @@ impl ChangeLog {
         }
     }
 
-    /// The stream's first sequence still kept (retention may have removed
-    /// older ones) and its last (0 when empty).
+    /// The change stream's first sequence still kept (retention may have
+    /// removed older ones) and its last (0 when empty).
     pub(super) async fn sequences(&self) -> Result<(u64, u64), FleetError> {
-        let mut stream = self.changes().await?;
+        let stream = self.changes().await?;
+        self.sequences_of(stream).await
+    }
+
+    /// As `sequences`, of the outcome stream.
+    pub(super) async fn outcome_sequences(&self) -> Result<(u64, u64), FleetError> {
+        let stream = self.outcomes().await?;
+        self.sequences_of(stream).await
+    }
+
+    async fn sequences_of(&self, mut stream: stream::Stream) -> Result<(u64, u64), FleetError> {
+        let name = stream.cached_info().config.name.clone();
         let info = self
             .bounded(stream.info())
             .await?
-            .map_err(|e| FleetError::Nats(format!("stream {}: {e}", self.settings.stream)))?;
+            .map_err(|e| FleetError::Nats(format!("stream {name}: {e}")))?;
         Ok((info.state.first_sequence, info.state.last_sequence))
     }
 

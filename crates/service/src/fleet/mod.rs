@@ -20,8 +20,11 @@
 //! - [`replica`]: bootstrap, then apply the stream; the owner position poll.
 //! - [`standby`]: the projector role with failover: follow the stream like
 //!   a replica until the slot is free, then project.
+//! - [`outcomes`]: the fleet's one stale-read loop: take outcomes through a
+//!   stream of their own, counted by every node in that stream's order.
 
 mod log;
+pub mod outcomes;
 pub mod publish;
 pub mod replica;
 mod settings;
@@ -83,6 +86,8 @@ pub struct FleetStatus {
     pub follower: Option<Arc<replica::ReplicaState>>,
     /// A projector: whether it holds the slot now (set by `standby`).
     pub active: Arc<std::sync::atomic::AtomicBool>,
+    /// Every fleet node: the outcome stream it publishes to and counts.
+    pub outcomes: Option<Arc<outcomes::OutcomeStream>>,
     /// `fleet.ready_max_messages_behind`.
     pub ready_max_messages_behind: u64,
 }
@@ -95,6 +100,7 @@ impl FleetStatus {
             replica: None,
             follower: None,
             active: Arc::default(),
+            outcomes: None,
             ready_max_messages_behind: settings.ready_max_messages_behind,
         }
     }
@@ -118,6 +124,7 @@ impl FleetStatus {
                 .as_ref()
                 .or(self.follower.as_ref())
                 .map(|r| r.progress()),
+            outcomes: self.outcomes.as_ref().map(|o| o.progress()),
         }
     }
 }
@@ -134,6 +141,8 @@ pub struct FleetReport {
     /// A replica's bootstrap and position in the change stream (a
     /// projector's: while it stood by, following the stream).
     pub replica: Option<replica::ReplicaProgress>,
+    /// Where this node stands in the fleet's outcome stream.
+    pub outcomes: Option<outcomes::OutcomesProgress>,
 }
 
 #[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]

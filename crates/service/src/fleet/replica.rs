@@ -37,6 +37,7 @@ use crate::lsn::Lsn;
 use crate::metrics;
 use crate::model::ReadModel;
 use crate::owner::{self, OwnerSettings};
+use crate::stream::checkpoints::Carried;
 use crate::stream::{StreamStatus, slot};
 
 /// How long a standby taking over may spend applying the rest of the
@@ -93,6 +94,10 @@ pub struct Replica {
     pub index: Arc<HotelIndex>,
     pub status: Arc<StreamStatus>,
     pub state: Arc<ReplicaState>,
+    /// The stale-read loop, which takes the checkpoint's carried state at
+    /// the first bootstrap (`fleet::outcomes` reads the outcome stream on
+    /// from there).
+    pub stale: Arc<dyn Carried>,
 }
 
 /// Where a session left off, kept across sessions.
@@ -281,14 +286,22 @@ impl Replica {
 
     async fn install(&self, loaded: Loaded, stored: Stored) -> Result<(), FleetError> {
         let Loaded {
+            header,
             tables,
             xids,
             nights,
+            stale,
             ..
         } = loaded;
         // Read after the load: ready waits until the copy has applied it.
         let owner_now = self.owner_position().await?;
         self.model.xids.restore(xids);
+        // Before the copy: the outcome task begins once a copy is in, from
+        // the sequence this state holds. Past the first bootstrap the
+        // ledger reads the outcome stream already and ignores it.
+        if let Some(written_at) = header.written_at() {
+            self.stale.restore(stale, written_at, Utc::now());
+        }
         self.model.replace(tables);
         self.model.freshness.set_replacing(false);
         self.model.freshness.require_catch_up_to(owner_now);

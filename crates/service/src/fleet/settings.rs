@@ -50,18 +50,23 @@ pub struct FleetSettings {
     pub stream: String,
     /// The subject the projector publishes changes on (the stream's only one).
     pub subject: String,
+    /// The JetStream stream that carries take outcomes, every node's, so
+    /// that every node counts all of them in one order (`fleet::outcomes`).
+    pub outcomes_stream: String,
+    /// The subject take outcomes are published on (that stream's only one).
+    pub outcomes_subject: String,
     /// The object-store bucket that holds checkpoints.
     pub checkpoint_bucket: String,
     /// Checkpoints kept in the bucket; older ones are deleted.
     pub checkpoints_kept: u32,
-    /// The stream's duplicate window: a publish retried within it with the
-    /// same message id is stored once.
+    /// Both streams' duplicate window: a publish retried within it with
+    /// the same message id is stored once.
     pub duplicate_window_secs: u64,
-    /// The stream's `max_age`. Must cover the span from the oldest kept
+    /// Both streams' `max_age`. Must cover the span from the oldest kept
     /// checkpoint to now: at least `checkpoints_kept` checkpoint intervals
     /// (checked in `config`).
     pub max_age_secs: u64,
-    /// The stream's `max_bytes` (0: no limit but `max_age`).
+    /// Each stream's `max_bytes` (0: no limit but `max_age`).
     pub max_bytes: i64,
     /// A message's largest payload; a larger transaction is cut into chunks
     /// with a final commit marker.
@@ -112,6 +117,7 @@ impl FleetSettings {
         }
         for (field, value) in [
             ("fleet.stream", &self.stream),
+            ("fleet.outcomes_stream", &self.outcomes_stream),
             ("fleet.checkpoint_bucket", &self.checkpoint_bucket),
         ] {
             // JetStream names: no spaces, dots, wildcards or separators.
@@ -123,15 +129,27 @@ impl FleetSettings {
                 ));
             }
         }
-        if self.subject.is_empty()
-            || self
-                .subject
-                .chars()
-                .any(|c| c.is_whitespace() || c == '*' || c == '>')
-        {
+        for (field, subject) in [
+            ("fleet.subject", &self.subject),
+            ("fleet.outcomes_subject", &self.outcomes_subject),
+        ] {
+            if subject.is_empty()
+                || subject
+                    .chars()
+                    .any(|c| c.is_whitespace() || c == '*' || c == '>')
+            {
+                return Err(InvalidSetting::new(
+                    field,
+                    "must be a literal subject (no spaces or wildcards)",
+                ));
+            }
+        }
+        // JetStream refuses two streams over one subject; one stream over
+        // both would mix changes and outcomes in one sequence.
+        if self.outcomes_stream == self.stream || self.outcomes_subject == self.subject {
             return Err(InvalidSetting::new(
-                "fleet.subject",
-                "must be a literal subject (no spaces or wildcards)",
+                "fleet.outcomes_stream",
+                "the outcome stream and its subject must differ from fleet.stream and fleet.subject",
             ));
         }
         if self.checkpoints_kept == 0 {

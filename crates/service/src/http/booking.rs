@@ -21,7 +21,11 @@ use crate::stale::outcomes::{Recording, TakeOutcomeBody};
 /// Authenticated first (nothing about the body is looked at without a
 /// valid token), then checked field by field, then recorded once per
 /// `attempt_id`: a retry gets the first answer back with
-/// `Idempotent-Replayed: true` and counts nothing.
+/// `Idempotent-Replayed: true` and counts nothing. In a fleet the report
+/// is published to the fleet's outcome stream and answered once this node
+/// counted it from there (`fleet::outcomes`), so every node counts it, and
+/// the same way; when that stream cannot be reached the answer is 503.
+
 #[utoipa::path(post, path = "/v1/take-outcomes", tag = "booking service",
     request_body = TakeOutcomeBody,
     security(("booking_token" = [])),
@@ -32,6 +36,7 @@ use crate::stale::outcomes::{Recording, TakeOutcomeBody};
         (status = 409, description = "attempt id reported before with a different report", body = ProblemBody, content_type = "application/problem+json"),
         (status = 413, description = "body too large", body = ProblemBody, content_type = "application/problem+json"),
         (status = 422, description = "forged, altered or mismatched quote", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "a fleet node could not publish the report to the fleet's outcome stream, or had not counted it from there in time; nothing was counted here alone: send it again", body = ProblemBody, content_type = "application/problem+json"),
     ))]
 pub(super) async fn take_outcomes(
     State(state): State<ApiState>,
@@ -54,8 +59,13 @@ pub(super) async fn take_outcomes(
             }
         }
     })?;
-    let report = TakeOutcomeBody::from_json(&body)?.check(&state.stale.key)?;
-    let (answer, replayed) = match state.stale.ledger.record(&report)? {
+    let posted = TakeOutcomeBody::from_json(&body)?;
+    let report = posted.clone().check(&state.stale.key)?;
+    let recording = match &state.fleet.outcomes {
+        Some(outcomes) => outcomes.submit(&posted, &report).await?,
+        None => state.stale.ledger.record(&report)?,
+    };
+    let (answer, replayed) = match recording {
         Recording::New(a) => (a, false),
         Recording::Replay(a) => (a, true),
     };

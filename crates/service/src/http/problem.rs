@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use problem_details::ProblemDetails;
 use serde::Serialize;
 
+use crate::fleet::outcomes::OutcomeError;
 use crate::search::SearchError;
 use crate::search::params::ParamError;
 use crate::stale::outcomes::ReportError;
@@ -49,6 +50,12 @@ pub enum Problem {
     },
     /// No bearer token, or not one of the admins'.
     AdminUnauthorized,
+    /// A fleet node could not put a take outcome through the fleet's
+    /// outcome stream (NATS unreachable, no acknowledgement, or not counted
+    /// back in time). Nothing was counted; a retry is safe.
+    OutcomesUnavailable {
+        detail: String,
+    },
 }
 
 impl Problem {
@@ -132,6 +139,12 @@ impl Problem {
                 "An admin token is required",
                 "send Authorization: Bearer <token>".to_string(),
             ),
+            Problem::OutcomesUnavailable { detail } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "outcomes-unavailable",
+                "The fleet's take-outcome stream is unavailable; the report was not counted here",
+                format!("{detail}; send the same report again"),
+            ),
         }
     }
 }
@@ -213,6 +226,19 @@ impl From<ReportError> for Problem {
             },
             ReportError::QuoteMismatch { field } => Problem::QuoteMismatch { field },
             ReportError::AttemptReused => Problem::AttemptReused,
+        }
+    }
+}
+
+impl From<OutcomeError> for Problem {
+    fn from(e: OutcomeError) -> Problem {
+        match e {
+            OutcomeError::Report(report) => Problem::from(report),
+            unavailable @ (OutcomeError::Unavailable(_) | OutcomeError::NotApplied { .. }) => {
+                Problem::OutcomesUnavailable {
+                    detail: unavailable.to_string(),
+                }
+            }
         }
     }
 }
