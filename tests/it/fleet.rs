@@ -23,11 +23,11 @@ use vacancy_service::slot;
 
 const QUOTE_KEY: &str = "fleet-test-quote-key-0123456789abcdef";
 /// The one line of the token file: booking token and admin token alike.
-const TOKEN: &str = "fleet-test-booking-token-0123456789";
+pub(crate) const TOKEN: &str = "fleet-test-booking-token-0123456789";
 
 /// What every node of the test fleet shares: NATS, the quote key, the
 /// booking token (both required outside standalone).
-fn fleet_env<'a>(
+pub(crate) fn fleet_env<'a>(
     role: &'a str,
     nats: &'a str,
     tokens: &'a str,
@@ -45,16 +45,16 @@ fn fleet_env<'a>(
     env
 }
 
-struct Fleet {
-    owner_url: String,
-    nats_url: String,
+pub(crate) struct Fleet {
+    pub(crate) owner_url: String,
+    pub(crate) nats_url: String,
     dir: tempfile::TempDir,
-    tokens: String,
+    pub(crate) tokens: String,
     checkpoints: String,
 }
 
 impl Fleet {
-    async fn new(owner: &TestOwner, nats: &NatsServer) -> Fleet {
+    pub(crate) async fn new(owner: &TestOwner, nats: &NatsServer) -> Fleet {
         let dir = tempfile::tempdir().expect("temp dir");
         let tokens = dir.path().join("booking-tokens");
         std::fs::write(&tokens, format!("{TOKEN}\n")).expect("token file");
@@ -68,7 +68,7 @@ impl Fleet {
         }
     }
 
-    fn logs(&self) -> &Path {
+    pub(crate) fn logs(&self) -> &Path {
         self.dir.path()
     }
 
@@ -86,7 +86,7 @@ impl Fleet {
     }
 
     /// As `projector_via`, with more settings.
-    fn projector_with(
+    pub(crate) fn projector_with(
         &self,
         name: &str,
         owner_url: &str,
@@ -115,7 +115,7 @@ impl Fleet {
     }
 
     /// A replica reaching the owner at `owner_url`, with more settings.
-    fn replica_with(&self, name: &str, owner_url: &str, more: &[(&str, &str)]) -> Serve {
+    pub(crate) fn replica_with(&self, name: &str, owner_url: &str, more: &[(&str, &str)]) -> Serve {
         let mut extra = vec![
             ("VACANCY_FLEET__REQUEST_TIMEOUT_MS", "1000"),
             // Far below what a dead projector makes it lag: a lag
@@ -132,7 +132,7 @@ impl Fleet {
     }
 }
 
-async fn start_nats() -> NatsServer {
+pub(crate) async fn start_nats() -> NatsServer {
     tokio::task::spawn_blocking(NatsServer::start)
         .await
         .expect("nats start task")
@@ -158,7 +158,7 @@ async fn readyz(serve: &Serve) -> Option<u16> {
     .flatten()
 }
 
-async fn wait_ready(serve: &Serve, within: Duration) {
+pub(crate) async fn wait_ready(serve: &Serve, within: Duration) {
     let what = format!("{} to be ready", serve.log.display());
     let ready = tokio::time::timeout(
         within,
@@ -197,13 +197,13 @@ async fn wait_active(serve: &Serve, within: Duration) {
 /// A loopback TCP forwarder that a test can cut (every connection closed,
 /// new ones refused) and restore: one process's link to the owner or to
 /// NATS, cut while the others keep theirs.
-struct Link {
-    addr: std::net::SocketAddr,
+pub(crate) struct Link {
+    pub(crate) addr: std::net::SocketAddr,
     open: tokio::sync::watch::Sender<bool>,
 }
 
 impl Link {
-    async fn to(target: std::net::SocketAddr) -> Link {
+    pub(crate) async fn to(target: std::net::SocketAddr) -> Link {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("a link port");
@@ -230,11 +230,11 @@ impl Link {
         Link { addr, open }
     }
 
-    fn cut(&self) {
+    pub(crate) fn cut(&self) {
         self.open.send_replace(false);
     }
 
-    fn restore(&self) {
+    pub(crate) fn restore(&self) {
         self.open.send_replace(true);
     }
 }

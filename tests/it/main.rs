@@ -11,6 +11,7 @@ mod demo;
 mod events;
 mod faults;
 mod fleet;
+mod fleet_stale;
 mod kubernetes;
 mod observability;
 mod owner_ops;
