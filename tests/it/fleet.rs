@@ -555,6 +555,85 @@ async fn a_standby_takes_over_when_the_active_projector_is_killed() {
     assert_eq!(walsenders(&client).await, 1);
 }
 
+/// A projector stopped with SIGTERM uploads the checkpoint it writes at
+/// shutdown: the bucket's newest then holds everything it applied, so a
+/// replica or a standby starting next starts from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_projector_stopped_uploads_its_last_checkpoint() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    let nats = start_nats().await;
+    let fleet = Fleet::new(&owner, &nats).await;
+    // Checkpoints every hour: only the first and the one at shutdown.
+    let projector = fleet.projector_with(
+        "projector",
+        &fleet.owner_url,
+        &fleet.nats_url,
+        &[
+            ("VACANCY_CHECKPOINT__INTERVAL_SECS", "3600"),
+            ("VACANCY_FLEET__MAX_AGE_SECS", "7200"),
+        ],
+    );
+    wait_ready(&projector, Duration::from_secs(60)).await;
+    let first = wait_for("the first upload", Duration::from_secs(30), || async {
+        newest_checkpoint_lsn(&fleet.nats_url).await
+    })
+    .await;
+    run_workload(&owner, test_seed(), 2, 20).await;
+    let written = slot::current_wal_lsn(&client).await.expect("lsn");
+    projector.caught_up(written, Duration::from_secs(30)).await;
+    assert!(
+        first < written,
+        "the first checkpoint ({first}) is older than the writes ({written})"
+    );
+    let pid = projector.child.id().to_string();
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("run kill");
+    assert!(sent.success());
+    let last = wait_for(
+        "the checkpoint written at shutdown in the bucket",
+        Duration::from_secs(30),
+        || async {
+            newest_checkpoint_lsn(&fleet.nats_url)
+                .await
+                .filter(|lsn| *lsn >= written)
+        },
+    )
+    .await;
+    assert!(last >= written, "{last} < {written}");
+    drop(projector);
+}
+
+/// The LSN of the newest checkpoint in the bucket, from its object name
+/// (`checkpoint-<epoch>-<lsn>-<sequence>.vcp`, hex LSN).
+async fn newest_checkpoint_lsn(nats_url: &str) -> Option<vacancy_service::Lsn> {
+    use futures_util::StreamExt;
+    let client = async_nats::connect(nats_url).await.ok()?;
+    let jetstream = async_nats::jetstream::new(client);
+    let store = jetstream
+        .get_object_store("vacancy-checkpoints")
+        .await
+        .ok()?;
+    let mut list = store.list().await.ok()?;
+    let mut newest = None;
+    while let Some(Ok(info)) = list.next().await {
+        if info.deleted {
+            continue;
+        }
+        let lsn = info
+            .name
+            .strip_prefix("checkpoint-")
+            .and_then(|rest| rest.split('-').nth(1))
+            .and_then(|hex| u64::from_str_radix(hex, 16).ok())
+            .map(vacancy_service::Lsn);
+        newest = newest.max(lsn);
+    }
+    newest
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_projector_cut_off_from_the_owner_is_fenced_after_the_takeover() {
     let owner = TestOwner::start().await;

@@ -183,7 +183,15 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
                         checkpoints: checkpoints.clone(),
                         active: fleet_status.active.clone(),
                     };
-                    tasks.push(tokio::spawn(standby.run(shutdown.clone())));
+                    // The uploader outlives the projector, whose last
+                    // checkpoint is written after shutdown begins.
+                    let projector_done = CancellationToken::new();
+                    let done = projector_done.clone();
+                    let standby_shutdown = shutdown.clone();
+                    tasks.push(tokio::spawn(async move {
+                        standby.run(standby_shutdown).await;
+                        done.cancel();
+                    }));
                     tasks.push(tokio::spawn(fleet::publish::run_publisher(
                         settings.fleet.clone(),
                         outbox.state(),
@@ -193,7 +201,7 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
                     tasks.push(tokio::spawn(fleet::store::run_uploader(
                         settings.fleet.clone(),
                         checkpoints.clone(),
-                        shutdown.clone(),
+                        projector_done,
                     )));
                 }
                 _ => tasks.push(tokio::spawn(projector.run(shutdown.clone()))),

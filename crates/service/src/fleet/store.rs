@@ -149,49 +149,71 @@ pub async fn open(log: &ChangeLog, stored: Stored) -> Result<Download, FleetErro
 
 /// The projector's uploader: every checkpoint made durable locally (with
 /// the outbox's sequence, `Checkpoints::record_outbox`) is uploaded, the
-/// newest first when several wait. Returns at shutdown.
+/// newest first when several wait.
+///
+/// It runs until `projector_done`, not until shutdown begins: the
+/// projector writes a last checkpoint once apply has stopped, and that one
+/// is uploaded too (one try, within the transfer timeout and the process's
+/// shutdown grace), so replicas and a standby start from the newest copy.
 pub async fn run_uploader(
     settings: super::FleetSettings,
     checkpoints: std::sync::Arc<Checkpoints>,
-    shutdown: CancellationToken,
+    projector_done: CancellationToken,
 ) {
     let mut durable = checkpoints.durable_checkpoints();
     let mut log: Option<ChangeLog> = None;
+    let mut uploaded: Option<(u64, Lsn, u64)> = None;
     loop {
-        tokio::select! {
+        let finishing = tokio::select! {
             biased;
-            _ = shutdown.cancelled() => return,
-            changed = durable.changed() => if changed.is_err() { return },
-        }
-        let Some(newest) = durable.borrow_and_update().clone() else {
-            continue;
+            _ = projector_done.cancelled() => true,
+            changed = durable.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                false
+            }
         };
-        // Retried (with backoff) until it is uploaded or a newer one waits.
-        let mut backoff = Duration::from_millis(200);
-        loop {
-            match upload_one(&settings, &mut log, &newest).await {
-                Ok(bytes) => {
-                    metrics::FLEET_CHECKPOINT_UPLOADS
-                        .with_label_values(&["ok"])
-                        .inc();
-                    tracing::info!(epoch = newest.epoch, lsn = %newest.lsn, sequence = newest.sequence, bytes, "checkpoint uploaded for the fleet");
+        let waiting = durable
+            .borrow_and_update()
+            .clone()
+            .filter(|d| Some((d.epoch, d.lsn, d.sequence)) != uploaded);
+        if let Some(newest) = waiting {
+            // Retried (with backoff) until it is uploaded, a newer one
+            // waits, or the projector has stopped (then once more).
+            let mut backoff = Duration::from_millis(200);
+            loop {
+                match upload_one(&settings, &mut log, &newest).await {
+                    Ok(bytes) => {
+                        metrics::FLEET_CHECKPOINT_UPLOADS
+                            .with_label_values(&["ok"])
+                            .inc();
+                        tracing::info!(epoch = newest.epoch, lsn = %newest.lsn, sequence = newest.sequence, bytes, finishing, "checkpoint uploaded for the fleet");
+                        uploaded = Some((newest.epoch, newest.lsn, newest.sequence));
+                        break;
+                    }
+                    Err(error) => {
+                        metrics::FLEET_CHECKPOINT_UPLOADS
+                            .with_label_values(&["error"])
+                            .inc();
+                        tracing::warn!(%error, finishing, "checkpoint upload failed");
+                        log = None;
+                    }
+                }
+                if finishing {
                     break;
                 }
-                Err(error) => {
-                    metrics::FLEET_CHECKPOINT_UPLOADS
-                        .with_label_values(&["error"])
-                        .inc();
-                    tracing::warn!(%error, "checkpoint upload failed; retrying");
-                    log = None;
+                tokio::select! {
+                    biased;
+                    _ = projector_done.cancelled() => break,
+                    _ = durable.changed() => break,
+                    _ = tokio::time::sleep(backoff) => {}
                 }
+                backoff = (backoff * 2).min(Duration::from_secs(10));
             }
-            tokio::select! {
-                biased;
-                _ = shutdown.cancelled() => return,
-                _ = durable.changed() => break,
-                _ = tokio::time::sleep(backoff) => {}
-            }
-            backoff = (backoff * 2).min(Duration::from_secs(10));
+        }
+        if finishing {
+            return;
         }
     }
 }

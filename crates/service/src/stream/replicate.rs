@@ -774,16 +774,16 @@ impl Projector {
         }
     }
 
-    /// What the slot may be told: what the copy applied, capped by the
-    /// newest durable checkpoint when checkpoints are on, and by what the
-    /// outbox's carrier stored when there is one.
+    /// What the slot may be told: what the copy applied, capped by what
+    /// the outbox's carrier stored when there is one (the fleet's
+    /// projector: the stream, durable in JetStream, is what a restart
+    /// resumes from, so that rule replaces the checkpoint cap), else by
+    /// the newest durable checkpoint when checkpoints are on.
     fn acknowledgeable(&self) -> Lsn {
-        let checkpointed = self
-            .checkpoints
-            .acknowledgeable(self.model.freshness.applied());
+        let applied = self.model.freshness.applied();
         match &self.outbox {
-            Some(outbox) => checkpointed.min(outbox.acknowledgeable()),
-            None => checkpointed,
+            Some(outbox) => applied.min(outbox.acknowledgeable()),
+            None => self.checkpoints.acknowledgeable(applied),
         }
     }
 
