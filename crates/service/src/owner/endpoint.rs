@@ -33,6 +33,18 @@
 //! prevented. `allow`, `sslrootcert=system` and client certificates are
 //! refused rather than half-supported.
 //!
+//! A path that drops packets instead of refusing them (a firewall or NAT
+//! that lost the connection's state, a host gone without a reset) fails no
+//! call: the kernel retransmits for about 15 minutes (`tcp_retries2`)
+//! before it gives up. Every connection therefore gets the same
+//! `Liveness`, from the `[owner]` settings: `TCP_USER_TIMEOUT` (data unacknowledged
+//! that long closes the connection) and TCP keepalives that start after a
+//! short idle time (an idle connection is probed, and closed when the probes
+//! go unanswered). They are set here, never in `owner.url`: tokio-postgres
+//! reads the URL's `tcp_user_timeout` in seconds and libpq in milliseconds,
+//! and the two spell the keepalive count differently, so the URL may not
+//! name them.
+//!
 //! The password comes from exactly one of: the URL, `owner.password`
 //! (`VACANCY_OWNER__PASSWORD`), `owner.password_file`; or, when none of them
 //! sets one, libpq's `PGPASSWORD`. It is read again on every connect, so a
@@ -142,6 +154,37 @@ pub enum EndpointError {
     RootCertEmpty(PathBuf),
     #[error("cannot set up TLS to the owner (owner.url): {0}")]
     Tls(#[source] rustls::Error),
+    #[error(
+        "owner.url sets {key}; set owner.{setting} instead (it applies to every connection alike)"
+    )]
+    LivenessInUrl { key: String, setting: &'static str },
+}
+
+/// How a connection notices that its path drops packets (module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Liveness {
+    /// `TCP_USER_TIMEOUT`: sent data unacknowledged this long closes the
+    /// connection. `None`: the system's default (retransmits for ~15 min).
+    pub tcp_user_timeout: Option<Duration>,
+    /// Idle time before the first keepalive probe, and the time between
+    /// probes. With a user timeout, a connection whose probes go
+    /// unanswered is closed at the first probe past it; without, after the
+    /// system's probe count.
+    pub keepalive_idle: Duration,
+    pub keepalive_interval: Duration,
+}
+
+/// The URL keys `Liveness` owns, and the setting to use instead.
+fn liveness_setting(key: &str) -> Option<&'static str> {
+    match key {
+        "tcp_user_timeout" => Some("tcp_user_timeout_ms"),
+        "keepalives_idle" => Some("keepalive_idle_secs"),
+        "keepalives_interval" => Some("keepalive_interval_secs"),
+        "keepalives" | "keepalives_count" | "keepalives_retries" => {
+            Some("keepalive_idle_secs and owner.keepalive_interval_secs")
+        }
+        _ => None,
+    }
 }
 
 /// The owner as both connection kinds reach it.
@@ -202,6 +245,12 @@ impl UrlParts {
                     .map(|v| v.into_owned())
                     .map_err(|_| EndpointError::Url(format!("{key} is not UTF-8")))
             };
+            if let Some(setting) = liveness_setting(key) {
+                return Err(EndpointError::LivenessInUrl {
+                    key: key.to_string(),
+                    setting,
+                });
+            }
             match key {
                 // Later wins, as in libpq.
                 "sslmode" => ssl_mode = SslMode::parse(&decoded()?)?,
@@ -290,7 +339,8 @@ fn read_password_file(path: &Path) -> Result<String, EndpointError> {
 
 impl Endpoint {
     /// The configured owner: `owner.url`, `owner.password` or
-    /// `owner.password_file`, else `PGPASSWORD`. Reads the files now.
+    /// `owner.password_file`, else `PGPASSWORD`, with the `[owner]`
+    /// liveness settings. Reads the files now.
     pub fn from_settings(owner: &OwnerSettings) -> Result<Endpoint, EndpointError> {
         Self::resolve(
             &owner.url,
@@ -300,6 +350,30 @@ impl Endpoint {
                 pgpassword: std::env::var("PGPASSWORD").ok(),
             },
         )
+        .map(|endpoint| endpoint.with_liveness(&owner.liveness()))
+    }
+
+    /// Both connection kinds with `liveness`: tokio-postgres's socket
+    /// options, and libpq's conninfo keys (`tcp_user_timeout` in ms there).
+    pub fn with_liveness(mut self, liveness: &Liveness) -> Endpoint {
+        self.config
+            .keepalives(true)
+            .keepalives_idle(liveness.keepalive_idle)
+            .keepalives_interval(liveness.keepalive_interval);
+        let mut extra = vec![
+            "keepalives=1".to_string(),
+            format!("keepalives_idle={}", liveness.keepalive_idle.as_secs()),
+            format!(
+                "keepalives_interval={}",
+                liveness.keepalive_interval.as_secs()
+            ),
+        ];
+        if let Some(timeout) = liveness.tcp_user_timeout {
+            self.config.tcp_user_timeout(timeout);
+            extra.push(format!("tcp_user_timeout={}", timeout.as_millis()));
+        }
+        self.replication_conninfo = append_query(&self.replication_conninfo, &extra.join("&"));
+        self
     }
 
     /// A URL alone (tools, tests): its own password, else `PGPASSWORD`.
@@ -706,6 +780,65 @@ mod tests {
         ));
         let e = read_password_file(&dir.path().join("missing")).unwrap_err();
         assert!(e.to_string().contains("owner.password_file"), "{e}");
+    }
+
+    #[test]
+    fn liveness_reaches_both_connections_in_their_units() {
+        let liveness = Liveness {
+            tcp_user_timeout: Some(Duration::from_millis(10_500)),
+            keepalive_idle: Duration::from_secs(15),
+            keepalive_interval: Duration::from_secs(5),
+        };
+        let e = Endpoint::resolve("postgresql://u@h/db", &sources("", "", None))
+            .unwrap()
+            .with_liveness(&liveness);
+        // libpq: milliseconds for the user timeout, seconds for keepalives.
+        assert!(
+            e.replication_conninfo().ends_with(
+                "replication=database&keepalives=1&keepalives_idle=15&keepalives_interval=5&tcp_user_timeout=10500"
+            ),
+            "{}",
+            e.replication_conninfo()
+        );
+        assert_eq!(
+            e.config.get_tcp_user_timeout(),
+            Some(&Duration::from_millis(10_500))
+        );
+        assert!(e.config.get_keepalives());
+        assert_eq!(e.config.get_keepalives_idle(), Duration::from_secs(15));
+        assert_eq!(
+            e.config.get_keepalives_interval(),
+            Some(Duration::from_secs(5))
+        );
+
+        // No user timeout: the system's default, and libpq is not told one.
+        let e = Endpoint::resolve("postgresql://u@h/db", &sources("", "", None))
+            .unwrap()
+            .with_liveness(&Liveness {
+                tcp_user_timeout: None,
+                ..liveness
+            });
+        assert!(!e.replication_conninfo().contains("tcp_user_timeout"));
+        assert_eq!(e.config.get_tcp_user_timeout(), None);
+    }
+
+    #[test]
+    fn the_url_may_not_name_what_the_liveness_settings_own() {
+        for key in [
+            "tcp_user_timeout",
+            "keepalives",
+            "keepalives_idle",
+            "keepalives_interval",
+            "keepalives_count",
+            "keepalives_retries",
+        ] {
+            let e = UrlParts::parse(&format!("postgresql://u@h/db?{key}=1")).unwrap_err();
+            assert!(
+                matches!(e, EndpointError::LivenessInUrl { .. }),
+                "{key}: {e}"
+            );
+            assert!(e.to_string().contains("owner."), "{e}");
+        }
     }
 
     #[test]

@@ -4,8 +4,14 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::endpoint::{self, EndpointError, UrlParts};
+use super::endpoint::{self, EndpointError, Liveness, UrlParts};
 use crate::setting::InvalidSetting;
+
+/// Linux takes up to `u32::MAX` ms, libpq an `int`; past an hour the
+/// setting no longer detects anything an operator would wait for.
+const MAX_TCP_USER_TIMEOUT_MS: u64 = 3_600_000;
+/// Linux's bound on `TCP_KEEPIDLE` and `TCP_KEEPINTVL` (`MAX_TCP_KEEPIDLE`).
+const MAX_KEEPALIVE_SECS: u64 = 32_767;
 
 #[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -17,6 +23,13 @@ pub struct OwnerSettings {
     pub password_file: String,
     pub connect_timeout_ms: u64,
     pub query_timeout_ms: u64,
+    /// `TCP_USER_TIMEOUT` of every connection, in milliseconds (0: the
+    /// system's default): see `endpoint::Liveness`.
+    pub tcp_user_timeout_ms: u64,
+    /// TCP keepalives of every connection: the first probe after this many
+    /// idle seconds, then one every `keepalive_interval_secs`.
+    pub keepalive_idle_secs: u64,
+    pub keepalive_interval_secs: u64,
 }
 
 /// A rule of the `[owner]` section broken: the URL and the password
@@ -45,6 +58,9 @@ impl std::fmt::Debug for OwnerSettings {
             .field("password_file", &self.password_file)
             .field("connect_timeout_ms", &self.connect_timeout_ms)
             .field("query_timeout_ms", &self.query_timeout_ms)
+            .field("tcp_user_timeout_ms", &self.tcp_user_timeout_ms)
+            .field("keepalive_idle_secs", &self.keepalive_idle_secs)
+            .field("keepalive_interval_secs", &self.keepalive_interval_secs)
             .finish()
     }
 }
@@ -68,7 +84,39 @@ impl OwnerSettings {
         if self.query_timeout_ms == 0 {
             return Err(InvalidSetting::new("owner.query_timeout_ms", "must be above 0").into());
         }
+        if self.tcp_user_timeout_ms > MAX_TCP_USER_TIMEOUT_MS {
+            return Err(InvalidSetting::new(
+                "owner.tcp_user_timeout_ms",
+                format!("must be at most {MAX_TCP_USER_TIMEOUT_MS} (an hour); 0 keeps the system's default"),
+            )
+            .into());
+        }
+        for (field, secs) in [
+            ("owner.keepalive_idle_secs", self.keepalive_idle_secs),
+            (
+                "owner.keepalive_interval_secs",
+                self.keepalive_interval_secs,
+            ),
+        ] {
+            if !(1..=MAX_KEEPALIVE_SECS).contains(&secs) {
+                return Err(InvalidSetting::new(
+                    field,
+                    format!("must be 1 to {MAX_KEEPALIVE_SECS} (the kernel's limit)"),
+                )
+                .into());
+            }
+        }
         Ok(())
+    }
+
+    /// How every connection notices a path that drops its packets.
+    pub fn liveness(&self) -> Liveness {
+        Liveness {
+            tcp_user_timeout: (self.tcp_user_timeout_ms > 0)
+                .then(|| Duration::from_millis(self.tcp_user_timeout_ms)),
+            keepalive_idle: Duration::from_secs(self.keepalive_idle_secs),
+            keepalive_interval: Duration::from_secs(self.keepalive_interval_secs),
+        }
     }
 
     pub fn connect_timeout(&self) -> Duration {
