@@ -11,8 +11,9 @@
 //!   transaction of ours is open, the WAL end a keepalive reported, so an
 //!   owner that only writes other tables does not pin WAL behind the slot.
 //! - `next_event` is never cancelled mid-call except to end the session (at
-//!   shutdown or for a requested resnapshot): keepalives are answered only
-//!   inside it. Apply is synchronous and short.
+//!   shutdown, for a requested resnapshot, or after `stream.receive_timeout_ms`
+//!   of silence, when the connection is taken for dead and dropped):
+//!   keepalives are answered only inside it. Apply is synchronous and short.
 //! - A session that fails is dropped whole and the next one resumes from the
 //!   applied LSN; transactions delivered again are skipped by commit LSN.
 //! - At shutdown the last status update carries the applied LSN, then the
@@ -67,6 +68,10 @@ pub enum StreamError {
     SlotBusy { slot: String, pid: Option<i32> },
     #[error("the outbox's carrier (the fleet's publisher) has stopped")]
     OutboxClosed,
+    #[error(
+        "nothing received from the owner for {0:?} (stream.receive_timeout_ms): the replication connection is taken for dead"
+    )]
+    ReceiveTimeout(Duration),
 }
 
 /// What operators see of the stream in `/v1/status`.
@@ -681,6 +686,7 @@ impl Projector {
         // After a read that stopped before a held frame, the next read must
         // take that frame (a boundary read would stop before it again).
         let mut take_held = false;
+        let receive_timeout = self.stream.receive_timeout();
         loop {
             // A cancelled token may lose the race to a frame that is ready;
             // look before every read so the session ends promptly.
@@ -688,16 +694,31 @@ impl Projector {
                 return Ok(());
             }
             let boundary = Lsn(stream.current_lsn() + 1);
-            let next = if assembler.is_idle() && !take_held {
-                // Between transactions: read with a boundary just past what we
-                // received, so a keepalive that moves the server's position
-                // returns control to us and we can acknowledge it.
-                stream
-                    .next_event_before(pg_walstream::Lsn::new(boundary.0), stop)
-                    .await
-            } else {
-                take_held = false;
-                stream.next_event(stop).await.map(Some)
+            let between = assembler.is_idle() && !take_held;
+            take_held = false;
+            let read = async {
+                if between {
+                    // Between transactions: read with a boundary just past what we
+                    // received, so a keepalive that moves the server's position
+                    // returns control to us and we can acknowledge it.
+                    stream
+                        .next_event_before(pg_walstream::Lsn::new(boundary.0), stop)
+                        .await
+                } else {
+                    stream.next_event(stop).await.map(Some)
+                }
+            };
+            // A path that drops packets fails no read: the socket just stays
+            // silent, and our feedback is all the kernel would retransmit.
+            // The heartbeat makes the owner send something at least every
+            // interval, so silence past the timeout means the path is dead.
+            // Dropping the read ends the session: it is never reused.
+            let next = match receive_timeout {
+                Some(limit) => match tokio::time::timeout(limit, read).await {
+                    Ok(next) => next,
+                    Err(_) => return Err(StreamError::ReceiveTimeout(limit)),
+                },
+                None => read.await,
             };
             let event = match next {
                 Ok(event) => event,
