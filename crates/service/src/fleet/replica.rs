@@ -466,19 +466,23 @@ impl Replica {
     /// the projector's checkpoint against the owner it reads itself.
     async fn owner_identity(&self) -> Result<Identity, FleetError> {
         let client = owner::connect_configured(&self.owner, self.owner.connect_timeout()).await?;
-        let row = client
-            .query_one(
-                "SELECT s.system_identifier, c.timeline_id
-                 FROM pg_control_system() s, pg_control_checkpoint() c",
-                &[],
-            )
-            .await
-            .map_err(|e| FleetError::Owner(format!("the owner's system identifier: {e}")))?;
+        let read = async {
+            let row = client
+                .query_one(
+                    "SELECT s.system_identifier, c.timeline_id
+                     FROM pg_control_system() s, pg_control_checkpoint() c",
+                    &[],
+                )
+                .await
+                .map_err(|e| FleetError::Owner(format!("the owner's system identifier: {e}")))?;
+            let columns_fingerprint = slot::columns_fingerprint(&client, &self.publication)
+                .await
+                .map_err(|e| FleetError::Owner(e.to_string()))?;
+            Ok::<_, FleetError>((row, columns_fingerprint))
+        };
+        let (row, columns_fingerprint) = self.within_query_timeout(read).await?;
         let system_identifier: i64 = row.get(0);
         let timeline: i32 = row.get(1);
-        let columns_fingerprint = slot::columns_fingerprint(&client, &self.publication)
-            .await
-            .map_err(|e| FleetError::Owner(e.to_string()))?;
         Ok(Identity {
             system_identifier: system_identifier as u64,
             timeline: timeline as u32,
@@ -490,9 +494,25 @@ impl Replica {
 
     async fn owner_position(&self) -> Result<Lsn, FleetError> {
         let client = owner::connect_configured(&self.owner, self.owner.connect_timeout()).await?;
-        slot::current_wal_lsn(&client)
+        self.within_query_timeout(async {
+            slot::current_wal_lsn(&client)
+                .await
+                .map_err(|e| FleetError::Owner(e.to_string()))
+        })
+        .await
+    }
+
+    /// `read` on a connection of its own, bounded by the owner's query
+    /// timeout: on a path that drops packets it would otherwise wait for
+    /// the kernel. The connection is dropped after it either way.
+    async fn within_query_timeout<T>(
+        &self,
+        read: impl Future<Output = Result<T, FleetError>>,
+    ) -> Result<T, FleetError> {
+        let limit = self.owner.query_timeout();
+        tokio::time::timeout(limit, read)
             .await
-            .map_err(|e| FleetError::Owner(e.to_string()))
+            .unwrap_or_else(|_| Err(FleetError::Owner(format!("no answer within {limit:?}"))))
     }
 }
 

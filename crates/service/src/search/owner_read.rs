@@ -214,10 +214,7 @@ impl OwnerReader {
             .with_label_values(&[reason.label()])
             .inc();
         let started = Instant::now();
-        let result = match tokio::time::timeout(self.timeout, self.query(key)).await {
-            Ok(r) => r,
-            Err(_) => Err(OwnerReadError::Timeout(self.timeout)),
-        };
+        let result = self.query(key).await;
         metrics::OWNER_READ_DURATION
             .with_label_values(&[reason.label()])
             .observe(started.elapsed().as_secs_f64());
@@ -235,22 +232,57 @@ impl OwnerReader {
     /// record is flushed, and only then can the copy receive it, so this is
     /// the position a fresh read at this moment would reflect.
     pub async fn flushed_position(&self) -> Result<crate::lsn::Lsn, OwnerReadError> {
-        let read = async {
-            let (slot, client, _) = self.client().await?;
-            let row = client
-                .query_one("SELECT pg_current_wal_flush_lsn()", &[])
-                .await
-                .map_err(|e| {
-                    *self.clients[slot].lock().unwrap_or_else(|p| p.into_inner()) = None;
-                    OwnerReadError::Failed(e.to_string())
-                })?;
-            row.try_get::<_, tokio_postgres::types::PgLsn>(0)
-                .map(crate::lsn::Lsn::from)
-                .map_err(|e| OwnerReadError::Failed(e.to_string()))
-        };
-        match tokio::time::timeout(self.timeout, read).await {
-            Ok(r) => r,
-            Err(_) => Err(OwnerReadError::Timeout(self.timeout)),
+        let row = self
+            .on_a_client(|client, _| async move {
+                client
+                    .query_one("SELECT pg_current_wal_flush_lsn()", &[])
+                    .await
+            })
+            .await?;
+        row.try_get::<_, tokio_postgres::types::PgLsn>(0)
+            .map(crate::lsn::Lsn::from)
+            .map_err(|e| OwnerReadError::Failed(e.to_string()))
+    }
+
+    /// Runs `read` on one of the connections, all within the read timeout.
+    ///
+    /// A connection whose read failed or timed out is dropped, never used
+    /// again: tokio-postgres pipelines requests on a connection, so the
+    /// abandoned read's answer must arrive before any later one's. On a
+    /// path that drops packets it never does, and every later search on
+    /// that connection would wait its whole budget for nothing until the
+    /// kernel gave up (`owner.tcp_user_timeout_ms`, or about 15 minutes
+    /// without it). The next read on the slot opens a new connection.
+    async fn on_a_client<T, F, Fut>(&self, read: F) -> Result<T, OwnerReadError>
+    where
+        F: FnOnce(Arc<Client>, Statement) -> Fut,
+        Fut: std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let timed_out = || OwnerReadError::Timeout(self.timeout);
+        // A connect or prepare cut short stores nothing (`client`).
+        let (slot, client, statement) = tokio::time::timeout_at(deadline, self.client())
+            .await
+            .map_err(|_| timed_out())??;
+        match tokio::time::timeout_at(deadline, read(client.clone(), statement)).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(e)) => {
+                self.forget(slot, &client);
+                Err(OwnerReadError::Failed(e.to_string()))
+            }
+            Err(_) => {
+                self.forget(slot, &client);
+                Err(timed_out())
+            }
+        }
+    }
+
+    /// Empties `slot` if it still holds `client`: a search that already
+    /// put a new connection there keeps it.
+    fn forget(&self, slot: usize, client: &Arc<Client>) {
+        let mut held = self.clients[slot].lock().unwrap_or_else(|p| p.into_inner());
+        if held.as_ref().is_some_and(|(c, _)| Arc::ptr_eq(c, client)) {
+            *held = None;
         }
     }
 
@@ -278,24 +310,19 @@ impl OwnerReader {
 
     async fn query(&self, key: &ReadKey) -> Result<OwnerCalendars, OwnerReadError> {
         let read_at = Instant::now();
-        let (slot, client, statement) = self.client().await?;
         let hotels: Vec<i64> = key.keys.iter().map(|k| k.hotel_id).collect();
         let room_types: Vec<i64> = key.keys.iter().map(|k| k.room_type_id).collect();
-        let rows = client
-            .query(
-                &statement,
-                &[
-                    &hotels,
-                    &room_types,
-                    &key.stay.check_in,
-                    &key.stay.check_out,
-                ],
-            )
-            .await
-            .map_err(|e| {
-                *self.clients[slot].lock().unwrap_or_else(|p| p.into_inner()) = None;
-                OwnerReadError::Failed(e.to_string())
-            })?;
+        let stay = key.stay;
+        let rows = self
+            .on_a_client(|client, statement| async move {
+                client
+                    .query(
+                        &statement,
+                        &[&hotels, &room_types, &stay.check_in, &stay.check_out],
+                    )
+                    .await
+            })
+            .await?;
         let rows = rows.iter().map(owner::inventory_night);
         Ok(OwnerCalendars::new(&key.keys, key.stay, read_at, rows))
     }
