@@ -8,6 +8,7 @@ mod api;
 mod atomicity;
 mod confirmed;
 mod demo;
+mod drops;
 mod events;
 mod faults;
 mod fleet;

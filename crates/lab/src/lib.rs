@@ -19,8 +19,11 @@
 //! - [`readiness`]: bounded waits for a copy running in this process.
 //! - [`owner_db`]: the owner a lab run works on, given or embedded.
 //! - [`nats`]: a throwaway `nats-server` with JetStream, for the fleet.
+//! - [`blackhole`]: a TCP path to the owner that can drop every packet
+//!   without closing anything.
 
 pub mod bench;
+pub mod blackhole;
 pub mod cluster;
 pub mod demo;
 pub mod http_client;
