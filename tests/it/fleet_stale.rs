@@ -275,11 +275,11 @@ async fn take_outcomes_posted_to_any_replica_are_counted_once_by_every_node() {
 
     // Quotes from searches on each replica: three hotels in Lisbon.
     let (on_a, on_b) = (offers(&a).await, offers(&b).await);
-    for shown in [&on_a, &on_b] {
-        assert_eq!(shown.len(), 3, "{shown:?}");
+    for searched in [&on_a, &on_b] {
+        assert_eq!(searched.len(), 3, "{searched:?}");
         assert!(
-            shown.iter().flatten().all(|o| o.source == "copy"),
-            "{shown:?}"
+            searched.iter().flatten().all(|o| o.source == "copy"),
+            "{searched:?}"
         );
     }
     // The first hotel's takes all conflict (stale reads: its share is 1,
@@ -290,9 +290,9 @@ async fn take_outcomes_posted_to_any_replica_are_counted_once_by_every_node() {
     // search on the node it is posted to.
     let mut expected = Expected::default();
     for i in 0..24usize {
-        let (node, shown) = if i % 2 == 0 { (&a, &on_a) } else { (&b, &on_b) };
+        let (node, offered) = if i % 2 == 0 { (&a, &on_a) } else { (&b, &on_b) };
         let hotel = i % 3;
-        let offer = &shown[hotel][i % shown[hotel].len()];
+        let offer = &offered[hotel][i % offered[hotel].len()];
         post_new(
             node,
             &report(&format!("attempt-{i}"), offer, outcome_of[hotel]),
@@ -300,22 +300,22 @@ async fn take_outcomes_posted_to_any_replica_are_counted_once_by_every_node() {
         .await;
         expected.add(offer, outcome_of[hotel]);
     }
-    let shown = agree(&[&a, &b, &projector], expected, "round-robin").await;
-    assert_eq!(shown["totals"]["replays"], 0, "{shown}");
-    let flagged = shown["hotels"]
+    let round_robin = agree(&[&a, &b, &projector], expected, "round-robin").await;
+    assert_eq!(round_robin["totals"]["replays"], 0, "{round_robin}");
+    let flagged = round_robin["hotels"]
         .as_array()
         .expect("hotels")
         .iter()
         .filter(|h| h["bypassed"] == true)
         .map(|h| h["hotel_id"].as_i64().expect("id"))
         .collect::<Vec<_>>();
-    assert_eq!(flagged, vec![on_a[0][0].hotel_id], "{shown}");
+    assert_eq!(flagged, vec![on_a[0][0].hotel_id], "{round_robin}");
     // The same advice from both, for each hotel: the first is read from
     // the owner because of its stale reads, the others are not.
-    for (hotel, offers) in on_a.iter().enumerate() {
-        let from_a = advice(&a, &offers[0]).await;
-        let from_b = advice(&b, &offers[0]).await;
-        assert_eq!(from_a, from_b, "hotel {}", offers[0].hotel_id);
+    for (hotel, rooms) in on_a.iter().enumerate() {
+        let from_a = advice(&a, &rooms[0]).await;
+        let from_b = advice(&b, &rooms[0]).await;
+        assert_eq!(from_a, from_b, "hotel {}", rooms[0].hotel_id);
         let conflicts = from_a["reasons"]
             .as_array()
             .expect("reasons")
@@ -343,13 +343,16 @@ async fn take_outcomes_posted_to_any_replica_are_counted_once_by_every_node() {
     post_refused(&a, &conflicting).await;
     tokio::time::sleep(window).await;
     post_replay(&b, &duplicate).await;
-    let shown = agree(
+    let repeats = agree(
         &[&a, &b, &projector],
         expected,
         "repeats past the duplicate window",
     )
     .await;
-    assert!(shown["totals"]["replays"].as_u64() >= Some(1), "{shown}");
+    assert!(
+        repeats["totals"]["replays"].as_u64() >= Some(1),
+        "{repeats}"
+    );
     let refused = r#"vacancy_fleet_outcomes_applied_total{result="refused"}"#;
     let refusals = metric(&a, refused).await;
     assert!(refusals >= 1.0, "the stored conflicting report: {refusals}");
@@ -360,22 +363,22 @@ async fn take_outcomes_posted_to_any_replica_are_counted_once_by_every_node() {
     // Cut off from NATS, a replica counts nothing on its own: 503, retry.
     nats_link.cut();
     let cut_off = report("attempt-cut-off", &on_b[2][0], "error");
-    let r = post(&b, &cut_off).await;
-    assert_eq!(r.status, 503, "{}", r.text());
+    let unavailable = post(&b, &cut_off).await;
+    assert_eq!(unavailable.status, 503, "{}", unavailable.text());
     assert_eq!(
-        r.json()["type"],
+        unavailable.json()["type"],
         "/problems/outcomes-unavailable",
         "{}",
-        r.text()
+        unavailable.text()
     );
-    assert_eq!(r.header("retry-after"), Some("1"));
+    assert_eq!(unavailable.header("retry-after"), Some("1"));
     nats_link.restore();
     let retried = wait_for(
         "the replica back on NATS to take the report",
         Duration::from_secs(60),
         || async {
-            let r = post(&b, &cut_off).await;
-            (r.status == 200).then_some(r)
+            let answer = post(&b, &cut_off).await;
+            (answer.status == 200).then_some(answer)
         },
     )
     .await;
@@ -434,13 +437,13 @@ async fn take_outcomes_posted_to_any_replica_are_counted_once_by_every_node() {
     // Started again, it bootstraps from the bucket's checkpoint (written
     // after the outcomes above), takes the stale-read state in it, and
     // reads the outcome stream on from the sequence that state holds.
-    let b = fleet.replica_with("replica-b-again", &fleet.owner_url, &replica_env);
-    wait_ready(&b, Duration::from_secs(60)).await;
+    let b_again = fleet.replica_with("replica-b-again", &fleet.owner_url, &replica_env);
+    wait_ready(&b_again, Duration::from_secs(60)).await;
     let progress = wait_for(
         "the restarted replica to read the outcome stream",
         Duration::from_secs(30),
         || async {
-            let progress = outcome_progress(&b).await?;
+            let progress = outcome_progress(&b_again).await?;
             (progress["connected"] == true).then_some(progress)
         },
     )
@@ -452,15 +455,19 @@ async fn take_outcomes_posted_to_any_replica_are_counted_once_by_every_node() {
     );
     // Its search reads the hotel the fleet's counts flagged from the
     // owner, as every node's does.
-    let on_b = offers(&b).await;
-    for (hotel, offers) in on_b.iter().enumerate() {
+    let on_b_again = offers(&b_again).await;
+    for (hotel, rooms) in on_b_again.iter().enumerate() {
         let want = if hotel == 0 { "owner" } else { "copy" };
-        assert!(offers.iter().all(|o| o.source == want), "{offers:?}");
+        assert!(rooms.iter().all(|o| o.source == want), "{rooms:?}");
     }
     for i in 0..4usize {
-        let (node, shown) = if i % 2 == 0 { (&a, &on_a) } else { (&b, &on_b) };
+        let (node, offered) = if i % 2 == 0 {
+            (&a, &on_a)
+        } else {
+            (&b_again, &on_b_again)
+        };
         let hotel = i % 3;
-        let offer = &shown[hotel][0];
+        let offer = &offered[hotel][0];
         post_new(
             node,
             &report(&format!("after-{i}"), offer, outcome_of[hotel]),
@@ -468,10 +475,16 @@ async fn take_outcomes_posted_to_any_replica_are_counted_once_by_every_node() {
         .await;
         expected.add(offer, outcome_of[hotel]);
     }
-    let shown = agree(&[&a, &b, &projector], expected, "after the restart").await;
-    assert!(shown["totals"]["replays"].as_u64() >= Some(2), "{shown}");
-    for offers in &on_a {
-        assert_eq!(advice(&a, &offers[0]).await, advice(&b, &offers[0]).await);
+    let restarted = agree(&[&a, &b_again, &projector], expected, "after the restart").await;
+    assert!(
+        restarted["totals"]["replays"].as_u64() >= Some(2),
+        "{restarted}"
+    );
+    for rooms in &on_a {
+        assert_eq!(
+            advice(&a, &rooms[0]).await,
+            advice(&b_again, &rooms[0]).await
+        );
     }
     drop(nats);
 }

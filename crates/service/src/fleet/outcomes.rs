@@ -323,17 +323,17 @@ impl OutcomeStream {
         loop {
             // No bound on this wait: an idle stream is normal, and the
             // ordered consumer's heartbeats end it when the server is gone.
-            let next = tokio::select! {
+            let delivered = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return Ok(()),
                 next = messages.next() => next,
             };
-            let Some(next) = next else {
+            let Some(received) = delivered else {
                 return Err(FleetError::Nats(
                     "the outcome stream's consumer ended".into(),
                 ));
             };
-            let message = next.map_err(|e| {
+            let message = received.map_err(|e| {
                 FleetError::Nats(format!("consuming {}: {e}", self.settings.outcomes_stream))
             })?;
             let (sequence, published_ns) = {

@@ -1325,8 +1325,8 @@ mod tests {
         assert_eq!(standalone_carry.outcomes_sequence, None);
 
         let fleet = ledger().shared();
-        let restored = fleet.restore(standalone_carry.clone(), Duration::ZERO, Instant::now());
-        assert!(restored.ignored.is_some());
+        let not_taken = fleet.restore(standalone_carry.clone(), Duration::ZERO, Instant::now());
+        assert!(not_taken.ignored.is_some());
         assert_eq!(
             fleet.totals().taken,
             0,
@@ -1340,8 +1340,8 @@ mod tests {
             .unwrap();
         let fleet_carry = source.carry(Instant::now());
         assert_eq!(fleet_carry.outcomes_sequence, Some(7));
-        let restored = fleet.restore(fleet_carry.clone(), Duration::ZERO, Instant::now());
-        assert_eq!((restored.ignored, restored.attempts), (None, 1));
+        let taken = fleet.restore(fleet_carry.clone(), Duration::ZERO, Instant::now());
+        assert_eq!((taken.ignored, taken.attempts), (None, 1));
         assert_eq!(
             fleet.begin_consuming(),
             7,
@@ -1353,8 +1353,8 @@ mod tests {
         assert_eq!(fleet.totals().taken, 1);
         // A standalone ledger restores whatever it is given, as before.
         let plain = ledger();
-        let restored = plain.restore(standalone_carry, Duration::ZERO, Instant::now());
-        assert_eq!(restored.ignored, None);
+        let as_before = plain.restore(standalone_carry, Duration::ZERO, Instant::now());
+        assert_eq!(as_before.ignored, None);
         assert_eq!(plain.totals().taken, 1);
     }
 
