@@ -18,6 +18,8 @@
 //!   process restarted or continued, trigger dropped) until `/v1/status`
 //!   shows the copy loaded, streaming, not resnapshotting, and applied past
 //!   the marker;
+//! - seconds to detect (packets dropped only): from the first dropped packet
+//!   until `/v1/status` shows the replication connection given up;
 //! - requests failed: load-loop searches that got a connection error, a
 //!   timeout, or a status other than 2xx and 503; a 503 (not ready, lagging
 //!   past the bound: the service refusing on purpose) is counted apart.
@@ -94,10 +96,14 @@ pub enum Fault {
     OwnerUnreachable,
     /// Owner writes fail with SQLSTATE 53100 (disk full), simulated by a trigger.
     WritesFail,
+    /// Every packet between vacancy and the owner dropped for
+    /// `--unreachable-secs`, nothing refused or closed (`blackhole`); then
+    /// new connections get through, the dark ones stay dark.
+    PacketsDropped,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 8] = [
+    pub const ALL: [Fault; 9] = [
         Fault::WalsenderTerminated,
         Fault::OwnerRestartFast,
         Fault::OwnerRestartImmediate,
@@ -106,6 +112,7 @@ impl Fault {
         Fault::SlotInvalidated,
         Fault::OwnerUnreachable,
         Fault::WritesFail,
+        Fault::PacketsDropped,
     ];
 
     pub fn label(self) -> &'static str {
@@ -118,6 +125,7 @@ impl Fault {
             Fault::SlotInvalidated => "slot invalidated (max_slot_wal_keep_size)",
             Fault::OwnerUnreachable => "owner unreachable",
             Fault::WritesFail => "owner writes fail (53100, simulated)",
+            Fault::PacketsDropped => "packets dropped (nothing refused)",
         }
     }
 }
@@ -136,7 +144,8 @@ pub struct FaultArgs {
     /// Run only these faults (repeat or comma-separate); default: all.
     #[arg(long, value_delimiter = ',')]
     pub fault: Vec<Fault>,
-    /// How long the owner stays stopped for `owner-unreachable`.
+    /// How long the owner stays stopped for `owner-unreachable`, and its
+    /// packets are dropped for `packets-dropped`.
     #[arg(long, default_value_t = 60)]
     pub unreachable_secs: u64,
     /// How long owner writes fail for `writes-fail`.
@@ -239,6 +248,8 @@ pub struct Outcome {
     pub fault: Fault,
     pub recovered: bool,
     pub recover_secs: Option<f64>,
+    /// Packets dropped: seconds until `/v1/status` said `connected: false`.
+    pub detect_secs: Option<f64>,
     /// `None` when the copy never caught up, so no comparison was possible.
     pub divergence: Option<Divergence>,
     pub searches: LoadCounts,
@@ -319,7 +330,7 @@ pub async fn run(args: FaultArgs) -> Result<(), FaultBenchError> {
     );
     println!(
         "load:     {} simulated guests (search, hold, pay or release), a hotelier (capacity, hotel and room type changes), {} search clients; \
-         owner unreachable for {} s; writes fail for {} s; whole run {:.0} s\n",
+         owner unreachable (or its packets dropped) for {} s; writes fail for {} s; whole run {:.0} s\n",
         options.guests,
         options.search_clients,
         options.unreachable.as_secs(),
@@ -335,6 +346,7 @@ fn failed_outcome(fault: Fault, problem: String) -> Outcome {
         fault,
         recovered: false,
         recover_secs: None,
+        detect_secs: None,
         divergence: None,
         searches: LoadCounts::default(),
         takes: SimSummary::default(),
@@ -348,8 +360,8 @@ fn failed_outcome(fault: Fault, problem: String) -> Outcome {
 /// The table, in Markdown, with the problems listed under it.
 pub fn render(outcomes: &[Outcome]) -> String {
     let mut out = String::from(
-        "| fault | recovered | seconds to recover | rows divergent (of compared) | requests failed | 503 not ready | searches | takes ok / 409 / error | hotelier writes failed | snapshots taken |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---|\n",
+        "| fault | recovered | seconds to recover | rows divergent (of compared) | requests failed | 503 not ready | searches | takes ok / 409 / error | hotelier writes failed | snapshots taken | seconds to detect |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|\n",
     );
     for o in outcomes {
         let secs = o
@@ -369,7 +381,7 @@ pub fn render(outcomes: &[Outcome]) -> String {
                 .join(", ")
         };
         out += &format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {} of {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} / {} / {} | {} of {} | {} | {} |\n",
             o.fault.label(),
             if o.recovered { "yes" } else { "**no**" },
             secs,
@@ -383,6 +395,8 @@ pub fn render(outcomes: &[Outcome]) -> String {
             o.hotelier_failed,
             o.hotelier_ok + o.hotelier_failed,
             snapshots,
+            o.detect_secs
+                .map_or_else(|| "—".to_string(), |s| format!("{s:.1}")),
         );
     }
     let notes: Vec<String> = outcomes

@@ -9,6 +9,7 @@ use chrono::NaiveDate;
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
 
+use crate::blackhole::Blackhole;
 use crate::cluster::{Cluster, StopMode};
 use crate::simulator::{self, SimOptions, SimSummary};
 use vacancy_service::slot;
@@ -33,8 +34,19 @@ pub async fn run_scenario(
     slot::drop_slot(&client, SLOT).await?;
     drop(client);
     let name = format!("{fault:?}").to_lowercase();
-    let mut serve = Serve::start(&options.exe, url, &options.work_dir, &name)?;
-    let result = scenario(cluster, url, fault, options, &mut serve).await;
+    // The child reaches the owner through a path this fault can make drop
+    // every packet; the workload and the comparison reach it directly.
+    let path = match fault {
+        Fault::PacketsDropped => {
+            Some(Blackhole::to(([127, 0, 0, 1], cluster.port()).into()).await?)
+        }
+        _ => None,
+    };
+    let child_url = path
+        .as_ref()
+        .map_or_else(|| url.to_string(), |p| p.url_for(url));
+    let mut serve = Serve::start(&options.exe, &child_url, &options.work_dir, &name)?;
+    let result = scenario(cluster, url, fault, options, &mut serve, path.as_ref()).await;
     serve.stop().await;
     let cleaned = clean_up(url, fault).await;
     let outcome = result?;
@@ -64,6 +76,7 @@ async fn scenario(
     fault: Fault,
     options: &ScenarioOptions,
     serve: &mut Serve,
+    path: Option<&Blackhole>,
 ) -> Result<Outcome, FaultBenchError> {
     let client = vacancy_service::connect(url, CONNECT_TIMEOUT).await?;
     let target = slot::current_wal_lsn(&client).await?;
@@ -118,21 +131,28 @@ async fn scenario(
     });
 
     tokio::time::sleep(options.warm_up).await;
-    let measured = inject_and_recover(cluster, url, fault, options, serve).await;
-    let (recover_secs, mut problem) = match measured {
-        Ok(Some(secs)) => {
+    let measured = inject_and_recover(cluster, url, fault, options, serve, path).await;
+    let (recover_secs, detect_secs, mut problem) = match measured {
+        Ok(Measured {
+            recover_secs: Some(secs),
+            detect_secs,
+        }) => {
             tokio::time::sleep(options.after).await;
-            (Some(secs), None)
+            (Some(secs), detect_secs, None)
         }
-        Ok(None) => (
+        Ok(Measured {
+            recover_secs: None,
+            detect_secs,
+        }) => (
             None,
+            detect_secs,
             Some(format!(
                 "not recovered within {:?}; last status: {}",
                 options.recover_limit,
                 serve.status_line().await
             )),
         ),
-        Err(e) => (None, Some(e.to_string())),
+        Err(e) => (None, None, Some(e.to_string())),
     };
 
     stop.cancel();
@@ -173,6 +193,7 @@ async fn scenario(
         fault,
         recovered: recover_secs.is_some(),
         recover_secs,
+        detect_secs,
         divergence,
         searches,
         takes,
@@ -194,16 +215,26 @@ async fn final_divergence(
     measure_divergence(serve.addr, &client).await
 }
 
-/// Injects the fault, heals it, and waits for recovery: the seconds from the
-/// heal until the copy applied a marker committed after it, or `None` when
-/// that did not happen within the limit.
+/// What `inject_and_recover` timed.
+struct Measured {
+    /// From the heal until the copy applied a marker committed after it;
+    /// `None` when that did not happen within the limit.
+    recover_secs: Option<f64>,
+    /// Packets dropped: from the first dropped packet until the node gave
+    /// the replication connection up; `None` when it did not while dropping.
+    detect_secs: Option<f64>,
+}
+
+/// Injects the fault, heals it, and waits for recovery.
 async fn inject_and_recover(
     cluster: &mut Cluster,
     url: &str,
     fault: Fault,
     options: &ScenarioOptions,
     serve: &mut Serve,
-) -> Result<Option<f64>, FaultBenchError> {
+    path: Option<&Blackhole>,
+) -> Result<Measured, FaultBenchError> {
+    let mut detect_secs = None;
     let client = vacancy_service::connect(url, CONNECT_TIMEOUT).await?;
     match fault {
         Fault::WalsenderTerminated => {
@@ -264,6 +295,25 @@ async fn inject_and_recover(
             tokio::time::sleep(options.writes_fail_for).await;
             client.batch_execute(HEAL_WRITES_SQL).await?;
         }
+        Fault::PacketsDropped => {
+            if let Some(path) = path {
+                path.drop_packets();
+                let dropped = Instant::now();
+                while dropped.elapsed() < options.unreachable {
+                    if serve
+                        .status()
+                        .await
+                        .is_some_and(|s| s["connected"] == false)
+                    {
+                        detect_secs = Some(dropped.elapsed().as_secs_f64());
+                        break;
+                    }
+                    tokio::time::sleep(POLL).await;
+                }
+                tokio::time::sleep(options.unreachable.saturating_sub(dropped.elapsed())).await;
+                path.heal();
+            }
+        }
     }
     let healed = Instant::now();
     let deadline = healed + options.recover_limit;
@@ -275,13 +325,18 @@ async fn inject_and_recover(
         )
         .await?;
     let marker = slot::current_wal_lsn(&client).await?;
+    let mut recover_secs = None;
     while Instant::now() < deadline {
         if serve.recovered_past(marker).await {
-            return Ok(Some(healed.elapsed().as_secs_f64()));
+            recover_secs = Some(healed.elapsed().as_secs_f64());
+            break;
         }
         tokio::time::sleep(POLL).await;
     }
-    Ok(None)
+    Ok(Measured {
+        recover_secs,
+        detect_secs,
+    })
 }
 
 /// Switches WAL segments and checkpoints until the held-back slot is `lost`.
