@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 use chrono::NaiveDate;
 use serde_json::Value;
 use vacancy_lab::blackhole::Blackhole;
-use vacancy_lab::cluster::ClusterOptions;
 use vacancy_service::slot;
 
 use crate::api::get;
@@ -70,14 +69,9 @@ const FEW_UNIT_READ_ERRORS: &str = "vacancy_owner_read_errors_total{reason=\"few
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_path_that_drops_packets_is_noticed_in_bound_and_no_timed_out_connection_is_reused() {
-    // The owner's walsender lets go of the slot once it has heard nothing
-    // from the dead session for wal_sender_timeout; short here, so the
-    // stream can resume soon after the heal (60 s by default).
-    let owner = TestOwner::start_with(ClusterOptions {
-        extra_conf: vec!["wal_sender_timeout = '3s'".to_string()],
-        ..ClusterOptions::default()
-    })
-    .await;
+    // The owner's wal_sender_timeout is 60 s: its walsender of the dead
+    // session holds the slot that long unless the node ends it.
+    let owner = TestOwner::start().await;
     let client = owner.client().await;
     load_inventory(&client).await;
     client
@@ -202,9 +196,30 @@ async fn a_path_that_drops_packets_is_noticed_in_bound_and_no_timed_out_connecti
         "once each dead connection is replaced, the owner answers: {sources:?}"
     );
 
-    // (c) The stream resumes (once the owner's walsender of the dead
-    // session let go of the slot) and the copy converges row for row,
-    // with what was written during the drop and after it.
+    // (c) The stream resumes well before the owner would notice the dead
+    // session (its walsender, still holding the slot, is ended: it is this
+    // process's own) and the copy converges row for row, with what was
+    // written during the drop and after it.
+    let resumed = wait_for(
+        "the stream to resume after the heal",
+        Duration::from_secs(60),
+        || async {
+            let status = serve.status().await?;
+            (status["connected"] == true).then(|| dropped_at.elapsed())
+        },
+    )
+    .await;
+    eprintln!("drops: streaming again {resumed:?} after the drop");
+    assert!(
+        resumed < Duration::from_secs(50),
+        "streaming again {resumed:?} after the drop: the owner's wal_sender_timeout (60 s) was waited out"
+    );
+    let log = std::fs::read_to_string(&serve.log).unwrap_or_default();
+    assert!(
+        log.contains("ended the walsender of this process's last session"),
+        "the dead session's walsender was ended: {}",
+        serve.log_tail()
+    );
     run_workload(&owner, seed ^ 0x0d0d, 2, 20).await;
     assert_binary_converged(&serve, &client).await;
     let status = serve.status().await.expect("status");

@@ -199,6 +199,11 @@ pub struct Projector {
     /// (`outbox`), and what caps the slot's acknowledgement.
     outbox: Option<Outbox>,
     yield_when_slot_busy: bool,
+    /// The walsender of this process's last streaming session. A session
+    /// given up on a dead path leaves it on the owner, holding the slot,
+    /// until the owner's `wal_sender_timeout` (60 s by default) notices;
+    /// the next session ends it rather than wait (`wait_slot_released`).
+    own_walsender: Mutex<Option<slot::Walsender>>,
 }
 
 /// Why `Projector::run_until` returned.
@@ -264,6 +269,7 @@ impl Projector {
             checkpoints,
             outbox: None,
             yield_when_slot_busy: false,
+            own_walsender: Mutex::new(None),
         }
     }
 
@@ -540,9 +546,9 @@ impl Projector {
                 _ => checkpointed.max(confirmed.unwrap_or(Lsn::ZERO)),
             }
         };
-        drop(client);
-
         stream.start(Some(start_at.0)).await?;
+        self.note_own_walsender(&client).await;
+        drop(client);
         self.status.connected.store(true, Ordering::Release);
         self.status.set_last_error(None);
         metrics::STREAM_CONNECTED.set(1);
@@ -598,9 +604,26 @@ impl Projector {
         Ok(())
     }
 
+    /// Remembers which walsender serves the session just started (it holds
+    /// the slot now). Best effort, bounded: without it, a later session
+    /// waits for the owner to notice a dead one.
+    async fn note_own_walsender(&self, client: &tokio_postgres::Client) {
+        let read = slot::walsender(client, &self.stream.slot);
+        let serving = match tokio::time::timeout(self.owner.query_timeout(), read).await {
+            Ok(Ok(serving)) => serving,
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "cannot tell which walsender serves this session");
+                None
+            }
+            Err(_) => None,
+        };
+        *self.own_walsender.lock().unwrap_or_else(|p| p.into_inner()) = serving;
+    }
+
     /// Waits, at most the connect timeout, until no walsender holds the
     /// slot, and returns its state then; an error (and the session's retry
-    /// with backoff) otherwise.
+    /// with backoff) otherwise. A holder that is this process's own last
+    /// walsender serves a connection given up on; it is ended, once.
     async fn wait_slot_released(
         &self,
         client: &tokio_postgres::Client,
@@ -611,6 +634,23 @@ impl Projector {
             let Some(held) = info.as_ref().filter(|i| i.active) else {
                 return Ok(info);
             };
+            let own = self
+                .own_walsender
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            if let Some(own) = own {
+                match slot::end_walsender(client, &self.stream.slot, own).await {
+                    Ok(true) => {
+                        tracing::warn!(slot = %self.stream.slot, pid = own.pid, "ended the walsender of this process's last session, which the owner had not noticed was dead");
+                    }
+                    Ok(false) => {}
+                    // A role that may not signal it: wait for the owner.
+                    Err(error) => {
+                        tracing::warn!(%error, pid = own.pid, "cannot end the walsender of this process's last session; waiting for the owner to notice");
+                    }
+                }
+            }
             if Instant::now() >= deadline {
                 return Err(StreamError::SlotBusy {
                     slot: self.stream.slot.clone(),

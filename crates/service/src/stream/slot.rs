@@ -131,6 +131,49 @@ pub async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>, 
     }))
 }
 
+/// One walsender backend: its pid and start time, which together name it
+/// even after the server gives the pid to another backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Walsender {
+    pub pid: i32,
+    pub started: chrono::DateTime<chrono::Utc>,
+}
+
+/// The walsender holding `slot`, if one does (and this role may see it).
+pub async fn walsender(client: &Client, slot: &str) -> Result<Option<Walsender>, SlotError> {
+    let row = client
+        .query_opt(
+            "SELECT a.pid, a.backend_start FROM pg_replication_slots s
+             JOIN pg_stat_activity a ON a.pid = s.active_pid
+             WHERE s.slot_name = $1 AND a.backend_start IS NOT NULL",
+            &[&slot],
+        )
+        .await?;
+    Ok(row.map(|r| Walsender {
+        pid: r.get(0),
+        started: r.get(1),
+    }))
+}
+
+/// Ends `walsender` if it is the very backend (pid and start) that still
+/// holds `slot`; whether it was signalled. A backend that merely got its
+/// pid later is never touched.
+pub async fn end_walsender(
+    client: &Client,
+    slot: &str,
+    walsender: Walsender,
+) -> Result<bool, SlotError> {
+    let row = client
+        .query_opt(
+            "SELECT pg_terminate_backend(a.pid) FROM pg_replication_slots s
+             JOIN pg_stat_activity a ON a.pid = s.active_pid
+             WHERE s.slot_name = $1 AND a.pid = $2 AND a.backend_start = $3",
+            &[&slot, &walsender.pid, &walsender.started],
+        )
+        .await?;
+    Ok(row.is_some_and(|r| r.get::<_, bool>(0)))
+}
+
 /// Drops the slot, first ending a walsender still attached to it (our own
 /// dead session's, typically, which the server has not noticed yet).
 pub async fn drop_slot(client: &Client, slot: &str) -> Result<(), SlotError> {
