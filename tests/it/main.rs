@@ -15,6 +15,7 @@ mod fleet;
 mod fleet_stale;
 mod kubernetes;
 mod observability;
+mod overload;
 mod owner_ops;
 mod owner_security;
 mod page;

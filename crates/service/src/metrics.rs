@@ -409,6 +409,34 @@ pub static HTTP_IN_FLIGHT: LazyLock<IntGauge> = LazyLock::new(|| {
     )
 });
 
+/// Requests answered 503 `/problems/overloaded` by admission control
+/// (`http::admission`), by budget (`guest`, `booking`).
+pub static HTTP_SHED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "vacancy_http_shed_total",
+        "Requests answered 503 overloaded because their budget of requests in flight was full, by budget",
+        &["budget"],
+    )
+});
+/// How long a shed request took to answer, from its arrival in the router,
+/// measured in the process: a load generator with thousands of connections
+/// on the same cores mostly measures itself.
+pub static HTTP_SHED_DURATION: LazyLock<HistogramVec> = LazyLock::new(|| {
+    register(
+        HistogramVec::new(
+            HistogramOpts::new(
+                "vacancy_http_shed_duration_seconds",
+                "Time to answer a request shed by admission control, from its arrival in the router, by budget",
+            )
+            .buckets(vec![
+                0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.1,
+            ]),
+            &["budget"],
+        )
+        .expect("valid metric"),
+    )
+});
+
 // --- checkpoints ------------------------------------------------------------
 
 pub static CHECKPOINT_FALLBACKS: LazyLock<IntCounterVec> = LazyLock::new(|| {
@@ -599,6 +627,11 @@ pub fn init() {
     OWNER_READ_ERRORS.with_label_values(&["ttl"]);
     LazyLock::force(&HTTP_REQUESTS);
     LazyLock::force(&HTTP_DURATION);
+    // http::admission::Budget's names (metrics cannot depend on http).
+    for budget in ["guest", "booking"] {
+        HTTP_SHED.with_label_values(&[budget]);
+        HTTP_SHED_DURATION.with_label_values(&[budget]);
+    }
     OWNER_READS.with_label_values(&["audit"]);
     OWNER_READ_ERRORS.with_label_values(&["audit"]);
     for outcome in ["taken", "conflict", "error"] {

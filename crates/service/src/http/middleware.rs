@@ -1,6 +1,7 @@
 //! What every request passes through before a handler: the query-length
 //! limit, the per-client rate limit (search routes), and request metrics with
-//! the request timeout.
+//! the request timeout (admission control, per route group, is in
+//! `admission`).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,6 +12,7 @@ use axum::response::{IntoResponse, Response};
 
 use super::Problem;
 use super::access::{self, ClientLimiter};
+use super::admission::Shed;
 use crate::metrics;
 
 /// Refuses a query string longer than `http.max_query_bytes` before any
@@ -59,6 +61,11 @@ pub(super) async fn observe(req: Request, next: Next, timeout: Duration) -> Resp
         Err(_) => Problem::Timeout.into_response(),
     };
     drop(in_flight);
+    if let Some(Shed(budget)) = response.extensions().get::<Shed>() {
+        metrics::HTTP_SHED_DURATION
+            .with_label_values(&[budget.as_str()])
+            .observe(started.elapsed().as_secs_f64());
+    }
     let route = matched.as_ref().map_or("unmatched", |p| p.as_str());
     metrics::HTTP_DURATION
         .with_label_values(&[route])

@@ -3,6 +3,8 @@
 //!
 //! - [`middleware`]: limits, the per-client rate limit, request metrics and
 //!   timeouts, around every route.
+//! - [`admission`]: the budgets of requests in flight (guests, the booking
+//!   service; none for the probes), the excess answered 503 at once.
 //! - [`guests`]: guest search and one hotel's availability.
 //! - [`events`]: a hotel's committed changes as Server-Sent Events.
 //! - [`page`]: the guest page at `/`.
@@ -18,6 +20,7 @@
 //! (`Problem`), so a client can branch on `type` and never parses prose.
 
 pub mod access;
+mod admission;
 mod booking;
 pub mod events;
 mod guests;
@@ -45,6 +48,7 @@ use crate::stale::StaleReadState;
 use crate::stream::StreamStatus;
 use crate::stream::checkpoints::Checkpoints;
 use access::{BearerTokens, ClientLimiter, CorsError};
+use admission::Budget;
 
 /// What every handler may read.
 #[derive(Clone)]
@@ -90,32 +94,53 @@ pub fn router(state: ApiState) -> Result<Router, CorsError> {
     )
     .map(Arc::new);
     let trust_forwarded_for = http.trust_forwarded_for;
-    // Public and the most expensive to answer: limited per client.
-    let search_routes = Router::new()
+    let rate_limit = axum::middleware::from_fn(move |req, next| {
+        middleware::rate_limit(req, next, limiter.clone(), trust_forwarded_for)
+    });
+    // Guests: public, the most expensive to answer. Search and availability
+    // are limited per client; all four share the guest budget, so past it a
+    // guest gets a 503 at once instead of a place in a queue.
+    let guest_routes = Router::new()
         .route("/v1/search", get(guests::search))
         .route(
             "/v1/hotels/{hotel_id}/availability",
             get(guests::availability),
         )
+        .route_layer(rate_limit.clone())
+        .route("/v1/hotels/{hotel_id}/calendar", get(operators::calendar))
+        .route("/v1/hotels/{hotel_id}/events", get(events::hotel_events));
+    let guest_routes = admission::admit(
+        guest_routes,
+        Budget::Guest,
+        http.max_guest_requests_in_flight,
+    );
+    // The booking service: a budget of its own, so a flood of guests never
+    // delays or sheds its advice and reports. Bypass keeps the per-client
+    // limit it had beside search (it needs no token).
+    let booking_routes = Router::new()
         .route("/v1/bypass", get(booking::bypass))
-        .route_layer(axum::middleware::from_fn(move |req, next| {
-            middleware::rate_limit(req, next, limiter.clone(), trust_forwarded_for)
-        }));
+        .route_layer(rate_limit)
+        .route(
+            "/v1/take-outcomes",
+            post(booking::take_outcomes).layer(DefaultBodyLimit::max(state.stale.max_body_bytes)),
+        )
+        .route("/v1/stale-reads", get(booking::stale_reads));
+    let booking_routes = admission::admit(
+        booking_routes,
+        Budget::Booking,
+        http.max_booking_requests_in_flight,
+    );
+    // The probes and the operators' routes: no budget, so a node under a
+    // flood still answers its load balancer and its scrapes.
     let router = Router::new()
         .route("/healthz", get(operators::healthz))
         .route("/readyz", get(operators::readyz))
         .route("/metrics", get(operators::metrics_text))
         .route("/openapi.json", get(openapi::openapi))
         .route("/v1/status", get(operators::status))
-        .route("/v1/hotels/{hotel_id}/calendar", get(operators::calendar))
-        .route("/v1/hotels/{hotel_id}/events", get(events::hotel_events))
-        .route(
-            "/v1/take-outcomes",
-            post(booking::take_outcomes).layer(DefaultBodyLimit::max(state.stale.max_body_bytes)),
-        )
-        .route("/v1/stale-reads", get(booking::stale_reads))
         .route("/v1/admin/resnapshot", post(operators::resnapshot))
-        .merge(search_routes)
+        .merge(guest_routes)
+        .merge(booking_routes)
         .merge(page::router())
         .fallback(not_found)
         // Every route: no body read past this (take-outcomes sets its own

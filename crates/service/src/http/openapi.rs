@@ -52,10 +52,24 @@ const RATE_LIMITED_PATHS: [&str; 3] = [
     "/v1/bypass",
 ];
 
+/// Paths behind a budget of requests in flight (`admission::admit` in
+/// `router`: the guests' and the booking service's), which may answer 503
+/// `/problems/overloaded`. The probes are not: they have no budget.
+const ADMITTED_PATHS: [&str; 7] = [
+    "/v1/search",
+    "/v1/hotels/{hotel_id}/availability",
+    "/v1/hotels/{hotel_id}/calendar",
+    "/v1/hotels/{hotel_id}/events",
+    "/v1/bypass",
+    "/v1/take-outcomes",
+    "/v1/stale-reads",
+];
+
 /// Documents the answers the middleware gives before any handler runs: 414
 /// from `limit_query` on every operation, 429 from `rate_limit` on the
-/// rate-limited ones. Added here, in one place, so a new route cannot miss
-/// them.
+/// rate-limited ones, 503 from admission control on the admitted ones (kept
+/// where a handler documents its own 503). Added here, in one place, so a
+/// new route cannot miss them.
 struct LayerResponses;
 
 impl utoipa::Modify for LayerResponses {
@@ -75,6 +89,7 @@ impl utoipa::Modify for LayerResponses {
         };
         for (path, item) in openapi.paths.paths.iter_mut() {
             let rate_limited = RATE_LIMITED_PATHS.contains(&path.as_str());
+            let admitted = ADMITTED_PATHS.contains(&path.as_str());
             for op in [
                 &mut item.get,
                 &mut item.put,
@@ -97,6 +112,11 @@ impl utoipa::Modify for LayerResponses {
                         "429".into(),
                         problem("this client's rate limit is spent; see Retry-After"),
                     );
+                }
+                if admitted {
+                    op.responses.responses.entry("503".into()).or_insert_with(|| {
+                        problem("not ready, or too many requests in flight (/problems/overloaded); see Retry-After")
+                    });
                 }
             }
         }
@@ -151,9 +171,18 @@ mod tests {
                     RATE_LIMITED_PATHS.contains(&path.as_str()),
                     "{method} {path}: 429"
                 );
+                if ADMITTED_PATHS.contains(&path.as_str()) {
+                    assert!(
+                        responses["503"].is_object(),
+                        "{method} {path}: 503 overloaded undocumented"
+                    );
+                }
             }
         }
         assert!(operations >= 12, "{operations}");
+        for path in ADMITTED_PATHS {
+            assert!(paths.contains_key(path), "{path} is not in the document");
+        }
         let sse = &doc["paths"]["/v1/hotels/{hotel_id}/events"]["get"]["responses"]["200"]["content"]
             ["text/event-stream"]["schema"];
         assert_eq!(sse["$ref"], "#/components/schemas/SseEvent", "{sse}");

@@ -50,6 +50,13 @@ pub enum Problem {
     },
     /// No bearer token, or not one of the admins'.
     AdminUnauthorized,
+    /// The route's budget of requests in flight is full (`http::admission`):
+    /// answered at once rather than queued. Retry here after `Retry-After`
+    /// or on another node.
+    Overloaded {
+        setting: &'static str,
+        max_in_flight: usize,
+    },
     /// A fleet node could not put a take outcome through the fleet's
     /// outcome stream (NATS unreachable, no acknowledgement, or not counted
     /// back in time). Nothing was counted; a retry is safe.
@@ -138,6 +145,17 @@ impl Problem {
                 "unauthorized",
                 "An admin token is required",
                 "send Authorization: Bearer <token>".to_string(),
+            ),
+            Problem::Overloaded {
+                setting,
+                max_in_flight,
+            } => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded",
+                "Too many requests in flight; try again",
+                format!(
+                    "{max_in_flight} requests of this kind are in flight ({setting}); try again in 1 s, here or on another node"
+                ),
             ),
             Problem::OutcomesUnavailable { detail } => (
                 StatusCode::SERVICE_UNAVAILABLE,

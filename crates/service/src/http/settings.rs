@@ -22,7 +22,18 @@ pub struct HttpSettings {
     pub rate_limit_burst: u32,
     pub rate_limit_max_clients: usize,
     pub shutdown_grace_ms: u64,
+    /// Guest requests (search, availability, calendar, events) handled at
+    /// once; one more is answered 503 `/problems/overloaded` at once
+    /// (`http::admission`). 0: unbounded.
+    pub max_guest_requests_in_flight: usize,
+    /// The same for the booking service's routes (bypass, take outcomes,
+    /// stale reads), a budget of their own. 0: unbounded.
+    pub max_booking_requests_in_flight: usize,
 }
+
+/// Above this a budget bounds nothing a machine could run (each request in
+/// flight holds a task and a connection), so a larger figure is a typo.
+const MAX_IN_FLIGHT_BOUND: usize = 1_000_000;
 
 /// Operator actions (`POST /v1/admin/...`).
 #[derive(Clone, Deserialize)]
@@ -87,6 +98,20 @@ impl HttpSettings {
                 "http.rate_limit_max_clients",
                 "must be between 1 and 10000000",
             ));
+        }
+        for (field, value) in [
+            (
+                "http.max_guest_requests_in_flight",
+                self.max_guest_requests_in_flight,
+            ),
+            (
+                "http.max_booking_requests_in_flight",
+                self.max_booking_requests_in_flight,
+            ),
+        ] {
+            if value > MAX_IN_FLIGHT_BOUND {
+                return Err(invalid(field, "must be between 0 (unbounded) and 1000000"));
+            }
         }
         if self.shutdown_grace_ms == 0 {
             return Err(invalid("http.shutdown_grace_ms", "must be above 0"));
