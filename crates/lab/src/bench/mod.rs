@@ -18,6 +18,8 @@
 //! - `restart`: a restart from a checkpoint beside the first start's snapshot.
 //! - `fleet`: replicas fed by a projector through NATS JetStream: their
 //!   bootstrap, memory, latency and owner cost beside a standalone's.
+//! - `overload`: guest searches far past capacity with admission control,
+//!   beside the same flood without it and the peak of a few connections.
 //!
 //! Each measurement is a module named as its subcommand. This one holds the
 //! command line, the owner under test (prepared once, its slots and
@@ -31,6 +33,7 @@ pub mod faults;
 mod fleet;
 mod latency;
 mod memory;
+mod overload;
 mod restart;
 pub mod search;
 mod snapshot;
@@ -213,6 +216,30 @@ pub enum BenchCommand {
         #[arg(long)]
         bootstrap_only: bool,
     },
+    /// Guest searches far past capacity (issue 24): the same flood with
+    /// admission control and without it, beside the peak throughput of a few
+    /// connections, with latency per status, the server's time to shed,
+    /// and /v1/bypass beside the flood. Issue 24's table used --hotels 2000.
+    Overload {
+        #[command(flatten)]
+        owner: OwnerArgs,
+        /// Concurrent client connections of the flood.
+        #[arg(long, default_value_t = 2000)]
+        connections: u32,
+        /// Measured seconds per run.
+        #[arg(long, default_value_t = 20)]
+        seconds: u32,
+        /// Unmeasured seconds before each run's window.
+        #[arg(long, default_value_t = 3)]
+        warmup_seconds: u32,
+        /// http.max_guest_requests_in_flight of the admission run
+        /// (default: the service's default).
+        #[arg(long)]
+        max_in_flight: Option<usize>,
+        /// /v1/bypass requests per second beside the flood.
+        #[arg(long, default_value_t = 5)]
+        bypass_per_second: u32,
+    },
     /// Load-test /v1/search beside the same question asked of the owner in SQL.
     Search(crate::bench::search::SearchBenchArgs),
     /// The copy's 409s (after a showing the owner refused at the moment the
@@ -386,6 +413,25 @@ pub async fn run(command: BenchCommand) -> Result<(), BenchError> {
                 bootstrap_only,
             };
             owner.guarded(fleet::run(&owner, &options)).await
+        }
+        BenchCommand::Overload {
+            owner,
+            connections,
+            seconds,
+            warmup_seconds,
+            max_in_flight,
+            bypass_per_second,
+        } => {
+            let owner = Owner::prepare(&owner).await?;
+            let options = overload::OverloadOptions {
+                connections: connections.max(1),
+                seconds: seconds.max(1),
+                warmup_seconds,
+                max_in_flight: max_in_flight
+                    .unwrap_or_else(|| Settings::defaults().http.max_guest_requests_in_flight),
+                bypass_per_second: bypass_per_second.max(1),
+            };
+            owner.guarded(overload::run(&owner, &options)).await
         }
         BenchCommand::Faults(args) => Ok(crate::bench::faults::run(args).await?),
         BenchCommand::Search(args) => Ok(crate::bench::search::run(args).await?),

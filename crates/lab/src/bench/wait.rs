@@ -56,10 +56,10 @@ const CHECKPOINT_HOLDS_PER_SECOND: u32 = 200;
 
 /// Cumulative bucket counts of the wait histogram, by upper bound (seconds).
 #[derive(Debug, Clone, Default)]
-struct WaitBuckets {
+pub(super) struct WaitBuckets {
     bounds: Vec<f64>,
     cumulative: Vec<u64>,
-    count: u64,
+    pub(super) count: u64,
 }
 
 impl WaitBuckets {
@@ -67,7 +67,7 @@ impl WaitBuckets {
         Self::of(&SEARCH_MODEL_WAIT)
     }
 
-    fn of(metric: &Histogram) -> WaitBuckets {
+    pub(super) fn of(metric: &Histogram) -> WaitBuckets {
         let families = metric.collect();
         let Some(histogram) = families
             .first()
@@ -92,7 +92,7 @@ impl WaitBuckets {
     }
 
     /// The reads between `earlier` and `self`.
-    fn since(&self, earlier: &WaitBuckets) -> WaitBuckets {
+    pub(super) fn since(&self, earlier: &WaitBuckets) -> WaitBuckets {
         let at = |i: usize| earlier.cumulative.get(i).copied().unwrap_or(0);
         WaitBuckets {
             bounds: self.bounds.clone(),
@@ -108,7 +108,7 @@ impl WaitBuckets {
 
     /// The smallest bucket bound with at least `quantile` of the reads at or
     /// below it: an upper bound on that quantile. `None` past the last bucket.
-    fn bound_of(&self, quantile: f64) -> Option<f64> {
+    pub(super) fn bound_of(&self, quantile: f64) -> Option<f64> {
         let needed = (quantile * self.count as f64).ceil() as u64;
         self.bounds
             .iter()
