@@ -106,12 +106,12 @@ async fn accept(
             },
         };
         let opened = *state.borrow();
-        let closed = closed.clone();
+        let path_closed = closed.clone();
         let watch = state.subscribe();
         tokio::spawn(async move {
             if opened.dropping {
                 // Accepted into a dead path: held open, never answered.
-                closed.cancelled().await;
+                path_closed.cancelled().await;
                 drop(inbound);
                 return;
             }
@@ -121,7 +121,7 @@ async fn accept(
             let (client_read, client_write) = inbound.into_split();
             let (owner_read, owner_write) = outbound.into_split();
             tokio::select! {
-                _ = closed.cancelled() => {}
+                _ = path_closed.cancelled() => {}
                 _ = async {
                     tokio::join!(
                         pump(client_read, owner_write, watch.clone(), opened.era),

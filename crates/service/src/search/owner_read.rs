@@ -313,7 +313,7 @@ impl OwnerReader {
         let hotels: Vec<i64> = key.keys.iter().map(|k| k.hotel_id).collect();
         let room_types: Vec<i64> = key.keys.iter().map(|k| k.room_type_id).collect();
         let stay = key.stay;
-        let rows = self
+        let found = self
             .on_a_client(|client, statement| async move {
                 client
                     .query(
@@ -323,8 +323,8 @@ impl OwnerReader {
                     .await
             })
             .await?;
-        let rows = rows.iter().map(owner::inventory_night);
-        Ok(OwnerCalendars::new(&key.keys, key.stay, read_at, rows))
+        let nights = found.iter().map(owner::inventory_night);
+        Ok(OwnerCalendars::new(&key.keys, key.stay, read_at, nights))
     }
 }
 
