@@ -254,6 +254,27 @@ mod tests {
     }
 
     #[test]
+    fn admission_budgets_default_on_turn_off_with_zero_and_refuse_absurd_bounds() {
+        let s = load_with_env(&[]).expect("defaults");
+        assert_eq!(s.http.max_guest_requests_in_flight, 64);
+        assert_eq!(s.http.max_booking_requests_in_flight, 256);
+        let s = load_with_env(&[
+            ("VACANCY_HTTP__MAX_GUEST_REQUESTS_IN_FLIGHT", "0"),
+            ("VACANCY_HTTP__MAX_BOOKING_REQUESTS_IN_FLIGHT", "0"),
+        ])
+        .expect("0 turns a budget off");
+        assert_eq!(s.http.max_guest_requests_in_flight, 0);
+        for field in [
+            "max_guest_requests_in_flight",
+            "max_booking_requests_in_flight",
+        ] {
+            let var = format!("VACANCY_HTTP__{}", field.to_uppercase());
+            let e = load_with_env(&[(var.as_str(), "2000000")]).unwrap_err();
+            assert!(e.contains(&format!("http.{field}")), "{e}");
+        }
+    }
+
+    #[test]
     fn validation_names_field_and_rule() {
         let e = load_with_env(&[("VACANCY_STREAM__SLOT", "Bad-Slot")]).unwrap_err();
         assert!(e.contains("stream.slot"), "{e}");
