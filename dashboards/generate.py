@@ -198,7 +198,7 @@ def health():
           "HTTP requests per second by matched route (unmatched paths are counted as 'unmatched').",
           "reqps", [(f"sum by (route) (rate({req}{RI}))", "{{route}}")], w=8)
     b.add("timeseries", "Error ratio (5xx) by route",
-          "Share of requests answered with a 5xx status, by route: 503 not ready, lagging past search.max_lag_ms, or timed out. 4xx (bad parameters, unknown hotel) are client errors and not counted here.",
+          "Share of requests answered with a 5xx status, by route: 503 not ready, lagging past search.max_lag_ms, shed by admission control (overloaded), or timed out. 4xx (bad parameters, unknown hotel) are client errors and not counted here.",
           "percentunit",
           [(f"(\n  sum by (route) (rate({req5}{RI}))\n    or\n  sum by (route) (rate({req}{RI})) * 0\n)\n  /\nsum by (route) (rate({req}{RI}))", "{{route}}")],
           w=8, thresholds=[(0.01, "red")], min_=0)
@@ -217,6 +217,12 @@ def health():
           "short",
           [(hq(0.5, "vacancy_search_result_hotels"), "p50"),
            (hq(0.99, "vacancy_search_result_hotels"), "p99")], w=8)
+    b.add("timeseries", "Requests shed by budget",
+          "Requests answered 503 /problems/overloaded at once because their budget of requests in flight was full (vacancy_http_shed_total): guest (http.max_guest_requests_in_flight), booking (http.max_booking_requests_in_flight). Sustained guest sheds mean the fleet needs more nodes; booking sheds mean the booking service sends more than its budget.",
+          "reqps", [(f"sum by (budget) (rate(vacancy_http_shed_total{sel()}{RI}))", "{{budget}}")], w=8)
+    b.add("timeseries", "Time to shed, p99",
+          "99th percentile of the time a shed request took to answer, from its arrival in the router (vacancy_http_shed_duration_seconds), measured in the process: a 503 should leave in well under 5 ms.",
+          "s", [(hq(0.99, "vacancy_http_shed_duration_seconds", "budget"), "{{budget}}")], w=8)
     b.row("Read model, caches and index")
     b.add("timeseries", "Read model entries by table",
           "Hotels, room types and inventory rows (one per room type and night) held in the copy.",
