@@ -348,17 +348,45 @@ async fn replicas_converge_exactly_with_one_walsender_and_no_table_read() {
     // A confirmed answer on the late replica: its position was read after
     // the owner's last write (a take on a room type it showed), and the
     // copy applied it.
-    let path = "/v1/search?city=Lisbon&check_in=2030-01-02&check_out=2030-01-04&room=1";
+    let path = "/v1/search?city=Lisbon&check_in=2030-01-02&check_out=2030-01-04&room=1&limit=50";
     let search = || async {
         let (code, _, body) = crate::api::get(late.addr, path).await;
         assert_eq!(code, 200, "{body}");
         serde_json::from_str::<Value>(&body).expect("json")
     };
-    let first = search().await;
-    let hotel = first["results"][0]["hotel_id"].as_i64().expect("a hotel");
-    let room_type = first["results"][0]["room_types"][0]["room_type_id"]
-        .as_i64()
-        .expect("a room type");
+    // The workload may have filled or moved any hotel: make one sure to be
+    // shown (in Lisbon, three units free on both nights), then take one.
+    let (hotel, room_type) = (2_i64, 1_i64);
+    client
+        .batch_execute(
+            "UPDATE hotels SET city = 'Lisbon' WHERE id = 2;
+             INSERT INTO room_types (hotel_id, id, name, max_guests) VALUES (2, 1, 'Room 1', 2)
+               ON CONFLICT (hotel_id, id) DO UPDATE SET max_guests = greatest(room_types.max_guests, 2);
+             INSERT INTO inventory (hotel_id, room_type_id, night, total, taken, sell_limit, price_cents)
+               SELECT 2, 1, n, 3, 0, NULL, 10000
+               FROM unnest(ARRAY[DATE '2030-01-02', DATE '2030-01-03']) n
+               ON CONFLICT (hotel_id, room_type_id, night)
+               DO UPDATE SET total = greatest(inventory.total, 3), taken = 0, sell_limit = NULL",
+        )
+        .await
+        .expect("a room type sure to be shown");
+    // The hotel index follows the copy a moment later (it syncs every
+    // 200 ms): wait until the hotel is found in its city again.
+    wait_for(
+        "hotel 2 shown in Lisbon",
+        Duration::from_secs(30),
+        || async {
+            let (code, _, body) = crate::api::get(late.addr, path).await;
+            let answer: Value = serde_json::from_str(&body).ok()?;
+            (code == 200
+                && answer["results"]
+                    .as_array()?
+                    .iter()
+                    .any(|h| h["hotel_id"] == hotel))
+            .then_some(())
+        },
+    )
+    .await;
     client
         .execute(
             "UPDATE inventory SET taken = taken + 1
@@ -610,6 +638,15 @@ async fn a_projector_stopped_uploads_its_last_checkpoint() {
 /// The LSN of the newest checkpoint in the bucket, from its object name
 /// (`checkpoint-<epoch>-<lsn>-<sequence>.vcp`, hex LSN).
 async fn newest_checkpoint_lsn(nats_url: &str) -> Option<vacancy_service::Lsn> {
+    // A listing can hang while objects are deleted under it (the uploader
+    // prunes): bounded, so the caller's wait asks again.
+    tokio::time::timeout(Duration::from_secs(5), list_newest_checkpoint_lsn(nats_url))
+        .await
+        .ok()
+        .flatten()
+}
+
+async fn list_newest_checkpoint_lsn(nats_url: &str) -> Option<vacancy_service::Lsn> {
     use futures_util::StreamExt;
     let client = async_nats::connect(nats_url).await.ok()?;
     let jetstream = async_nats::jetstream::new(client);

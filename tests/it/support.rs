@@ -80,7 +80,13 @@ where
 {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        if let Some(v) = probe().await {
+        // A probe that hangs (a stream that never ends) is bounded too.
+        let probed = tokio::time::timeout_at(deadline, probe())
+            .await
+            .unwrap_or_else(|_| {
+                panic!("timed out after {timeout:?} waiting for {what} (a probe hung)")
+            });
+        if let Some(v) = probed {
             return v;
         }
         if tokio::time::Instant::now() >= deadline {
