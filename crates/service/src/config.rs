@@ -256,7 +256,7 @@ mod tests {
     #[test]
     fn admission_budgets_default_on_turn_off_with_zero_and_refuse_absurd_bounds() {
         let s = load_with_env(&[]).expect("defaults");
-        assert_eq!(s.http.max_guest_requests_in_flight, 64);
+        assert_eq!(s.http.max_guest_requests_in_flight, 8);
         assert_eq!(s.http.max_booking_requests_in_flight, 256);
         let s = load_with_env(&[
             ("VACANCY_HTTP__MAX_GUEST_REQUESTS_IN_FLIGHT", "0"),
