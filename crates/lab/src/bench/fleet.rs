@@ -499,31 +499,11 @@ async fn throughput(
     replicas: &[Serve],
 ) -> Result<Vec<ThroughputRow>, BenchError> {
     let s = owner.shape;
-    let cities: Vec<String> = client
-        .query(
-            "SELECT city FROM hotels GROUP BY city ORDER BY count(*) DESC, city LIMIT 20",
-            &[],
-        )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let cities = super::wait::cities(client).await?;
     let mut rng = ChaCha8Rng::seed_from_u64(24);
     let paths: Vec<String> = (0..THROUGHPUT_PATHS)
         .filter(|_| !cities.is_empty())
-        .map(|_| {
-            let city: String = form_urlencoded::byte_serialize(
-                cities[rng.random_range(0..cities.len())].as_bytes(),
-            )
-            .collect();
-            let stay = rng.random_range(1..=3);
-            let check_in = s.first_night
-                + chrono::Days::new(rng.random_range(0..(s.nights - stay).max(1)) as u64);
-            let check_out = check_in + chrono::Days::new(stay as u64);
-            format!(
-                "/v1/search?city={city}&check_in={check_in}&check_out={check_out}&room=2&limit=10"
-            )
-        })
+        .map(|_| random_search(&mut rng, &cities, s, 2))
         .collect();
     let script = balancer::write_script(work, &paths).map_err(FleetBenchError::from)?;
     let backends: Vec<std::net::SocketAddr> = replicas.iter().map(|r| r.addr).collect();
@@ -1135,6 +1115,19 @@ fn print_owner_reads(replicas: &[(&str, Vec<f64>); 2]) {
     }
 }
 
+/// A search of one of `cities` for a stay of 1-3 nights within the owner's
+/// nights, for `room` guests, first page of 10. `cities` must not be empty.
+fn random_search(rng: &mut ChaCha8Rng, cities: &[String], s: super::Shape, room: u32) -> String {
+    let city: String =
+        form_urlencoded::byte_serialize(cities[rng.random_range(0..cities.len())].as_bytes())
+            .collect();
+    let stay = rng.random_range(1..=3);
+    let check_in =
+        s.first_night + chrono::Days::new(rng.random_range(0..(s.nights - stay).max(1)) as u64);
+    let check_out = check_in + chrono::Days::new(stay as u64);
+    format!("/v1/search?city={city}&check_in={check_in}&check_out={check_out}&room={room}&limit=10")
+}
+
 /// Every shown room type is few-unit at this threshold: each search on
 /// replica 2 takes a confirmed read.
 const CONFIRM_ALL: u32 = 1_000_000;
@@ -1165,15 +1158,7 @@ async fn confirmed_reads(
 ) -> Result<ConfirmedReads, BenchError> {
     let s = owner.shape;
     let client = vacancy_service::connect(owner.url(), CONNECT_TIMEOUT).await?;
-    let cities: Vec<String> = client
-        .query(
-            "SELECT city FROM hotels GROUP BY city ORDER BY count(*) DESC, city LIMIT 20",
-            &[],
-        )
-        .await?
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let cities = super::wait::cities(&client).await?;
     let http = HttpClient::new(replica.addr, HTTP_TIMEOUT).map_err(FleetBenchError::from)?;
     let metrics = || async {
         http.get("/metrics")
@@ -1189,16 +1174,7 @@ async fn confirmed_reads(
     let started = Instant::now();
     while started.elapsed() < window && !cities.is_empty() {
         ticker.tick().await;
-        let city: String =
-            form_urlencoded::byte_serialize(cities[rng.random_range(0..cities.len())].as_bytes())
-                .collect();
-        let stay = rng.random_range(1..=3);
-        let check_in =
-            s.first_night + chrono::Days::new(rng.random_range(0..(s.nights - stay).max(1)) as u64);
-        let check_out = check_in + chrono::Days::new(stay as u64);
-        let path = format!(
-            "/v1/search?city={city}&check_in={check_in}&check_out={check_out}&room=1&limit=10"
-        );
+        let path = random_search(&mut rng, &cities, s, 1);
         let asked = Instant::now();
         match http.get(&path).await {
             Ok(r) if r.status == 200 => {

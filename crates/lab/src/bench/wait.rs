@@ -131,7 +131,7 @@ fn ms(value: Option<f64>) -> String {
 }
 
 /// Cities to search, largest first, so searches cover many hotels.
-async fn cities(client: &tokio_postgres::Client) -> Result<Vec<String>, BenchError> {
+pub(super) async fn cities(client: &tokio_postgres::Client) -> Result<Vec<String>, BenchError> {
     Ok(client
         .query(
             "SELECT city FROM hotels GROUP BY city ORDER BY count(*) DESC, city LIMIT 20",
