@@ -106,15 +106,15 @@ pub struct Counters {
 
 /// The part of the owner's data the actors work on.
 #[derive(Debug, Clone)]
-struct Dataset {
-    city: String,
+pub(crate) struct Dataset {
+    pub(crate) city: String,
     hot_hotels: Vec<i64>,
     browse_hotels: Vec<i64>,
     /// `(hotel, room type)` of the hot hotels, for the hoteliers.
     hot_room_types: Vec<(i64, i64)>,
-    first_night: NaiveDate,
+    pub(crate) first_night: NaiveDate,
     /// Nights on sale from `first_night` on (at least one).
-    nights: u32,
+    pub(crate) nights: u32,
 }
 
 pub async fn run(options: DemoOptions, stop: CancellationToken) -> Result<(), DemoError> {
@@ -269,15 +269,15 @@ const STOP_GRACE: Duration = Duration::from_secs(30);
 
 /// The booking site run against the copy and the owner: the crowds of
 /// guests, the hoteliers and the front desk, all stopped by `work`.
-struct BookingSite {
+pub(crate) struct BookingSite {
     work: CancellationToken,
-    counters: Arc<Counters>,
+    pub(crate) counters: Arc<Counters>,
     crowds: Vec<JoinHandle<Result<SimSummary, SimError>>>,
     actors: Vec<JoinHandle<()>>,
 }
 
 impl BookingSite {
-    fn open(
+    pub(crate) fn open(
         options: &DemoOptions,
         data: &Dataset,
         api: std::net::SocketAddr,
@@ -317,7 +317,7 @@ impl BookingSite {
 
     /// Stops everyone and waits for them (each within `STOP_GRACE`); what
     /// the guests did, by their own account.
-    async fn close(&mut self) -> SimSummary {
+    pub(crate) async fn close(&mut self) -> SimSummary {
         self.work.cancel();
         let mut guests = SimSummary::default();
         for crowd in self.crowds.drain(..) {
@@ -458,7 +458,10 @@ fn crowds(
 
 /// Which hotels the actors use: the first few of the biggest city (hot),
 /// and a spread of others.
-async fn dataset(client: &tokio_postgres::Client, today: NaiveDate) -> Result<Dataset, DemoError> {
+pub(crate) async fn dataset(
+    client: &tokio_postgres::Client,
+    today: NaiveDate,
+) -> Result<Dataset, DemoError> {
     let first_night = today + chrono::Days::new(1);
     let city_row = client
         .query_opt(

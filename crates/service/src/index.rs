@@ -144,6 +144,18 @@ pub type Candidates = Arc<Vec<(i64, f32)>>;
 /// Most candidates the cache holds in all (16 bytes each with their key's share).
 const CACHED_CANDIDATES: u64 = 1_000_000;
 
+/// One cached candidate list, without its candidates, in bytes, for the
+/// soak's accounting (`vacancy_cache_estimated_bytes`): the key (a city's
+/// name of up to 24 bytes in its own allocation, no amenities), the
+/// `Arc<Vec>` (8) and its allocation (two counts and the `Vec`), and moka's
+/// own per-entry cost. Each candidate adds `CANDIDATE_BYTES`.
+pub const CANDIDATES_ENTRY_BYTES: u64 =
+    (size_of::<CandidateKey>() + 32 + size_of::<Candidates>() + 16 + size_of::<Vec<(i64, f32)>>())
+        as u64
+        + crate::metrics::MOKA_ENTRY_OVERHEAD_BYTES;
+/// One candidate in a cached list: a hotel id and its score, padded.
+pub const CANDIDATE_BYTES: u64 = size_of::<(i64, f32)>() as u64;
+
 impl HotelIndex {
     pub fn new() -> Result<Arc<HotelIndex>, IndexError> {
         let mut b = Schema::builder();
@@ -184,6 +196,18 @@ impl HotelIndex {
                 .time_to_idle(Duration::from_secs(60))
                 .build(),
         }))
+    }
+
+    /// Cached candidate lists and their estimated bytes (the lists' fixed
+    /// part plus every candidate they hold), by moka's counts, which trail
+    /// inserts and evictions by its pending maintenance.
+    pub fn cached_answers(&self) -> (u64, u64) {
+        let entries = self.answers.entry_count();
+        let candidates = self.answers.weighted_size();
+        (
+            entries,
+            entries * CANDIDATES_ENTRY_BYTES + candidates * CANDIDATE_BYTES,
+        )
     }
 
     /// Hotels whose documents must be rewritten because of `txn`. Called

@@ -20,6 +20,9 @@
 //!   bootstrap, memory, latency and owner cost beside a standalone's.
 //! - `overload`: guest searches far past capacity with admission control,
 //!   beside the same flood without it and the peak of a few connections.
+//! - `soak`: the demo's booking site for an hour or more, sampling what
+//!   grows with uptime (RSS less the bounded caches, descriptors, tasks,
+//!   lag and search p99), with a final row-for-row check.
 //!
 //! Each measurement is a module named as its subcommand. This one holds the
 //! command line, the owner under test (prepared once, its slots and
@@ -37,6 +40,7 @@ mod overload;
 mod restart;
 pub mod search;
 mod snapshot;
+pub mod soak;
 pub mod stale;
 mod wait;
 
@@ -240,6 +244,13 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 5)]
         bypass_per_second: u32,
     },
+    /// The demo's booking site plus steady searches for --minutes (issue 24,
+    /// item 2): every 10 s the server's RSS, descriptors, tokio tasks, lag,
+    /// bounded caches and search p99; after the warm-up, whether RSS less the
+    /// caches grows, descriptors, tasks and p99s stay flat, and the copy
+    /// equals the owner. Writes soak.csv and soak.svg; exits non-zero when a
+    /// goal is missed. Writes to the owner.
+    Soak(crate::bench::soak::SoakArgs),
     /// Load-test /v1/search beside the same question asked of the owner in SQL.
     Search(crate::bench::search::SearchBenchArgs),
     /// The copy's 409s (after a showing the owner refused at the moment the
@@ -300,6 +311,10 @@ pub enum BenchError {
     Stale(#[from] crate::bench::stale::StaleBenchError),
     #[error("bench fleet: {0}")]
     Fleet(#[from] fleet::FleetBenchError),
+    #[error("bench soak: {0}")]
+    Soak(#[from] soak::SoakError),
+    #[error(transparent)]
+    Demo(#[from] crate::demo::DemoError),
 }
 
 pub async fn run(command: BenchCommand) -> Result<(), BenchError> {
@@ -434,6 +449,7 @@ pub async fn run(command: BenchCommand) -> Result<(), BenchError> {
             owner.guarded(overload::run(&owner, &options)).await
         }
         BenchCommand::Faults(args) => Ok(crate::bench::faults::run(args).await?),
+        BenchCommand::Soak(args) => soak::run(args).await,
         BenchCommand::Search(args) => Ok(crate::bench::search::run(args).await?),
         BenchCommand::Stale(args) => Ok(crate::bench::stale::run(args).await?),
     }

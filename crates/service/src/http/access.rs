@@ -72,6 +72,16 @@ fn last_forwarded_for(headers: &HeaderMap) -> Option<IpAddr> {
 
 type Bucket = RateLimiter<NotKeyed, InMemoryState, DefaultClock>;
 
+/// One client's bucket in the cache, in bytes, for the soak's accounting
+/// (`vacancy_cache_estimated_bytes`): the `IpAddr` key, the `Arc<Bucket>`
+/// (8) and its allocation (two counts and governor's limiter: its state,
+/// quota and clock, rounded up to malloc's 16), and moka's own per-entry
+/// cost.
+pub const BUCKET_ENTRY_BYTES: u64 = (size_of::<IpAddr>()
+    + size_of::<Arc<Bucket>>()
+    + (16 + size_of::<Bucket>()).next_multiple_of(16)) as u64
+    + crate::metrics::MOKA_ENTRY_OVERHEAD_BYTES;
+
 /// One token bucket per client, in a cache bounded by `max_clients`.
 ///
 /// A bucket idle for as long as it takes to refill is the same as a new one,
@@ -137,6 +147,12 @@ impl ClientLimiter {
         bucket
             .check()
             .map_err(|not_until| RetryAfter(not_until.wait_time_from(self.clock.now())))
+    }
+
+    /// Clients with a bucket (moka's count, which trails inserts and
+    /// evictions by its pending maintenance).
+    pub fn entries(&self) -> u64 {
+        self.buckets.entry_count()
     }
 
     /// Clients with a bucket right now (after pending evictions).

@@ -93,6 +93,8 @@ pub fn router(state: ApiState) -> Result<Router, CorsError> {
         http.rate_limit_max_clients,
     )
     .map(Arc::new);
+    // /metrics reports how many clients have a bucket.
+    let limiter_for_metrics = limiter.clone();
     let trust_forwarded_for = http.trust_forwarded_for;
     let rate_limit = axum::middleware::from_fn(move |req, next| {
         middleware::rate_limit(req, next, limiter.clone(), trust_forwarded_for)
@@ -135,7 +137,10 @@ pub fn router(state: ApiState) -> Result<Router, CorsError> {
     let router = Router::new()
         .route("/healthz", get(operators::healthz))
         .route("/readyz", get(operators::readyz))
-        .route("/metrics", get(operators::metrics_text))
+        .route(
+            "/metrics",
+            get(move |state| operators::metrics_text(state, limiter_for_metrics.clone())),
+        )
         .route("/openapi.json", get(openapi::openapi))
         .route("/v1/status", get(operators::status))
         .route("/v1/admin/resnapshot", post(operators::resnapshot))

@@ -1,6 +1,8 @@
 //! The operators' endpoints: health and readiness, `/v1/status`,
 //! `/metrics`, one hotel's raw calendar, and the admin resnapshot.
 
+use std::sync::Arc;
+
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
@@ -8,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 use chrono::{NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 
+use super::access::ClientLimiter;
 use super::problem::ProblemBody;
 use super::{ApiState, Problem};
 use crate::lsn::Lsn;
@@ -245,7 +248,10 @@ fn checkpoint_body(state: &ApiState) -> CheckpointBody {
 
 #[utoipa::path(get, path = "/metrics", tag = "operations",
     responses((status = 200, description = "Prometheus text format", body = String, content_type = "text/plain")))]
-pub(super) async fn metrics_text(State(state): State<ApiState>) -> Response {
+pub(super) async fn metrics_text(
+    State(state): State<ApiState>,
+    limiter: Option<Arc<ClientLimiter>>,
+) -> Response {
     let f = &state.model.freshness;
     let now = Utc::now();
     metrics::LAG_BYTES.set(f.lag_bytes() as i64);
@@ -265,6 +271,15 @@ pub(super) async fn metrics_text(State(state): State<ApiState>) -> Response {
         .set(m.inventory_rows as i64);
     metrics::MODEL_BYTES.set(m.inventory_bytes as i64);
     metrics::CHECKPOINT_UNACKNOWLEDGED.set(unacknowledged_bytes(&state) as i64);
+    set_cache_sizes(&state, limiter.as_deref());
+    metrics::RUNTIME_ALIVE_TASKS.set(
+        i64::try_from(
+            tokio::runtime::Handle::current()
+                .metrics()
+                .num_alive_tasks(),
+        )
+        .unwrap_or(i64::MAX),
+    );
     // The share slides with time, not only when a report arrives.
     state.stale.ledger.overall();
     (
@@ -275,6 +290,31 @@ pub(super) async fn metrics_text(State(state): State<ApiState>) -> Response {
         metrics::render(),
     )
         .into_response()
+}
+
+/// The bounded caches' entries and estimated bytes, as of this scrape.
+fn set_cache_sizes(state: &ApiState, limiter: Option<&ClientLimiter>) {
+    let attempts = state.stale.ledger.attempt_entries();
+    metrics::set_cache_size(
+        "attempt_ids",
+        attempts,
+        attempts * crate::stale::outcomes::ATTEMPT_ENTRY_BYTES,
+    );
+    // No limiter (the limit is off): no buckets.
+    let buckets = limiter.map_or(0, ClientLimiter::entries);
+    metrics::set_cache_size(
+        "rate_limit_buckets",
+        buckets,
+        buckets * super::access::BUCKET_ENTRY_BYTES,
+    );
+    let (answers, answer_bytes) = state.hotel_index.cached_answers();
+    metrics::set_cache_size("search_candidates", answers, answer_bytes);
+    let reads = state.search.owner.cached_reads();
+    metrics::set_cache_size(
+        "owner_read",
+        reads,
+        reads * crate::search::owner_read::OWNER_READ_ENTRY_BYTES,
+    );
 }
 
 #[derive(Deserialize)]

@@ -113,6 +113,26 @@ struct ReadKey {
     stay: Stay,
 }
 
+/// One cached owner read, in bytes, for the soak's accounting
+/// (`vacancy_cache_estimated_bytes`). Its size follows the search, so this
+/// is a typical one: a result page's 20 calendars over a 3-night stay. The
+/// key (`ReadKey` and its 20 keys), the `Arc` (8) and its allocation (two
+/// counts and `OwnerCalendars`), the calendars' list (a key and a boxed
+/// slice each) and their nights, and moka's own per-entry cost. The TTL is
+/// well under a second, so few are alive at any time.
+pub const OWNER_READ_ENTRY_BYTES: u64 = (size_of::<ReadKey>()
+    + TYPICAL_CALENDARS * size_of::<CalendarKey>()
+    + size_of::<Arc<OwnerCalendars>>()
+    + 16
+    + size_of::<OwnerCalendars>()
+    + TYPICAL_CALENDARS
+        * (size_of::<(CalendarKey, Box<[Option<NightCounts>]>)>()
+            + TYPICAL_NIGHTS * size_of::<Option<NightCounts>>()))
+    as u64
+    + metrics::MOKA_ENTRY_OVERHEAD_BYTES;
+const TYPICAL_CALENDARS: usize = 20;
+const TYPICAL_NIGHTS: usize = 3;
+
 pub struct OwnerReader {
     owner: OwnerSettings,
     connect_timeout: Duration,
@@ -153,6 +173,12 @@ impl OwnerReader {
     /// predate the guest's own write, so it is dropped and read again.
     /// Reads, errors and durations are counted once per query actually sent,
     /// not once per search that shared it.
+    /// Cached reads (moka's count, which trails inserts and expiries by its
+    /// pending maintenance).
+    pub fn cached_reads(&self) -> u64 {
+        self.cache.entry_count()
+    }
+
     pub async fn read(
         &self,
         keys: &[CalendarKey],

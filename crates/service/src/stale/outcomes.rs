@@ -468,6 +468,17 @@ pub struct Winner {
     pub sequence: u64,
 }
 
+/// One remembered attempt id, in bytes, for the soak's accounting
+/// (`vacancy_cache_estimated_bytes`): the key's `String` (24) and its text
+/// (a UUID's 36 bytes, or the simulator's ~30, in a 48-byte allocation),
+/// the `Arc<Entry>` (8) and its allocation (two counts and the entry,
+/// rounded up to malloc's 16), and moka's own per-entry cost.
+pub const ATTEMPT_ENTRY_BYTES: u64 = (size_of::<String>()
+    + 48
+    + size_of::<Arc<Entry>>()
+    + (16 + size_of::<Entry>()).next_multiple_of(16)) as u64
+    + crate::metrics::MOKA_ENTRY_OVERHEAD_BYTES;
+
 pub struct Ledger {
     /// Attempt id → the report's fingerprint. Bounded in entries and in
     /// age: a retry arrives within seconds, so a day is generous.
@@ -742,6 +753,12 @@ impl Ledger {
 
     pub fn span(&self) -> Duration {
         self.window().span()
+    }
+
+    /// Attempt ids remembered now (moka's count, which trails inserts and
+    /// evictions by its pending maintenance).
+    pub fn attempt_entries(&self) -> u64 {
+        self.attempts.entry_count()
     }
 
     pub fn totals(&self) -> Totals {

@@ -53,7 +53,7 @@ pub use scenario::run_scenario;
 /// `vacancy serve` attached to the same owner.
 pub const SLOT: &str = "vacancy_faults";
 pub const PUBLICATION: &str = "vacancy_faults";
-const BOOKING_TOKEN: &str = "fault-bench-booking-token";
+pub(crate) const BOOKING_TOKEN: &str = "fault-bench-booking-token";
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often the runner polls `/v1/status`: the resolution of "seconds to recover".
 const POLL: Duration = Duration::from_millis(50);
