@@ -26,5 +26,6 @@ mod restart;
 mod search;
 mod seed;
 mod shutdown;
+mod soak;
 mod stale;
 mod visibility;

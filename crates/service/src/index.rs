@@ -199,9 +199,10 @@ impl HotelIndex {
     }
 
     /// Cached candidate lists and their estimated bytes (the lists' fixed
-    /// part plus every candidate they hold), by moka's counts, which trail
-    /// inserts and evictions by its pending maintenance.
+    /// part plus every candidate they hold). moka's counts trail inserts and
+    /// evictions until its pending maintenance runs, so that runs first.
     pub fn cached_answers(&self) -> (u64, u64) {
+        self.answers.run_pending_tasks();
         let entries = self.answers.entry_count();
         let candidates = self.answers.weighted_size();
         (

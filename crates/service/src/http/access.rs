@@ -149,9 +149,10 @@ impl ClientLimiter {
             .map_err(|not_until| RetryAfter(not_until.wait_time_from(self.clock.now())))
     }
 
-    /// Clients with a bucket (moka's count, which trails inserts and
-    /// evictions by its pending maintenance).
+    /// Clients with a bucket now. moka's count trails inserts and
+    /// evictions until its pending maintenance runs, so that runs first.
     pub fn entries(&self) -> u64 {
+        self.buckets.run_pending_tasks();
         self.buckets.entry_count()
     }
 

@@ -271,7 +271,7 @@ pub(super) async fn metrics_text(
         .set(m.inventory_rows as i64);
     metrics::MODEL_BYTES.set(m.inventory_bytes as i64);
     metrics::CHECKPOINT_UNACKNOWLEDGED.set(unacknowledged_bytes(&state) as i64);
-    set_cache_sizes(&state, limiter.as_deref());
+    set_cache_sizes(&state, limiter.as_deref()).await;
     metrics::RUNTIME_ALIVE_TASKS.set(
         i64::try_from(
             tokio::runtime::Handle::current()
@@ -293,7 +293,7 @@ pub(super) async fn metrics_text(
 }
 
 /// The bounded caches' entries and estimated bytes, as of this scrape.
-fn set_cache_sizes(state: &ApiState, limiter: Option<&ClientLimiter>) {
+async fn set_cache_sizes(state: &ApiState, limiter: Option<&ClientLimiter>) {
     let attempts = state.stale.ledger.attempt_entries();
     metrics::set_cache_size(
         "attempt_ids",
@@ -309,7 +309,7 @@ fn set_cache_sizes(state: &ApiState, limiter: Option<&ClientLimiter>) {
     );
     let (answers, answer_bytes) = state.hotel_index.cached_answers();
     metrics::set_cache_size("search_candidates", answers, answer_bytes);
-    let reads = state.search.owner.cached_reads();
+    let reads = state.search.owner.cached_reads().await;
     metrics::set_cache_size(
         "owner_read",
         reads,

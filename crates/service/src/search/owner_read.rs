@@ -173,9 +173,10 @@ impl OwnerReader {
     /// predate the guest's own write, so it is dropped and read again.
     /// Reads, errors and durations are counted once per query actually sent,
     /// not once per search that shared it.
-    /// Cached reads (moka's count, which trails inserts and expiries by its
-    /// pending maintenance).
-    pub fn cached_reads(&self) -> u64 {
+    /// Cached reads now. moka's count trails inserts and expiries until its
+    /// pending maintenance runs, so that runs first.
+    pub async fn cached_reads(&self) -> u64 {
+        self.cache.run_pending_tasks().await;
         self.cache.entry_count()
     }
 

@@ -755,9 +755,10 @@ impl Ledger {
         self.window().span()
     }
 
-    /// Attempt ids remembered now (moka's count, which trails inserts and
-    /// evictions by its pending maintenance).
+    /// Attempt ids remembered now. moka's count trails inserts and
+    /// expiries until its pending maintenance runs, so that runs first.
     pub fn attempt_entries(&self) -> u64 {
+        self.attempts.run_pending_tasks();
         self.attempts.entry_count()
     }
 
