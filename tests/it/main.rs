@@ -27,5 +27,6 @@ mod search;
 mod seed;
 mod shutdown;
 mod soak;
+mod spill;
 mod stale;
 mod visibility;

@@ -154,6 +154,7 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
         owner: settings.owner.clone(),
         slot: settings.stream.slot.clone(),
         publication: settings.stream.publication.clone(),
+        held: settings.stream.clone(),
         model: model.clone(),
         index: hotel_index.clone(),
         status: status.clone(),

@@ -215,7 +215,7 @@ impl HotelIndex {
     /// before the transaction is applied (see the module doc).
     pub fn note_transaction(&self, txn: &Transaction) {
         let mut dirty = None;
-        for change in &txn.changes {
+        let walked = txn.changes.for_each(|change| {
             let id = match change {
                 Change::UpsertHotel { hotel, .. } => hotel.id,
                 Change::DeleteHotel { id } => *id,
@@ -223,13 +223,20 @@ impl HotelIndex {
                 Change::DeleteRoomType { hotel_id, .. } => *hotel_id,
                 Change::Truncate { .. } => {
                     self.rebuild.store(true, Ordering::Release);
-                    continue;
+                    return Ok(());
                 }
-                _ => continue,
+                _ => return Ok(()),
             };
             dirty
                 .get_or_insert_with(|| self.dirty.lock().unwrap_or_else(|p| p.into_inner()))
                 .insert(id);
+            Ok::<(), crate::model::SpillError>(())
+        });
+        if let Err(error) = walked {
+            // A spill file read in part: which hotels changed is unknown, so
+            // all are re-indexed (apply, which reads it next, fails alone).
+            tracing::warn!(%error, "cannot read a held transaction back; the index is rebuilt");
+            self.rebuild.store(true, Ordering::Release);
         }
     }
 
@@ -484,7 +491,7 @@ mod tests {
             commit_lsn: Lsn(lsn),
             end_lsn: Lsn(lsn + 1),
             commit_time: chrono::Utc::now(),
-            changes,
+            changes: changes.into(),
         };
         index.note_transaction(&txn);
         model.apply(&txn).unwrap();

@@ -137,6 +137,18 @@ pub static BUFFERED_CHANGES: LazyLock<IntGauge> = LazyLock::new(|| {
         "Row changes held for transactions that have not committed yet",
     )
 });
+pub static HELD_SPILLED_TRANSACTIONS: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "vacancy_held_spilled_transactions_total",
+        "Held transactions that passed stream.max_held_bytes and were spilled to a file in stream.spill_dir (counted at their commit)",
+    )
+});
+pub static HELD_SPILLED_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "vacancy_held_spilled_bytes_total",
+        "Bytes written to spill files by held transactions that committed",
+    )
+});
 pub static SLOT_RETAINED_WAL: LazyLock<IntGauge> = LazyLock::new(|| {
     gauge(
         "vacancy_slot_retained_wal_bytes",
@@ -652,6 +664,8 @@ pub fn init() {
     LazyLock::force(&SNAPSHOT_ROWS);
     LazyLock::force(&SNAPSHOT_PROGRESS);
     LazyLock::force(&BUFFERED_CHANGES);
+    LazyLock::force(&HELD_SPILLED_TRANSACTIONS);
+    LazyLock::force(&HELD_SPILLED_BYTES);
     LazyLock::force(&SLOT_RETAINED_WAL);
     LazyLock::force(&SLOT_ACTIVE);
     LazyLock::force(&READY);

@@ -389,7 +389,8 @@ fn apply_goes_on_while_a_copy_is_written() {
                         },
                         night: night((lsn % 200) as i64),
                         counts: counts(lsn as i64),
-                    }],
+                    }]
+                    .into(),
                 };
                 let was_writing = writing.load(Ordering::Acquire);
                 model.apply(&txn).unwrap();

@@ -73,6 +73,11 @@ pub enum FleetError {
     /// A replica met a message of a newer epoch: it bootstraps again.
     #[error("the change stream moved to epoch {stream:x}; this copy is of {ours:x}")]
     NewEpoch { ours: u64, stream: u64 },
+    /// An applied transaction's spill file could not be read back to be
+    /// published: the projector stops (the slot keeps it, unacknowledged,
+    /// for the next start).
+    #[error("publishing a spilled transaction: {0}")]
+    Spill(#[from] crate::model::SpillError),
 }
 
 /// This node's part in the fleet, for `/v1/status`.

@@ -40,11 +40,13 @@ struct Ready {
     completes: Option<Lsn>,
 }
 
-fn ready_messages(item: Outgoing, max_bytes: usize, holder: u64) -> Vec<Ready> {
+fn ready_messages(item: Outgoing, max_bytes: usize, holder: u64) -> Result<Vec<Ready>, FleetError> {
     let (messages, lsn) = match item {
         Outgoing::Applied { epoch, txn, merges } => {
             let lsn = txn.end_lsn;
-            let mut messages = wire::transaction_messages(epoch, &txn, max_bytes);
+            // A spilled transaction is read back here, and its file removed
+            // when `txn` goes at the end of this function.
+            let mut messages = wire::transaction_messages(epoch, &txn, max_bytes)?;
             let mut seq = 0u32;
             for merge in merges.iter().filter(|m| !m.is_empty()) {
                 let parts = wire::merge_messages(epoch, lsn, seq, merge, max_bytes);
@@ -56,7 +58,7 @@ fn ready_messages(item: Outgoing, max_bytes: usize, holder: u64) -> Vec<Ready> {
         Outgoing::Advanced { epoch, lsn } => (vec![wire::advance_message(epoch, lsn)], lsn),
     };
     let count = messages.len();
-    messages
+    Ok(messages
         .into_iter()
         .enumerate()
         .map(|(i, mut message)| {
@@ -67,7 +69,7 @@ fn ready_messages(item: Outgoing, max_bytes: usize, holder: u64) -> Vec<Ready> {
                 completes: (i + 1 == count).then_some(lsn),
             }
         })
-        .collect()
+        .collect())
 }
 
 /// Publishes the outbox until shutdown (then what was handed over before
@@ -110,6 +112,17 @@ pub async fn run_publisher(
             .await
         {
             Ok(()) => return,
+            Err(error @ FleetError::Spill(_)) => {
+                // The transaction left the outbox and cannot be read again:
+                // publishing on would skip it. Stop; the slot was not
+                // acknowledged past it, so the next start sends it again.
+                state.set_connected(false);
+                metrics::FLEET_PUBLISH_ERRORS.inc();
+                tracing::error!(%error, "stopping this projector");
+                state.set_error(Some(error.to_string()));
+                shutdown.cancel();
+                return;
+            }
             Err(error @ FleetError::Fenced { .. }) => {
                 // Another projector took the stream over: nothing more of
                 // ours may reach it. Stop the process; its supervisor
@@ -253,7 +266,7 @@ impl Session<'_> {
             let Some(item) = item else {
                 return Ok(());
             };
-            for ready in ready_messages(item, max_bytes, self.holder) {
+            for ready in ready_messages(item, max_bytes, self.holder)? {
                 skip_or_keep(ready, last_data, last_sequence, state, &mut pending)?;
             }
         }

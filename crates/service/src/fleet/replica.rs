@@ -90,6 +90,10 @@ pub struct Replica {
     pub owner: OwnerSettings,
     pub slot: String,
     pub publication: String,
+    /// The node's `[stream]` settings, for the bound on a chunked
+    /// transaction held until its commit marker (`stream.max_held_bytes`,
+    /// `stream.spill_dir`).
+    pub held: crate::stream::StreamSettings,
     pub model: Arc<ReadModel>,
     pub index: Arc<HotelIndex>,
     pub status: Arc<StreamStatus>,
@@ -337,7 +341,7 @@ impl Replica {
             .map_err(|e| FleetError::Nats(format!("consuming {}: {e}", log.settings.stream)))?;
         self.status.connected.store(true, Ordering::Release);
         self.status.set_last_error(None);
-        let mut assembly = Assembly::default();
+        let mut assembly = Assembly::new(self.held.held_budget());
         let mut stream_end = tokio::time::interval(log.settings.owner_position_interval());
         stream_end.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // Once handed over: the stream's end to apply before returning, and
@@ -399,7 +403,7 @@ impl Replica {
                 continue; // delivered again after a consumer's recreation
             }
             let decoded = Message::decode(&message.payload)?;
-            self.apply(decoded, &mut assembly, cursor)?;
+            self.apply(decoded, &mut assembly, cursor).await?;
             cursor.next_sequence = sequence + 1;
             self.model.freshness.note_message(Utc::now());
             self.state
@@ -407,7 +411,7 @@ impl Replica {
         }
     }
 
-    fn apply(
+    async fn apply(
         &self,
         message: Message,
         assembly: &mut Assembly,
@@ -447,7 +451,7 @@ impl Replica {
             Body::Advance => self.model.advance(position.lsn()),
             Body::Takeover { .. } => {}
             body @ (Body::Chunk { .. } | Body::Commit { .. }) => {
-                if let Some(txn) = assembly.push(position, body)? {
+                if let Some(txn) = assembly.push(position, body).await? {
                     self.index.note_transaction(&txn);
                     let applied = self.model.apply(&txn)?;
                     if applied.skipped {

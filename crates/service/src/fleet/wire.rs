@@ -20,7 +20,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::lsn::Lsn;
-use crate::model::{Change, Transaction};
+use crate::model::{Change, HeldBudget, HeldChanges, SpillError, Transaction};
 
 /// Bumped on any change to the encoding; a replica refuses another version.
 pub const WIRE_VERSION: u8 = 1;
@@ -121,6 +121,8 @@ pub enum WireError {
     Version { found: u8 },
     #[error("the commit marker at {lsn} follows {held} chunks, it names {expected}")]
     ChunksMissing { lsn: Lsn, held: u32, expected: u32 },
+    #[error("holding a chunked transaction: {0}")]
+    Spill(#[from] SpillError),
 }
 
 impl Message {
@@ -179,8 +181,14 @@ impl Message {
 }
 
 /// The messages one applied transaction becomes: a single `Commit`, or
-/// chunks of at most about `max_bytes` each and then a `Commit` marker.
-pub fn transaction_messages(epoch: u64, txn: &Transaction, max_bytes: usize) -> Vec<Message> {
+/// chunks of at most about `max_bytes` each and then a `Commit` marker. A
+/// spilled transaction is read back from its file (`SpillError` if it
+/// cannot be, whole).
+pub fn transaction_messages(
+    epoch: u64,
+    txn: &Transaction,
+    max_bytes: usize,
+) -> Result<Vec<Message>, SpillError> {
     let commit = |chunks: u32, changes: Vec<Change>| Message {
         version: WIRE_VERSION,
         holder: 0,
@@ -198,9 +206,14 @@ pub fn transaction_messages(epoch: u64, txn: &Transaction, max_bytes: usize) -> 
             changes,
         },
     };
-    let pieces = split(&txn.changes, max_bytes);
+    let mut pieces = Splitter::new(max_bytes);
+    txn.changes.for_each(|change| {
+        pieces.push(change);
+        Ok::<(), SpillError>(())
+    })?;
+    let mut pieces = pieces.finish();
     if pieces.len() <= 1 {
-        return vec![commit(0, txn.changes.clone())];
+        return Ok(vec![commit(0, pieces.pop().unwrap_or_default())]);
     }
     let mut messages: Vec<Message> = pieces
         .into_iter()
@@ -219,7 +232,7 @@ pub fn transaction_messages(epoch: u64, txn: &Transaction, max_bytes: usize) -> 
         .collect();
     let chunks = messages.len() as u32;
     messages.push(commit(chunks, Vec::new()));
-    messages
+    Ok(messages)
 }
 
 /// The messages of one re-read merge at `lsn` (the `seq`th after that
@@ -268,42 +281,78 @@ pub fn advance_message(epoch: u64, lsn: Lsn) -> Message {
 /// single change larger than that travels alone: the server's
 /// `max_payload` is what finally refuses it).
 fn split(changes: &[Change], max_bytes: usize) -> Vec<Vec<Change>> {
-    // Room for the envelope around the changes.
-    let budget = max_bytes.saturating_sub(64).max(1);
-    let mut parts: Vec<Vec<Change>> = Vec::new();
-    let mut current: Vec<Change> = Vec::new();
-    let mut size = 0usize;
+    let mut pieces = Splitter::new(max_bytes);
     for change in changes {
-        let one = postcard::experimental::serialized_size(change).unwrap_or(64);
-        if !current.is_empty() && size + one > budget {
-            parts.push(std::mem::take(&mut current));
-            size = 0;
+        pieces.push(change);
+    }
+    pieces.finish()
+}
+
+/// `split`, one change at a time.
+struct Splitter {
+    budget: usize,
+    parts: Vec<Vec<Change>>,
+    current: Vec<Change>,
+    size: usize,
+}
+
+impl Splitter {
+    fn new(max_bytes: usize) -> Splitter {
+        Splitter {
+            // Room for the envelope around the changes.
+            budget: max_bytes.saturating_sub(64).max(1),
+            parts: Vec::new(),
+            current: Vec::new(),
+            size: 0,
         }
-        size += one;
-        current.push(change.clone());
     }
-    if !current.is_empty() || parts.is_empty() {
-        parts.push(current);
+
+    fn push(&mut self, change: &Change) {
+        let one = postcard::experimental::serialized_size(change).unwrap_or(64);
+        if !self.current.is_empty() && self.size + one > self.budget {
+            self.parts.push(std::mem::take(&mut self.current));
+            self.size = 0;
+        }
+        self.size += one;
+        self.current.push(change.clone());
     }
-    parts
+
+    fn finish(mut self) -> Vec<Vec<Change>> {
+        if !self.current.is_empty() || self.parts.is_empty() {
+            self.parts.push(self.current);
+        }
+        self.parts
+    }
 }
 
 /// A replica's assembly of chunked transactions: chunks are held until
-/// their commit marker, as the projector holds pgoutput's streamed chunks.
-#[derive(Debug, Default)]
+/// their commit marker, as the projector holds pgoutput's streamed chunks,
+/// in memory up to the replica's `stream.max_held_bytes` and in a spill
+/// file past it (`model::held`).
+#[derive(Debug)]
 pub struct Assembly {
+    budget: HeldBudget,
     held_lsn: Option<u64>,
-    held: Vec<Change>,
+    held: HeldChanges,
     chunks: u32,
 }
 
 impl Assembly {
+    pub fn new(budget: HeldBudget) -> Assembly {
+        Assembly {
+            held: HeldChanges::new(budget.clone()),
+            budget,
+            held_lsn: None,
+            chunks: 0,
+        }
+    }
+
     /// Takes one message; returns a transaction when its commit completes
     /// one. A first chunk (or a chunk of another LSN) starts over: a
     /// projector that took over from one that failed mid-transaction sends
     /// that transaction again from its first chunk. A chunk that is not the
     /// next one expected is a repeat and is dropped.
-    pub fn push(
+    pub async fn push(
         &mut self,
         position: Position,
         body: Body,
@@ -311,14 +360,17 @@ impl Assembly {
         match body {
             Body::Chunk { changes } => {
                 if self.held_lsn != Some(position.lsn) || position.seq == 0 {
-                    self.held.clear();
-                    self.chunks = 0;
+                    self.reset();
                     self.held_lsn = Some(position.lsn);
                 }
                 if position.seq != self.chunks {
                     return Ok(None);
                 }
-                self.held.extend(changes);
+                for change in changes {
+                    // A replica's changes carry no subtransactions: the
+                    // projector published only what committed.
+                    self.held.push(0, change).await?;
+                }
                 self.chunks += 1;
                 Ok(None)
             }
@@ -329,8 +381,10 @@ impl Assembly {
                 chunks,
                 changes,
             } => {
-                let mut all = if chunks == 0 {
-                    changes
+                let all = if chunks == 0 {
+                    let mut all = changes;
+                    all.shrink_to_fit();
+                    crate::model::Changes::from(all)
                 } else {
                     if self.held_lsn != Some(position.lsn) || self.chunks != chunks {
                         let held = if self.held_lsn == Some(position.lsn) {
@@ -345,10 +399,11 @@ impl Assembly {
                             expected: chunks,
                         });
                     }
-                    std::mem::take(&mut self.held)
+                    let held =
+                        std::mem::replace(&mut self.held, HeldChanges::new(self.budget.clone()));
+                    held.finish().await?
                 };
                 self.reset();
-                all.shrink_to_fit();
                 Ok(Some(Transaction {
                     xid,
                     commit_lsn: Lsn(commit_lsn),
@@ -362,9 +417,10 @@ impl Assembly {
         }
     }
 
+    /// Drops what is held (its spill file with it).
     pub fn reset(&mut self) {
         self.held_lsn = None;
-        self.held = Vec::new();
+        self.held = HeldChanges::new(self.budget.clone());
         self.chunks = 0;
     }
 }
@@ -397,7 +453,7 @@ mod tests {
             commit_lsn: Lsn(0x1000),
             end_lsn: Lsn(0x1040),
             commit_time: DateTime::<Utc>::from_timestamp_micros(1_800_000_000_000_000).unwrap(),
-            changes: (0..n).map(night_change).collect(),
+            changes: (0..n).map(night_change).collect::<Vec<_>>().into(),
         }
     }
 
@@ -408,31 +464,35 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn a_small_transaction_is_one_commit_and_round_trips() {
+    #[tokio::test]
+    async fn a_small_transaction_is_one_commit_and_round_trips() {
         let t = txn(3);
-        let messages = through_the_wire(transaction_messages(9, &t, 4096));
+        let messages = through_the_wire(transaction_messages(9, &t, 4096).unwrap());
         assert_eq!(messages.len(), 1);
-        let mut assembly = Assembly::default();
+        let mut assembly = Assembly::new(HeldBudget::unbounded());
         let m = messages.into_iter().next().unwrap();
         assert_eq!(m.position.kind, Kind::Commit);
-        let back = assembly.push(m.position, m.body).unwrap().expect("whole");
+        let back = assembly
+            .push(m.position, m.body)
+            .await
+            .unwrap()
+            .expect("whole");
         assert_eq!(back, t);
     }
 
-    #[test]
-    fn a_large_transaction_is_chunked_under_the_limit_and_applies_only_at_its_marker() {
+    #[tokio::test]
+    async fn a_large_transaction_is_chunked_under_the_limit_and_applies_only_at_its_marker() {
         let t = txn(5_000);
-        let messages = transaction_messages(9, &t, 4096);
+        let messages = transaction_messages(9, &t, 4096).unwrap();
         assert!(messages.len() > 10, "{} messages", messages.len());
         for m in &messages {
             assert!(m.encode().len() <= 4096, "{} bytes", m.encode().len());
         }
-        let mut assembly = Assembly::default();
+        let mut assembly = Assembly::new(HeldBudget::unbounded());
         let mut whole = None;
         let count = messages.len();
         for (i, m) in through_the_wire(messages).into_iter().enumerate() {
-            let out = assembly.push(m.position, m.body).unwrap();
+            let out = assembly.push(m.position, m.body).await.unwrap();
             if i + 1 < count {
                 assert!(out.is_none(), "nothing before the marker");
             } else {
@@ -442,15 +502,15 @@ mod tests {
         assert_eq!(whole.expect("the marker completes it"), t);
     }
 
-    #[test]
-    fn a_marker_without_all_its_chunks_is_refused() {
+    #[tokio::test]
+    async fn a_marker_without_all_its_chunks_is_refused() {
         let t = txn(5_000);
-        let mut messages = transaction_messages(9, &t, 4096);
+        let mut messages = transaction_messages(9, &t, 4096).unwrap();
         messages.remove(1);
-        let mut assembly = Assembly::default();
+        let mut assembly = Assembly::new(HeldBudget::unbounded());
         let mut refused = false;
         for m in messages {
-            match assembly.push(m.position, m.body) {
+            match assembly.push(m.position, m.body).await {
                 Err(WireError::ChunksMissing { .. }) => refused = true,
                 Ok(Some(_)) => panic!("applied a transaction with a chunk missing"),
                 _ => {}
@@ -459,25 +519,57 @@ mod tests {
         assert!(refused);
     }
 
-    #[test]
-    fn a_transaction_sent_again_from_its_first_chunk_assembles_once() {
+    #[tokio::test]
+    async fn a_transaction_sent_again_from_its_first_chunk_assembles_once() {
         let t = txn(5_000);
-        let messages = transaction_messages(9, &t, 4096);
+        let messages = transaction_messages(9, &t, 4096).unwrap();
         let chunks = messages.len() - 1;
         // The first projector sent three chunks and died; the next sends the
         // whole transaction again; a stray repeat of chunk 1 comes between.
         let mut stream: Vec<Message> = messages[..3].to_vec();
         stream.push(messages[1].clone());
         stream.extend(messages.iter().cloned());
-        let mut assembly = Assembly::default();
+        let mut assembly = Assembly::new(HeldBudget::unbounded());
         let mut whole = Vec::new();
         for m in stream {
-            if let Some(t) = assembly.push(m.position, m.body).unwrap() {
+            if let Some(t) = assembly.push(m.position, m.body).await.unwrap() {
                 whole.push(t);
             }
         }
         assert!(chunks > 3);
         assert_eq!(whole, vec![t], "exactly one, complete");
+    }
+
+    /// A replica with a small bound: the chunks of a large transaction go to
+    /// a spill file, the marker completes it whole, and its file goes with
+    /// it; a transaction sent again from its first chunk drops the file of
+    /// the first attempt.
+    #[tokio::test]
+    async fn a_replica_spills_a_large_chunked_transaction_past_its_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let spill_files = || std::fs::read_dir(dir.path()).unwrap().count();
+        let budget = HeldBudget::new(64 * 1024, dir.path().to_path_buf());
+        let t = txn(20_000);
+        let messages = transaction_messages(9, &t, 4096).unwrap();
+        let mut assembly = Assembly::new(budget.clone());
+        for m in messages[..messages.len() / 2].iter().cloned() {
+            assert!(assembly.push(m.position, m.body).await.unwrap().is_none());
+        }
+        assert_eq!(spill_files(), 1, "spilled past 64 KiB");
+        let mut whole = None;
+        for m in messages.iter().cloned() {
+            if let Some(done) = assembly.push(m.position, m.body).await.unwrap() {
+                whole = Some(done);
+            }
+        }
+        let whole = whole.expect("the marker completes it");
+        assert_eq!(spill_files(), 1, "the first attempt's file is gone");
+        assert!(whole.changes.spilled_bytes().is_some());
+        assert_eq!(whole.changes.to_vec().unwrap(), t.changes.to_vec().unwrap());
+        assert_eq!(whole.xid, t.xid);
+        drop(whole);
+        assert_eq!(spill_files(), 0);
+        assert_eq!(budget.held_bytes(), 0);
     }
 
     #[test]
@@ -492,7 +584,7 @@ mod tests {
     #[test]
     fn positions_order_kinds_at_one_lsn_and_ids_differ() {
         let t = txn(5_000);
-        let mut all = transaction_messages(1, &t, 4096);
+        let mut all = transaction_messages(1, &t, 4096).unwrap();
         all.extend(merge_messages(1, t.end_lsn, 0, &[night_change(1)], 4096));
         all.push(advance_message(1, Lsn(0x2000)));
         let positions: Vec<Position> = all.iter().map(|m| m.position).collect();
@@ -504,6 +596,7 @@ mod tests {
         assert_eq!(ids.len(), positions.len(), "every id unique");
         // Deterministic: the same transaction gives the same ids.
         let again: Vec<String> = transaction_messages(1, &t, 4096)
+            .unwrap()
             .iter()
             .map(|m| m.position.message_id())
             .collect();

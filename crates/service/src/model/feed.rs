@@ -22,7 +22,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-use super::{CalendarKey, Change, NightCounts, Table, Transaction};
+use super::{CalendarKey, Change, NightCounts, SpillError, Table, Transaction};
 use crate::lsn::Lsn;
 
 /// Items the live channel holds before a slow receiver lags.
@@ -76,7 +76,7 @@ impl FeedItem {
         let mut resync_hotels = Vec::new();
         let mut resync_all = false;
         let mut night_changes = 0usize;
-        for change in &txn.changes {
+        let counted = txn.changes.for_each(|change| {
             match change {
                 Change::UpsertNight { .. } | Change::DeleteNight { .. } => night_changes += 1,
                 Change::UpsertRoomType { room_type, .. } => resync_hotels.push(room_type.hotel_id),
@@ -89,11 +89,14 @@ impl FeedItem {
                 }
                 Change::UpsertHotel { .. } => {}
             }
-        }
+            Ok::<(), SpillError>(())
+        });
         resync_all |= night_changes > MAX_ITEM_NIGHTS;
         let mut nights = BTreeMap::new();
-        if !resync_all {
-            for change in &txn.changes {
+        let listed = if resync_all || counted.is_err() {
+            counted
+        } else {
+            txn.changes.for_each(|change| {
                 match change {
                     Change::UpsertNight { key, night, counts } => {
                         nights.insert((*key, *night), Some(*counts));
@@ -103,7 +106,15 @@ impl FeedItem {
                     }
                     _ => {}
                 }
-            }
+                Ok(())
+            })
+        };
+        if let Err(error) = listed {
+            // A spill file read in part (the copy has it whole: apply read
+            // it): readers cannot be told which nights, so all start over.
+            tracing::warn!(%error, "cannot read an applied transaction back for the feed; readers resync");
+            resync_all = true;
+            nights.clear();
         }
         resync_hotels.sort_unstable();
         resync_hotels.dedup();
@@ -280,7 +291,7 @@ mod tests {
             commit_lsn: Lsn(end - 1),
             end_lsn: Lsn(end),
             commit_time: Utc::now(),
-            changes,
+            changes: changes.into(),
         }
     }
 

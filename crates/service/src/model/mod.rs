@@ -15,6 +15,7 @@ mod applied_watch;
 pub mod calendar;
 pub mod calendars;
 pub mod feed;
+pub mod held;
 pub mod room_types;
 mod settings;
 mod source;
@@ -32,6 +33,7 @@ use serde::{Deserialize, Serialize};
 
 pub use calendar::{NightCounts, UnstorableValue};
 pub use calendars::Calendars;
+pub use held::{Changes, HeldBudget, HeldChanges, SpillError};
 pub use room_types::RoomTypes;
 pub use settings::ModelSettings;
 pub use source::Source;
@@ -165,7 +167,9 @@ pub struct Transaction {
     /// Just past the commit record: what is acknowledged once applied.
     pub end_lsn: Lsn,
     pub commit_time: DateTime<Utc>,
-    pub changes: Vec<Change>,
+    /// In memory, or in a spill file past `stream.max_held_bytes` (`held`):
+    /// walk them with `Changes::for_each`, as often as needed.
+    pub changes: Changes,
 }
 
 /// The copy's hotels by id.
@@ -202,6 +206,10 @@ pub enum ApplyError {
         night: NaiveDate,
         source: UnstorableValue,
     },
+    /// The transaction's spill file could not be read back: nothing of it
+    /// is applied, and the session that fails starts it over from the slot.
+    #[error(transparent)]
+    Spill(#[from] SpillError),
 }
 
 /// What applying one transaction did.
@@ -489,8 +497,9 @@ impl ReadModel {
                 ..Applied::default()
             });
         }
-        // Validate first so a bad row leaves the whole transaction unapplied.
-        for change in &txn.changes {
+        // Validate first so a bad row (or a spill file that cannot be read
+        // whole) leaves the whole transaction unapplied.
+        txn.changes.for_each(|change| {
             if let Change::UpsertNight { key, night, counts } = change
                 && !counts.is_storable()
             {
@@ -501,7 +510,8 @@ impl ReadModel {
                     source: UnstorableValue(i32::MIN),
                 });
             }
-        }
+            Ok(())
+        })?;
         let applied = self.write(|tables| {
             // Checked again under the writer lock: the check above is only
             // a shortcut that skips the validation.
@@ -513,16 +523,18 @@ impl ReadModel {
                 return (Ok(skipped), Publish::No);
             }
             let mut applied = Applied::default();
-            for change in &txn.changes {
-                if let Err(error) = tables.apply_change(change) {
-                    // Nothing is published: the copy stays as it was.
-                    return (Err(error), Publish::No);
-                }
+            let walked = txn.changes.for_each(|change| {
+                tables.apply_change(change)?;
                 match change.op() {
                     "upsert" => applied.upserts += 1,
                     "delete" => applied.deletes += 1,
                     _ => applied.truncates += 1,
                 }
+                Ok::<(), ApplyError>(())
+            });
+            if let Err(error) = walked {
+                // Nothing is published: the copy stays as it was.
+                return (Err(error), Publish::No);
             }
             tables.applied = txn.end_lsn;
             tables.commit_time = Some(txn.commit_time);
@@ -691,7 +703,7 @@ mod tests {
             commit_lsn: Lsn(lsn),
             end_lsn: Lsn(lsn + 1),
             commit_time: DateTime::<Utc>::from_timestamp(1_800_000_000, 0).unwrap(),
-            changes,
+            changes: changes.into(),
         }
     }
 

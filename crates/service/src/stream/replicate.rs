@@ -722,7 +722,7 @@ impl Projector {
         stream: &mut LogicalReplicationStream,
         stop: &CancellationToken,
     ) -> Result<(), StreamError> {
-        let mut assembler = Assembler::new(self.stream.schema.clone());
+        let mut assembler = Assembler::new(self.stream.schema.clone(), self.stream.held_budget());
         // After a read that stopped before a held frame, the next read must
         // take that frame (a boundary read would stop before it again).
         let mut take_held = false;
@@ -791,7 +791,7 @@ impl Projector {
                 continue;
             };
             self.model.freshness.note_message(Utc::now());
-            match assembler.push(&event)? {
+            match assembler.push(&event).await? {
                 Assembled::Pending => {
                     metrics::BUFFERED_CHANGES.set(assembler.buffered_changes() as i64);
                 }

@@ -1,9 +1,13 @@
 //! The `[stream]` settings: the publication, the slot and the loop's pace.
 
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::{LazyLock, Mutex};
 use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::model::{HeldBudget, held};
 use crate::setting::InvalidSetting;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -21,7 +25,20 @@ pub struct StreamSettings {
     /// A replication read that receives nothing for this long ends the
     /// session as dead (0: never); see `receive_timeout`.
     pub receive_timeout_ms: u64,
+    /// Past this many bytes in memory, held transactions spill to
+    /// `spill_dir` (`model::held`).
+    pub max_held_bytes: u64,
+    /// Where held transactions spill; empty: the system's temp dir.
+    pub spill_dir: String,
 }
+
+/// The least `stream.max_held_bytes`: below a spilling transaction's own
+/// buffers (`held::SPILLING_BYTES`) the bound could not hold anyway.
+const MIN_HELD_BYTES: u64 = 64 * 1024;
+
+/// Spill directories already swept by this process: files of processes
+/// that stopped are removed once, at the first session.
+static SWEPT: LazyLock<Mutex<HashSet<PathBuf>>> = LazyLock::new(|| Mutex::new(HashSet::new()));
 
 /// How many heartbeats a receive timeout must span at least: one late
 /// heartbeat (a busy owner, a slow commit) must not end a healthy session.
@@ -53,6 +70,18 @@ impl StreamSettings {
                 "must be above 0",
             ));
         }
+        if self.max_held_bytes < MIN_HELD_BYTES {
+            return Err(InvalidSetting::new(
+                "stream.max_held_bytes",
+                format!("must be at least {MIN_HELD_BYTES} (64 KiB)"),
+            ));
+        }
+        if !self.spill_dir.is_empty() && !PathBuf::from(&self.spill_dir).is_absolute() {
+            return Err(InvalidSetting::new(
+                "stream.spill_dir",
+                "must be empty (the system temp dir) or an absolute path",
+            ));
+        }
         let least = self
             .heartbeat_interval_ms
             .saturating_mul(HEARTBEATS_PER_RECEIVE_TIMEOUT);
@@ -77,6 +106,33 @@ impl StreamSettings {
     pub fn receive_timeout(&self) -> Option<Duration> {
         (self.receive_timeout_ms > 0 && self.heartbeat_interval_ms > 0)
             .then(|| Duration::from_millis(self.receive_timeout_ms))
+    }
+
+    pub fn spill_dir(&self) -> PathBuf {
+        if self.spill_dir.is_empty() {
+            std::env::temp_dir()
+        } else {
+            PathBuf::from(&self.spill_dir)
+        }
+    }
+
+    /// A new budget for one role's held transactions (a session's
+    /// assembler, a replica's assembly). The first in this process sweeps
+    /// the spill dir of files left by processes that stopped.
+    pub fn held_budget(&self) -> HeldBudget {
+        let dir = self.spill_dir();
+        let first = SWEPT
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(dir.clone());
+        if first {
+            let removed = held::sweep_stale(&dir);
+            if removed > 0 {
+                tracing::info!(removed, dir = %dir.display(), "removed spill files of processes that stopped");
+            }
+        }
+        let max = usize::try_from(self.max_held_bytes).unwrap_or(usize::MAX);
+        HeldBudget::new(max, dir)
     }
 }
 
@@ -104,6 +160,8 @@ mod tests {
             stream_in_progress: true,
             slot_watch_interval_ms: 5000,
             receive_timeout_ms,
+            max_held_bytes: 256 << 20,
+            spill_dir: String::new(),
         }
     }
 
@@ -122,5 +180,19 @@ mod tests {
             assert_eq!(e.field, "stream.receive_timeout_ms");
             assert!(e.rule.contains("stream.heartbeat_interval_ms"), "{e}");
         }
+    }
+
+    #[test]
+    fn the_held_bound_and_spill_dir_are_checked() {
+        let mut s = with(1000, 10_000);
+        assert_eq!(s.spill_dir(), std::env::temp_dir());
+        s.max_held_bytes = 1024;
+        assert_eq!(s.validate().unwrap_err().field, "stream.max_held_bytes");
+        s.max_held_bytes = 256 << 10;
+        s.spill_dir = "relative/dir".into();
+        assert_eq!(s.validate().unwrap_err().field, "stream.spill_dir");
+        s.spill_dir = "/var/tmp".into();
+        s.validate().expect("absolute");
+        assert_eq!(s.spill_dir(), PathBuf::from("/var/tmp"));
     }
 }

@@ -7,6 +7,11 @@
 //! applying chunks early would show changes that never committed. A `Begin`
 //! or a first chunk for a transaction already held starts it over, since a
 //! reconnect replays it from the start.
+//!
+//! Held changes count against one `HeldBudget` for all the transactions
+//! held here (`stream.max_held_bytes`); past it they spill to disk
+//! (`model::held`) and are still applied only at their commit. Dropping
+//! the assembler (a session that ends) removes its spill files.
 
 use std::collections::HashMap;
 
@@ -15,7 +20,7 @@ use pg_walstream::{ChangeEvent, EventType};
 
 use super::decode::{DecodeError, decode};
 use crate::lsn::Lsn;
-use crate::model::{Change, Transaction};
+use crate::model::{HeldBudget, HeldChanges, SpillError, Transaction};
 
 /// A logical decoding message that `vacancy` itself wrote (heartbeats).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,32 +39,44 @@ pub enum Assembled {
     Commit(Transaction, Vec<OwnMessage>),
 }
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error)]
 pub enum AssembleError {
     #[error(transparent)]
     Decode(#[from] DecodeError),
+    #[error("holding a transaction: {0}")]
+    Spill(#[from] SpillError),
     #[error("the stream sent a row change outside any transaction")]
     OutsideTransaction,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Open {
     xid: u32,
-    changes: Vec<Change>,
+    changes: HeldChanges,
     messages: Vec<OwnMessage>,
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Streamed {
     /// Changes with the subtransaction xid they were made in, so a rolled-back
     /// savepoint drops exactly its own changes.
-    changes: Vec<(u32, Change)>,
+    changes: HeldChanges,
     messages: Vec<OwnMessage>,
+}
+
+impl Streamed {
+    fn new(budget: &HeldBudget) -> Streamed {
+        Streamed {
+            changes: HeldChanges::new(budget.clone()),
+            messages: Vec::new(),
+        }
+    }
 }
 
 #[derive(Debug)]
 pub struct Assembler {
     schema: String,
+    budget: HeldBudget,
     open: Option<Open>,
     /// The streamed transaction whose chunk is being received.
     in_chunk: Option<u32>,
@@ -67,9 +84,10 @@ pub struct Assembler {
 }
 
 impl Assembler {
-    pub fn new(schema: impl Into<String>) -> Assembler {
+    pub fn new(schema: impl Into<String>, budget: HeldBudget) -> Assembler {
         Assembler {
             schema: schema.into(),
+            budget,
             open: None,
             in_chunk: None,
             streamed: HashMap::new(),
@@ -92,12 +110,16 @@ impl Assembler {
                 .sum::<usize>()
     }
 
-    pub fn push(&mut self, event: &ChangeEvent) -> Result<Assembled, AssembleError> {
+    /// Takes one event. Async because a held transaction past the bound
+    /// waits for its spill file's writer (a slow disk slows the stream, it
+    /// does not grow memory or block the runtime's thread).
+    pub async fn push(&mut self, event: &ChangeEvent) -> Result<Assembled, AssembleError> {
         match &event.event_type {
             EventType::Begin { transaction_id, .. } => {
                 self.open = Some(Open {
                     xid: *transaction_id,
-                    ..Open::default()
+                    changes: HeldChanges::new(self.budget.clone()),
+                    messages: Vec::new(),
                 })
             }
             EventType::Commit {
@@ -105,11 +127,14 @@ impl Assembler {
                 commit_lsn,
                 end_lsn,
             } => {
-                let open = self.open.take().unwrap_or_default();
+                let (xid, changes, messages) = match self.open.take() {
+                    Some(open) => (open.xid, open.changes, open.messages),
+                    None => (0, HeldChanges::new(self.budget.clone()), Vec::new()),
+                };
                 return Ok(commit(
-                    open.xid,
-                    open.changes,
-                    open.messages,
+                    xid,
+                    changes.finish().await?,
+                    messages,
                     *commit_lsn,
                     *end_lsn,
                     *commit_timestamp,
@@ -121,9 +146,14 @@ impl Assembler {
             } => {
                 self.in_chunk = Some(*transaction_id);
                 if *first_segment {
-                    self.streamed.insert(*transaction_id, Streamed::default());
+                    // Replaces (and so removes the spill file of) a copy
+                    // held from before a reconnect.
+                    self.streamed
+                        .insert(*transaction_id, Streamed::new(&self.budget));
                 } else {
-                    self.streamed.entry(*transaction_id).or_default();
+                    self.streamed
+                        .entry(*transaction_id)
+                        .or_insert_with(|| Streamed::new(&self.budget));
                 }
             }
             EventType::StreamStop => self.in_chunk = None,
@@ -134,11 +164,13 @@ impl Assembler {
                 commit_timestamp,
             } => {
                 self.in_chunk = None;
-                let held = self.streamed.remove(transaction_id).unwrap_or_default();
-                let changes = held.changes.into_iter().map(|(_, c)| c).collect();
+                let held = self
+                    .streamed
+                    .remove(transaction_id)
+                    .unwrap_or_else(|| Streamed::new(&self.budget));
                 return Ok(commit(
                     *transaction_id,
-                    changes,
+                    held.changes.finish().await?,
                     held.messages,
                     *commit_lsn,
                     *end_lsn,
@@ -153,7 +185,7 @@ impl Assembler {
                 if transaction_id == subtransaction_xid {
                     self.streamed.remove(transaction_id);
                 } else if let Some(held) = self.streamed.get_mut(transaction_id) {
-                    held.changes.retain(|(xid, _)| xid != subtransaction_xid);
+                    held.changes.abort_sub(*subtransaction_xid);
                 }
             }
             EventType::Message {
@@ -177,7 +209,11 @@ impl Assembler {
                     return Ok(Assembled::Pending);
                 }
                 if let Some(xid) = self.in_chunk {
-                    self.streamed.entry(xid).or_default().messages.push(message);
+                    self.streamed
+                        .entry(xid)
+                        .or_insert_with(|| Streamed::new(&self.budget))
+                        .messages
+                        .push(message);
                 } else if let Some(open) = &mut self.open {
                     open.messages.push(message);
                 }
@@ -189,10 +225,17 @@ impl Assembler {
                 }
                 if let Some(top) = self.in_chunk {
                     let sub = event.xid.unwrap_or(top);
-                    let held = self.streamed.entry(top).or_default();
-                    held.changes.extend(changes.into_iter().map(|c| (sub, c)));
+                    let held = self
+                        .streamed
+                        .entry(top)
+                        .or_insert_with(|| Streamed::new(&self.budget));
+                    for change in changes {
+                        held.changes.push(sub, change).await?;
+                    }
                 } else if let Some(open) = &mut self.open {
-                    open.changes.extend(changes);
+                    for change in changes {
+                        open.changes.push(open.xid, change).await?;
+                    }
                 } else {
                     // A row outside any transaction would be a protocol bug;
                     // refuse it loudly rather than apply it half-known.
@@ -206,7 +249,7 @@ impl Assembler {
 
 fn commit(
     xid: u32,
-    changes: Vec<Change>,
+    changes: crate::model::Changes,
     messages: Vec<OwnMessage>,
     commit_lsn: pg_walstream::Lsn,
     end_lsn: pg_walstream::Lsn,
@@ -227,6 +270,7 @@ fn commit(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::Change;
     use pg_walstream::{ColumnValue, Lsn as WalLsn, RowData};
 
     fn ev(event_type: EventType, xid: Option<u32>) -> ChangeEvent {
@@ -305,7 +349,9 @@ mod tests {
 
     fn taken_values(t: &Transaction) -> Vec<i32> {
         t.changes
-            .iter()
+            .to_vec()
+            .unwrap()
+            .into_iter()
             .map(|c| match c {
                 Change::UpsertNight { counts, .. } => counts.taken,
                 other => panic!("{other:?}"),
@@ -313,87 +359,143 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn nothing_leaves_before_commit() {
-        let mut a = Assembler::new("public");
-        assert_eq!(a.push(&ev(begin(5), None)).unwrap(), Assembled::Pending);
-        assert_eq!(a.push(&ev(night(1), None)).unwrap(), Assembled::Pending);
+    #[tokio::test]
+    async fn nothing_leaves_before_commit() {
+        let mut a = Assembler::new("public", HeldBudget::unbounded());
+        assert_eq!(
+            a.push(&ev(begin(5), None)).await.unwrap(),
+            Assembled::Pending
+        );
+        assert_eq!(
+            a.push(&ev(night(1), None)).await.unwrap(),
+            Assembled::Pending
+        );
         assert!(!a.is_idle());
-        let t = committed(a.push(&ev(commit_ev(200), None)).unwrap());
+        let t = committed(a.push(&ev(commit_ev(200), None)).await.unwrap());
         assert_eq!(taken_values(&t), vec![1]);
         assert_eq!(t.end_lsn, Lsn(208));
         assert_eq!(t.xid, 5, "the owner's xid goes with the transaction");
         assert!(a.is_idle());
     }
 
-    #[test]
-    fn a_replayed_begin_starts_the_transaction_over() {
-        let mut a = Assembler::new("public");
-        a.push(&ev(begin(5), None)).unwrap();
-        a.push(&ev(night(1), None)).unwrap();
+    #[tokio::test]
+    async fn a_replayed_begin_starts_the_transaction_over() {
+        let mut a = Assembler::new("public", HeldBudget::unbounded());
+        a.push(&ev(begin(5), None)).await.unwrap();
+        a.push(&ev(night(1), None)).await.unwrap();
         // reconnect: the server sends the same transaction again
-        a.push(&ev(begin(5), None)).unwrap();
-        a.push(&ev(night(1), None)).unwrap();
-        let t = committed(a.push(&ev(commit_ev(200), None)).unwrap());
+        a.push(&ev(begin(5), None)).await.unwrap();
+        a.push(&ev(night(1), None)).await.unwrap();
+        let t = committed(a.push(&ev(commit_ev(200), None)).await.unwrap());
         assert_eq!(taken_values(&t), vec![1]);
     }
 
-    #[test]
-    fn streamed_chunks_wait_for_stream_commit() {
-        let mut a = Assembler::new("public");
-        a.push(&ev(start(9, true), None)).unwrap();
-        a.push(&ev(night(1), Some(9))).unwrap();
-        a.push(&ev(EventType::StreamStop, None)).unwrap();
+    #[tokio::test]
+    async fn streamed_chunks_wait_for_stream_commit() {
+        let mut a = Assembler::new("public", HeldBudget::unbounded());
+        a.push(&ev(start(9, true), None)).await.unwrap();
+        a.push(&ev(night(1), Some(9))).await.unwrap();
+        a.push(&ev(EventType::StreamStop, None)).await.unwrap();
         // an ordinary transaction commits in between
-        a.push(&ev(begin(10), None)).unwrap();
-        a.push(&ev(night(7), None)).unwrap();
+        a.push(&ev(begin(10), None)).await.unwrap();
+        a.push(&ev(night(7), None)).await.unwrap();
         assert_eq!(
-            taken_values(&committed(a.push(&ev(commit_ev(150), None)).unwrap())),
+            taken_values(&committed(a.push(&ev(commit_ev(150), None)).await.unwrap())),
             vec![7]
         );
-        a.push(&ev(start(9, false), None)).unwrap();
-        a.push(&ev(night(2), Some(9))).unwrap();
-        a.push(&ev(EventType::StreamStop, None)).unwrap();
-        let t = committed(a.push(&ev(stream_commit(9, 300), None)).unwrap());
+        a.push(&ev(start(9, false), None)).await.unwrap();
+        a.push(&ev(night(2), Some(9))).await.unwrap();
+        a.push(&ev(EventType::StreamStop, None)).await.unwrap();
+        let t = committed(a.push(&ev(stream_commit(9, 300), None)).await.unwrap());
         assert_eq!(taken_values(&t), vec![1, 2]);
         assert_eq!(t.xid, 9);
         assert!(a.is_idle());
     }
 
-    #[test]
-    fn resent_chunks_then_abort_leave_nothing() {
-        let mut a = Assembler::new("public");
+    #[tokio::test]
+    async fn resent_chunks_then_abort_leave_nothing() {
+        let mut a = Assembler::new("public", HeldBudget::unbounded());
         for _ in 0..2 {
             // the second round is the server resending after a reconnect
-            a.push(&ev(start(9, true), None)).unwrap();
-            a.push(&ev(night(1), Some(9))).unwrap();
-            a.push(&ev(EventType::StreamStop, None)).unwrap();
+            a.push(&ev(start(9, true), None)).await.unwrap();
+            a.push(&ev(night(1), Some(9))).await.unwrap();
+            a.push(&ev(EventType::StreamStop, None)).await.unwrap();
         }
         assert_eq!(a.buffered_changes(), 1);
-        a.push(&ev(abort(9, 9), None)).unwrap();
+        a.push(&ev(abort(9, 9), None)).await.unwrap();
         assert!(a.is_idle());
         assert_eq!(a.buffered_changes(), 0);
     }
 
-    #[test]
-    fn savepoint_abort_drops_only_its_changes() {
-        let mut a = Assembler::new("public");
-        a.push(&ev(start(9, true), None)).unwrap();
-        a.push(&ev(night(1), Some(9))).unwrap();
-        a.push(&ev(night(2), Some(11))).unwrap();
-        a.push(&ev(night(3), Some(9))).unwrap();
-        a.push(&ev(EventType::StreamStop, None)).unwrap();
-        a.push(&ev(abort(9, 11), None)).unwrap();
-        let t = committed(a.push(&ev(stream_commit(9, 300), None)).unwrap());
+    #[tokio::test]
+    async fn savepoint_abort_drops_only_its_changes() {
+        let mut a = Assembler::new("public", HeldBudget::unbounded());
+        a.push(&ev(start(9, true), None)).await.unwrap();
+        a.push(&ev(night(1), Some(9))).await.unwrap();
+        a.push(&ev(night(2), Some(11))).await.unwrap();
+        a.push(&ev(night(3), Some(9))).await.unwrap();
+        a.push(&ev(EventType::StreamStop, None)).await.unwrap();
+        a.push(&ev(abort(9, 11), None)).await.unwrap();
+        let t = committed(a.push(&ev(stream_commit(9, 300), None)).await.unwrap());
         assert_eq!(taken_values(&t), vec![1, 3]);
     }
 
-    #[test]
-    fn a_row_outside_a_transaction_is_refused() {
-        let mut a = Assembler::new("public");
-        assert_eq!(
-            a.push(&ev(night(1), None)),
+    #[tokio::test]
+    async fn a_row_outside_a_transaction_is_refused() {
+        let mut a = Assembler::new("public", HeldBudget::unbounded());
+        assert!(matches!(
+            a.push(&ev(night(1), None)).await,
             Err(AssembleError::OutsideTransaction)
-        );
+        ));
+    }
+
+    /// Past the bound: an open and a streamed transaction spill, a savepoint
+    /// rolled back is left out of the file's reading, an abort and the
+    /// assembler's drop (a reconnect) remove what they held.
+    #[tokio::test]
+    async fn held_transactions_spill_past_the_bound_and_leave_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let budget = HeldBudget::new(16 * 1024, dir.path().to_path_buf());
+        let spill_files = || std::fs::read_dir(dir.path()).unwrap().count();
+        let mut a = Assembler::new("public", budget.clone());
+        a.push(&ev(begin(5), None)).await.unwrap();
+        for i in 0..2_000 {
+            a.push(&ev(night(i), None)).await.unwrap();
+        }
+        assert_eq!(spill_files(), 1, "the open transaction spilled");
+        let t = committed(a.push(&ev(commit_ev(200), None)).await.unwrap());
+        assert!(t.changes.spilled_bytes().is_some());
+        assert_eq!(taken_values(&t), (0..2_000).collect::<Vec<_>>());
+        assert_eq!(taken_values(&t), (0..2_000).collect::<Vec<_>>(), "twice");
+        drop(t);
+        assert_eq!(spill_files(), 0, "applied and dropped: removed");
+
+        a.push(&ev(start(9, true), None)).await.unwrap();
+        for i in 0..3_000 {
+            let sub = if i % 2 == 0 { 9 } else { 11 };
+            a.push(&ev(night(i), Some(sub))).await.unwrap();
+        }
+        a.push(&ev(EventType::StreamStop, None)).await.unwrap();
+        a.push(&ev(abort(9, 11), None)).await.unwrap();
+        let t = committed(a.push(&ev(stream_commit(9, 300), None)).await.unwrap());
+        assert_eq!(taken_values(&t), (0..3_000).step_by(2).collect::<Vec<_>>());
+        drop(t);
+
+        a.push(&ev(start(12, true), None)).await.unwrap();
+        for i in 0..2_000 {
+            a.push(&ev(night(i), Some(12))).await.unwrap();
+        }
+        assert_eq!(spill_files(), 1);
+        a.push(&ev(abort(12, 12), None)).await.unwrap();
+        assert_eq!(spill_files(), 0, "aborted: removed");
+
+        a.push(&ev(begin(13), None)).await.unwrap();
+        for i in 0..2_000 {
+            a.push(&ev(night(i), None)).await.unwrap();
+        }
+        assert_eq!(spill_files(), 1);
+        drop(a);
+        assert_eq!(spill_files(), 0, "the session ended: removed");
+        assert_eq!(budget.held_bytes(), 0);
     }
 }

@@ -1,0 +1,318 @@
+//! One transaction larger than the held bound (issue 24, item 3).
+//!
+//! A node with `stream.max_held_bytes` of 256 KiB follows an owner whose
+//! transactions each change 600,000 inventory rows (about 33 MB held in
+//! memory without the bound): one decoded whole at its commit
+//! (`logical_decoding_work_mem` large), one streamed in progress (protocol
+//! 2, `logical_decoding_work_mem` at its 64 kB minimum) with a savepoint
+//! rolled back inside it, and one streamed and then rolled back. Each one
+//! must spill (a file shows in the spill dir while it is held), leave no
+//! file once applied or aborted, converge row for row with the owner, and
+//! keep the process's peak RSS within its RSS before plus the bound, plus
+//! one copy (a transaction over every hotel copies each block it touches
+//! once), plus a stated slack.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use vacancy_lab::bench::faults;
+use vacancy_lab::cluster::ClusterOptions;
+use vacancy_lab::http_client::HttpClient;
+use vacancy_service::{App, slot};
+
+use crate::support::{TestOwner, wait_for};
+
+const HOTELS: i64 = 300;
+const ROOM_TYPES: i64 = 10;
+const NIGHTS: i64 = 200;
+const ROWS: i64 = HOTELS * ROOM_TYPES * NIGHTS;
+const MAX_HELD: u64 = 256 * 1024;
+/// What else the process may add while one such transaction is applied:
+/// the spill file's write queue and read buffer (1.8 MiB), pgoutput's
+/// decoded rows in flight, the refresher's touched calendars, and glibc's
+/// per-thread arenas keeping what they freed (the test binary does not use
+/// the binary's mimalloc). Measured: +17.5 MiB in all with the bound (8 of
+/// them the copy), +51 MiB without it (the held changes alone are 600,000
+/// x 56 B = 34 MB, up to 59 MB with the vector's growth): the slack sits
+/// between the two.
+const SLACK: u64 = 16 << 20;
+
+fn spill_files(dir: &Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("vacancy-spill-")
+            })
+            .count()
+    })
+}
+
+/// A field of /proc/self/status, in bytes.
+fn status_bytes(field: &str) -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches(" kB").parse::<u64>().ok())
+        .map(|kib| kib * 1024)
+        .unwrap_or_else(|| panic!("{field} in /proc/self/status"))
+}
+
+/// Watches the spill dir until dropped: the most files seen at once.
+struct Watcher {
+    stop: Arc<AtomicBool>,
+    most: Arc<AtomicUsize>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Watcher {
+    fn start(dir: PathBuf) -> Watcher {
+        let stop = Arc::new(AtomicBool::new(false));
+        let most = Arc::new(AtomicUsize::new(0));
+        let thread = {
+            let (stop, most) = (stop.clone(), most.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Acquire) {
+                    most.fetch_max(spill_files(&dir), Ordering::AcqRel);
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            })
+        };
+        Watcher {
+            stop,
+            most,
+            thread: Some(thread),
+        }
+    }
+
+    fn finish(mut self) -> usize {
+        self.stop.store(true, Ordering::Release);
+        if let Some(thread) = self.thread.take() {
+            thread.join().expect("the watcher");
+        }
+        self.most.load(Ordering::Acquire)
+    }
+}
+
+/// Peak RSS during `run`, over the RSS before it.
+struct Measured {
+    before: u64,
+    peak: u64,
+}
+
+impl Measured {
+    fn growth(&self) -> u64 {
+        self.peak.saturating_sub(self.before)
+    }
+}
+
+/// Starts measuring: the kernel's peak RSS (VmHWM) is reset to now.
+fn reset_peak() -> u64 {
+    std::fs::write("/proc/self/clear_refs", "5").expect("reset the peak RSS");
+    status_bytes("VmRSS")
+}
+
+async fn caught_up(app: &App, client: &tokio_postgres::Client, what: &str) {
+    let target = slot::current_wal_lsn(client)
+        .await
+        .expect("the owner's LSN");
+    wait_for(what, Duration::from_secs(180), || async {
+        (app.model.freshness.applied() >= target).then_some(())
+    })
+    .await;
+}
+
+async fn no_spill_files_left(dir: &Path, after: &str) {
+    wait_for(
+        &format!("the spill files to be removed after {after}"),
+        Duration::from_secs(10),
+        || async { (spill_files(dir) == 0).then_some(()) },
+    )
+    .await;
+}
+
+async fn converged(app: &App, client: &tokio_postgres::Client, after: &str) {
+    let d = faults::measure_divergence(app.addr, client)
+        .await
+        .expect("compare the copy with the owner");
+    assert_eq!(d.total(), 0, "after {after}: {d:?}");
+    assert!(d.compared >= ROWS as u64, "{d:?}");
+}
+
+/// Runs one owner transaction while watching the spill dir and the RSS;
+/// returns the most spill files seen and the RSS figures.
+async fn one_transaction(
+    app: &App,
+    dir: &Path,
+    client: &tokio_postgres::Client,
+    sql: &str,
+) -> (usize, Measured) {
+    let watcher = Watcher::start(dir.to_path_buf());
+    let before = reset_peak();
+    client
+        .batch_execute(sql)
+        .await
+        .expect("the owner transaction");
+    caught_up(app, client, "the copy to apply the large transaction").await;
+    let peak = status_bytes("VmHWM");
+    (watcher.finish(), Measured { before, peak })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_transaction_past_the_held_bound_spills_converges_and_leaves_no_file() {
+    let owner = TestOwner::start_with(ClusterOptions {
+        // Decoded whole at commit unless a phase lowers it.
+        extra_conf: vec!["logical_decoding_work_mem = '1GB'".into()],
+        ..ClusterOptions::default()
+    })
+    .await;
+    let client = owner.client().await;
+    client
+        .batch_execute(&format!(
+            "INSERT INTO hotels (id, name, city) SELECT h, 'Hotel ' || h, 'Spillville'
+               FROM generate_series(1, {HOTELS}) h;
+             INSERT INTO room_types (hotel_id, id, name, max_guests)
+               SELECT h, rt, 'Room ' || rt, 2
+               FROM generate_series(1, {HOTELS}) h, generate_series(1, {ROOM_TYPES}) rt;
+             INSERT INTO inventory (hotel_id, room_type_id, night, total, price_cents)
+               SELECT h, rt, CURRENT_DATE + n, 20, 10000
+               FROM generate_series(1, {HOTELS}) h, generate_series(1, {ROOM_TYPES}) rt,
+                    generate_series(0, {}) n;",
+            NIGHTS - 1
+        ))
+        .await
+        .expect("load the owner");
+
+    let spill_dir = tempfile::tempdir().expect("a spill dir");
+    let dir = spill_dir.path();
+    let mut settings = crate::projector::settings_for(&owner);
+    settings.stream.max_held_bytes = MAX_HELD;
+    settings.stream.spill_dir = dir.to_string_lossy().into_owned();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let app = vacancy_service::start(settings, listener).expect("start vacancy");
+    let http = HttpClient::new(app.addr, Duration::from_secs(10)).expect("an HTTP client");
+    wait_for("the node to be ready", Duration::from_secs(120), || async {
+        (http.get("/readyz").await.ok()?.status == 200).then_some(())
+    })
+    .await;
+    caught_up(&app, &client, "the copy to load").await;
+    let status = http.get("/v1/status").await.expect("status").json();
+    let copy = status["model"]["inventory_bytes"]
+        .as_u64()
+        .expect("the copy's size");
+    let allowed = MAX_HELD + copy + SLACK;
+    let spilled_before = vacancy_service::metrics::HELD_SPILLED_TRANSACTIONS.get();
+
+    // 1. Decoded whole at its commit: held from Begin to Commit.
+    let (seen, rss) = one_transaction(
+        &app,
+        dir,
+        &client,
+        "UPDATE inventory SET price_cents = price_cents + 100, sell_limit = 15",
+    )
+    .await;
+    println!(
+        "whole: {seen} spill file(s) seen; RSS {} -> peak {} MiB (+{} KiB; allowed {} KiB: bound {} + copy {} + slack {})",
+        rss.before >> 20,
+        rss.peak >> 20,
+        rss.growth() >> 10,
+        allowed >> 10,
+        MAX_HELD >> 10,
+        copy >> 10,
+        SLACK >> 10
+    );
+    assert!(
+        rss.growth() <= allowed,
+        "peak RSS grew {} KiB, past the bound + the copy + slack ({} KiB)",
+        rss.growth() >> 10,
+        allowed >> 10
+    );
+    assert!(seen >= 1, "the transaction spilled");
+    no_spill_files_left(dir, "its commit").await;
+    converged(&app, &client, "a transaction decoded at its commit").await;
+
+    // 2. Streamed in progress (protocol 2), a savepoint rolled back in it.
+    for sql in [
+        "ALTER SYSTEM SET logical_decoding_work_mem = '64kB'",
+        "SELECT pg_reload_conf()",
+    ] {
+        client
+            .batch_execute(sql)
+            .await
+            .expect("stream in progress from now on");
+    }
+    // The walsender reads the new setting at its next reload check.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (seen, rss) = one_transaction(
+        &app,
+        dir,
+        &client,
+        "BEGIN;
+         UPDATE inventory SET taken = 3;
+         SAVEPOINT undone;
+         UPDATE inventory SET total = total + 5, price_cents = 1;
+         ROLLBACK TO SAVEPOINT undone;
+         UPDATE inventory SET price_cents = price_cents + 7 WHERE hotel_id % 2 = 0;
+         COMMIT;",
+    )
+    .await;
+    println!(
+        "streamed: {seen} spill file(s) seen; RSS {} -> peak {} MiB (+{} KiB)",
+        rss.before >> 20,
+        rss.peak >> 20,
+        rss.growth() >> 10
+    );
+    let streamed: i64 = client
+        .query_one(
+            "SELECT coalesce(sum(stream_txns), 0)::bigint FROM pg_stat_replication_slots",
+            &[],
+        )
+        .await
+        .expect("slot statistics")
+        .get(0);
+    assert!(streamed >= 1, "the owner streamed it in progress");
+    assert!(seen >= 1, "the streamed transaction spilled");
+    assert!(
+        rss.growth() <= allowed,
+        "peak RSS grew {} KiB",
+        rss.growth() >> 10
+    );
+    no_spill_files_left(dir, "a streamed commit").await;
+    converged(
+        &app,
+        &client,
+        "a streamed transaction with a savepoint rolled back",
+    )
+    .await;
+
+    // 3. Streamed, then rolled back: held, spilled, and dropped at abort.
+    let writer = owner.client().await;
+    writer
+        .batch_execute("BEGIN; UPDATE inventory SET total = total + 9, taken = 0;")
+        .await
+        .expect("an open transaction");
+    wait_for(
+        "the open transaction to spill",
+        Duration::from_secs(60),
+        || async { (spill_files(dir) >= 1).then_some(()) },
+    )
+    .await;
+    writer.batch_execute("ROLLBACK").await.expect("roll back");
+    client
+        .batch_execute("UPDATE inventory SET taken = 1 WHERE hotel_id = 1 AND room_type_id = 1")
+        .await
+        .expect("a small commit after it");
+    caught_up(&app, &client, "the commit after the abort").await;
+    no_spill_files_left(dir, "an abort").await;
+    converged(&app, &client, "a streamed transaction rolled back").await;
+
+    let spilled = vacancy_service::metrics::HELD_SPILLED_TRANSACTIONS.get() - spilled_before;
+    assert!(spilled >= 2, "both committed ones counted: {spilled}");
+    app.stop(Duration::from_secs(10)).await;
+    assert_eq!(spill_files(dir), 0);
+}
