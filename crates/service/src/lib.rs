@@ -69,6 +69,8 @@ pub use fleet::{FleetSettings, Role as FleetRole};
 pub use index::{HotelIndex, IndexError};
 pub use logging::{LogFormat, LogSettings, init_logging};
 pub use lsn::{Lsn, ParseLsnError};
+/// What a held transaction costs in memory until it spills (`stream.max_held_bytes`).
+pub use model::held::{HELD_CHANGE_BYTES, SPILLING_BYTES};
 pub use model::{CalendarKey, NightCounts, ReadModel, Source};
 pub use owner::endpoint::{PasswordSources, redacted_url};
 pub use owner::{Endpoint, EndpointError, OwnerError, SslMode, connect};

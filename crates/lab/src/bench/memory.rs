@@ -1,12 +1,15 @@
 //! `vacancy bench memory`: resident bytes per inventory row once the copy
-//! is loaded, beside the packed payload.
+//! is loaded, beside the packed payload; with `--update-nights`, the peak
+//! while one owner transaction over every hotel is held (spilled to disk
+//! past `stream.max_held_bytes`) and applied, and how long after its commit
+//! the copy had it.
 
 use std::fmt::Write as _;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
 
-use vacancy_service::slot;
+use vacancy_service::{metrics, slot};
 
 use super::{
     BenchError, CONNECT_TIMEOUT, LOAD_LIMIT, Owner, POLL, VACANCY_SLOT, bench_settings, mib,
@@ -25,14 +28,30 @@ fn proc_status_bytes(field: &str) -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-pub(super) async fn run(owner: &Owner, update_nights: u32) -> Result<(), BenchError> {
+/// The held transactions' bound and spill dir the copy runs with.
+pub(super) struct Held {
+    pub(super) max_bytes: Option<u64>,
+    pub(super) spill_dir: Option<String>,
+}
+
+pub(super) async fn run(owner: &Owner, update_nights: u32, held: &Held) -> Result<(), BenchError> {
     let client = vacancy_service::connect(owner.url(), CONNECT_TIMEOUT).await?;
     print_header("memory", owner, &client).await?;
     slot::drop_slot(&client, VACANCY_SLOT).await?;
 
+    let mut settings = bench_settings(owner.url());
+    if let Some(max) = held.max_bytes {
+        settings.stream.max_held_bytes = max;
+    }
+    if let Some(dir) = &held.spill_dir {
+        settings.stream.spill_dir.clone_from(dir);
+    }
+    let max_held = settings.stream.max_held_bytes;
+    let spill_dir = settings.stream.spill_dir();
+    metrics::init();
     let before = proc_status_bytes("VmRSS");
     let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let app = vacancy_service::start(bench_settings(owner.url()), listener)?;
+    let app = vacancy_service::start(settings, listener)?;
     let model = app.model.clone();
     wait_until(
         "the snapshot to load",
@@ -61,7 +80,7 @@ pub(super) async fn run(owner: &Owner, update_nights: u32) -> Result<(), BenchEr
         return Err(BenchError::NoData);
     }
     let repriced = if update_nights > 0 {
-        Some(peak_while_repricing(owner, &client, &app, update_nights).await?)
+        Some(peak_while_repricing(owner, &client, &app, update_nights, &spill_dir).await?)
     } else {
         None
     };
@@ -125,12 +144,48 @@ pub(super) async fn run(owner: &Owner, update_nights: u32) -> Result<(), BenchEr
             mib(peak.peak.saturating_sub(before)),
             peak.peak.saturating_sub(before) as f64 / copy.max(1) as f64
         );
+        // Held in memory: at most the bound (plus a spilling transaction's
+        // write buffers), however many rows the transaction changed.
+        let held_bound =
+            max_held.min(HELD_CHANGE_BYTES * peak.rows) + vacancy_service::SPILLING_BYTES as u64;
+        let bound = 2 * copy + held_bound;
         let _ = writeln!(
             out,
-            "| bound: 2 × the copy + the held transaction (60 B per changed row) | {} ({:.0} MiB) | {:.2} |",
-            2 * copy + 60 * peak.rows,
-            mib(2 * copy + 60 * peak.rows),
-            (2 * copy + 60 * peak.rows) as f64 / copy.max(1) as f64
+            "| bound: 2 × the copy + what is held in memory (stream.max_held_bytes {} + the spill buffers) | {} ({:.0} MiB) | {:.2} |",
+            max_held,
+            bound,
+            mib(bound),
+            bound as f64 / copy.max(1) as f64
+        );
+        let unbounded = 2 * copy + HELD_CHANGE_BYTES * peak.rows;
+        let _ = writeln!(
+            out,
+            "| without the bound: 2 × the copy + {HELD_CHANGE_BYTES} B per changed row | {} ({:.0} MiB) | {:.2} |",
+            unbounded,
+            mib(unbounded),
+            unbounded as f64 / copy.max(1) as f64
+        );
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "spilled: {} transaction(s), {} bytes ({:.0} MiB, {:.1} B per changed row) to {}; spill files left after the apply: {}",
+            peak.spilled_transactions,
+            peak.spilled_bytes,
+            mib(peak.spilled_bytes),
+            peak.spilled_bytes as f64 / peak.rows.max(1) as f64,
+            spill_dir.display(),
+            peak.files_left
+        );
+        let _ = writeln!(
+            out,
+            "owner: the UPDATE ran and committed in {:.1} s; load average after the apply: {}",
+            peak.committed_in.as_secs_f64(),
+            std::fs::read_to_string("/proc/loadavg")
+                .unwrap_or_default()
+                .split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
         );
     }
     print!("{out}");
@@ -143,7 +198,15 @@ struct Repriced {
     rows: u64,
     peak: u64,
     applied_after: Duration,
+    committed_in: Duration,
+    spilled_transactions: u64,
+    spilled_bytes: u64,
+    /// This process's spill files in the spill dir once applied (0 expected).
+    files_left: usize,
 }
+
+/// What one held change is counted at (`vacancy_service::HELD_CHANGE_BYTES`).
+const HELD_CHANGE_BYTES: u64 = vacancy_service::HELD_CHANGE_BYTES as u64;
 
 /// Reprices the first `nights` nights of every hotel in one transaction and
 /// returns the process's peak RSS from before it until the copy applied it.
@@ -152,7 +215,10 @@ async fn peak_while_repricing(
     client: &tokio_postgres::Client,
     app: &vacancy_service::App,
     nights: u32,
+    spill_dir: &std::path::Path,
 ) -> Result<Repriced, BenchError> {
+    let spilled_transactions = metrics::HELD_SPILLED_TRANSACTIONS.get();
+    let spilled_bytes = metrics::HELD_SPILLED_BYTES.get();
     // Writing 5 resets VmHWM to the current RSS (proc(5), clear_refs).
     std::fs::write("/proc/self/clear_refs", "5")?;
     let repricing = reprice_every_hotel(owner, client, i64::from(nights)).await?;
@@ -160,10 +226,21 @@ async fn peak_while_repricing(
     let applied_after = repricing.committed_at.elapsed();
     // Superseded blocks are freed by the next swap or when readers let go.
     tokio::time::sleep(Duration::from_secs(1)).await;
+    let ours = format!("vacancy-spill-{}-", std::process::id());
+    let files_left = std::fs::read_dir(spill_dir).map_or(0, |entries| {
+        entries
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&ours))
+            .count()
+    });
     Ok(Repriced {
         sql: repricing.sql,
         rows: repricing.rows,
         peak: proc_status_bytes("VmHWM"),
         applied_after,
+        committed_in: repricing.committed_in,
+        spilled_transactions: metrics::HELD_SPILLED_TRANSACTIONS.get() - spilled_transactions,
+        spilled_bytes: metrics::HELD_SPILLED_BYTES.get() - spilled_bytes,
+        files_left,
     })
 }

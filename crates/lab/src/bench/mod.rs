@@ -120,9 +120,17 @@ pub enum BenchCommand {
         #[command(flatten)]
         owner: OwnerArgs,
         /// Then reprice this many nights of every hotel in one owner
-        /// transaction and report the peak while it applies (0: skip).
+        /// transaction and report the peak while it applies (0: skip; the
+        /// seeded nights or more: every inventory row, one transaction).
         #[arg(long, default_value_t = 0)]
         update_nights: u32,
+        /// The copy's `stream.max_held_bytes` (default: the setting's,
+        /// 256 MiB): past it the held transaction spills to disk.
+        #[arg(long)]
+        max_held_bytes: Option<u64>,
+        /// The copy's `stream.spill_dir` (default: the system temp dir).
+        #[arg(long)]
+        spill_dir: Option<String>,
     },
     /// How long searches wait to get at the copy (in process) and what
     /// clients see, before and during the apply of one large owner
@@ -358,9 +366,17 @@ pub async fn run(command: BenchCommand) -> Result<(), BenchError> {
         BenchCommand::Memory {
             owner,
             update_nights,
+            max_held_bytes,
+            spill_dir,
         } => {
             let owner = Owner::prepare(&owner).await?;
-            owner.guarded(memory::run(&owner, update_nights)).await
+            let held = memory::Held {
+                max_bytes: max_held_bytes,
+                spill_dir,
+            };
+            owner
+                .guarded(memory::run(&owner, update_nights, &held))
+                .await
         }
         BenchCommand::Wait {
             owner,
