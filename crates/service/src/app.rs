@@ -41,6 +41,9 @@ pub struct App {
     pub addr: std::net::SocketAddr,
     shutdown: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
+    /// Where guest searches run (`http.guest_search_threads`); shut down
+    /// after the tasks, when the app is dropped.
+    _guest_threads: Option<http::GuestThreads>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -124,23 +127,27 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
             Role::Replica => Arc::new(AtomicBool::new(false)),
         }),
     );
-    let router = http::router(ApiState {
-        model: model.clone(),
-        search,
-        hotel_index: hotel_index.clone(),
-        status: status.clone(),
-        checkpoints: checkpoints.clone(),
-        settings: Arc::new(ApiSettings {
-            http: settings.http.clone(),
-            search: settings.search.clone(),
-            slot: settings.stream.slot.clone(),
-            publication: settings.stream.publication.clone(),
-        }),
-        stale: stale.clone(),
-        booking_tokens,
-        admin_tokens,
-        fleet: fleet_status.clone(),
-    })?;
+    let guest_threads = http::GuestThreads::start(settings.http.guest_search_threads)?;
+    let router = http::router(
+        ApiState {
+            model: model.clone(),
+            search,
+            hotel_index: hotel_index.clone(),
+            status: status.clone(),
+            checkpoints: checkpoints.clone(),
+            settings: Arc::new(ApiSettings {
+                http: settings.http.clone(),
+                search: settings.search.clone(),
+                slot: settings.stream.slot.clone(),
+                publication: settings.stream.publication.clone(),
+            }),
+            stale: stale.clone(),
+            booking_tokens,
+            admin_tokens,
+            fleet: fleet_status.clone(),
+        },
+        guest_threads.as_ref().and_then(http::GuestThreads::layer),
+    )?;
     let mut tasks = vec![tokio::spawn(index::run_indexer(
         hotel_index.clone(),
         model.clone(),
@@ -292,6 +299,7 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
         addr,
         shutdown,
         tasks,
+        _guest_threads: guest_threads,
     })
 }
 

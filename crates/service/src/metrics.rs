@@ -115,8 +115,20 @@ pub static RECONNECTS: LazyLock<IntCounter> = LazyLock::new(|| {
 pub static RESNAPSHOTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter_vec(
         "vacancy_resnapshots_total",
-        "Copies rebuilt from a new snapshot, by reason (initial, slot_missing, slot_lost, restart)",
+        "Copies rebuilt from a new snapshot, by reason (initial, slot_missing, slot_lost, slot_ahead, requested, owner_changed)",
         &["reason"],
+    )
+});
+pub static OWNER_CHANGES: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "vacancy_owner_changes_total",
+        "Replication sessions that found another owner system identifier or timeline than the last one (a failover): each takes a new snapshot",
+    )
+});
+pub static OWNER_CONNECTIONS_REFUSED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "vacancy_owner_connections_refused_total",
+        "Ordinary owner connections dropped because they reached another system or timeline than the replication stream (a multi-host owner.url during a failover)",
     )
 });
 pub static SNAPSHOT_ROWS: LazyLock<IntCounter> = LazyLock::new(|| {
@@ -628,9 +640,17 @@ pub fn init() {
     for op in ["upsert", "delete", "truncate"] {
         CHANGES_APPLIED.with_label_values(&[op]);
     }
-    for reason in ["initial", "slot_missing", "slot_lost", "slot_ahead"] {
+    for reason in [
+        "initial",
+        "slot_missing",
+        "slot_lost",
+        "slot_ahead",
+        "owner_changed",
+    ] {
         RESNAPSHOTS.with_label_values(&[reason]);
     }
+    LazyLock::force(&OWNER_CHANGES);
+    LazyLock::force(&OWNER_CONNECTIONS_REFUSED);
     for table in ["hotels", "room_types", "inventory"] {
         MODEL_ENTRIES.with_label_values(&[table]);
     }
@@ -696,7 +716,12 @@ pub fn init() {
     LazyLock::force(&RUNTIME_ALIVE_TASKS);
     LazyLock::force(&CONFIRMED_READS);
     LazyLock::force(&CONFIRMED_READ_WAIT);
-    for cause in ["position_timeout", "position_failed", "apply_timeout"] {
+    for cause in [
+        "position_timeout",
+        "position_failed",
+        "apply_timeout",
+        "other_timeline",
+    ] {
         CONFIRMED_READ_FALLBACKS.with_label_values(&[cause]);
     }
     for reason in ["few_units", "min_lsn", "bypass", "position", "lag"] {

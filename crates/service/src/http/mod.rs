@@ -5,6 +5,8 @@
 //!   timeouts, around every route.
 //! - [`admission`]: the budgets of requests in flight (guests, the booking
 //!   service; none for the probes), the excess answered 503 at once.
+//! - [`guest_threads`]: the threads guest searches run on, apart from the
+//!   ones that accept, shed and answer the booking service and the probes.
 //! - [`guests`]: guest search and one hotel's availability.
 //! - [`events`]: a hotel's committed changes as Server-Sent Events.
 //! - [`page`]: the guest page at `/`.
@@ -23,6 +25,7 @@ pub mod access;
 mod admission;
 mod booking;
 pub mod events;
+mod guest_threads;
 mod guests;
 mod middleware;
 mod openapi;
@@ -38,6 +41,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 
+pub use guest_threads::{GuestThreads, OnGuestThreadsLayer};
 pub use problem::Problem;
 pub use settings::{AdminSettings, HttpSettings};
 
@@ -82,7 +86,12 @@ pub struct ApiSettings {
 
 /// The routes, their limits and the CORS policy. Fails only on a CORS
 /// origin that `Settings::validate` would have refused.
-pub fn router(state: ApiState) -> Result<Router, CorsError> {
+/// `guest_threads`: where search and availability run (`GuestThreads`);
+/// `None` runs them on the caller's runtime.
+pub fn router(
+    state: ApiState,
+    guest_threads: Option<OnGuestThreadsLayer>,
+) -> Result<Router, CorsError> {
     let http = &state.settings.http;
     let timeout = Duration::from_millis(http.request_timeout_ms);
     let max_query = http.max_query_bytes;
@@ -101,13 +110,19 @@ pub fn router(state: ApiState) -> Result<Router, CorsError> {
     });
     // Guests: public, the most expensive to answer. Search and availability
     // are limited per client; all four share the guest budget, so past it a
-    // guest gets a 503 at once instead of a place in a queue.
+    // guest gets a 503 at once instead of a place in a queue. The two that
+    // rank and read the copy run on the guest threads (`guest_threads`);
+    // the calendar and the event streams are light and stay here.
+    let (search, availability) = match guest_threads {
+        Some(layer) => (
+            get(guests::search).layer(layer.clone()),
+            get(guests::availability).layer(layer),
+        ),
+        None => (get(guests::search), get(guests::availability)),
+    };
     let guest_routes = Router::new()
-        .route("/v1/search", get(guests::search))
-        .route(
-            "/v1/hotels/{hotel_id}/availability",
-            get(guests::availability),
-        )
+        .route("/v1/search", search)
+        .route("/v1/hotels/{hotel_id}/availability", availability)
         .route_layer(rate_limit.clone())
         .route("/v1/hotels/{hotel_id}/calendar", get(operators::calendar))
         .route("/v1/hotels/{hotel_id}/events", get(events::hotel_events));

@@ -24,6 +24,8 @@ pub enum Problem {
     },
     HotelNotFound(i64),
     NotFound,
+    /// A handler failed in a way no input explains (a bug; it is logged).
+    Internal,
     Timeout,
     /// No bearer token, or not one of the booking service's.
     Unauthorized,
@@ -91,6 +93,12 @@ impl Problem {
                 "not-found",
                 "No such resource",
                 String::new(),
+            ),
+            Problem::Internal => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "The request failed inside the service",
+                "the error is logged; try again".to_string(),
             ),
             Problem::Timeout => (
                 StatusCode::SERVICE_UNAVAILABLE,

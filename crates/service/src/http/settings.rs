@@ -29,11 +29,16 @@ pub struct HttpSettings {
     /// The same for the booking service's routes (bypass, take outcomes,
     /// stale reads), a budget of their own. 0: unbounded.
     pub max_booking_requests_in_flight: usize,
+    /// Threads that run guest searches and availability, apart from the
+    /// server's (`http::guest_threads`). 0: on the server's runtime.
+    pub guest_search_threads: usize,
 }
 
 /// Above this a budget bounds nothing a machine could run (each request in
 /// flight holds a task and a connection), so a larger figure is a typo.
 const MAX_IN_FLIGHT_BOUND: usize = 1_000_000;
+/// More threads than this is a typo: a thread per core is the intent.
+const MAX_GUEST_SEARCH_THREADS: usize = 256;
 
 /// Operator actions (`POST /v1/admin/...`).
 #[derive(Clone, Deserialize)]
@@ -115,6 +120,12 @@ impl HttpSettings {
         }
         if self.shutdown_grace_ms == 0 {
             return Err(invalid("http.shutdown_grace_ms", "must be above 0"));
+        }
+        if self.guest_search_threads > MAX_GUEST_SEARCH_THREADS {
+            return Err(invalid(
+                "http.guest_search_threads",
+                "must be between 0 (the server's runtime) and 256",
+            ));
         }
         Ok(())
     }

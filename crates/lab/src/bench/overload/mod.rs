@@ -21,28 +21,29 @@
 //! `/v1/bypass` is asked at a steady rate beside the flood.
 
 use std::fmt::Write as _;
+mod flood;
+
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use rand::{RngExt, SeedableRng};
+use rand::RngExt;
 use rand_chacha::ChaCha8Rng;
 use tokio::net::TcpListener;
 use vacancy_service::metrics::HTTP_SHED_DURATION;
 use vacancy_service::{Settings, slot};
 
+pub use self::flood::FloodError;
+use self::flood::{Flood, FloodPlan, MAX_BACKOFF, Pace, PathOf, Sample};
 use super::wait::WaitBuckets;
 use super::{BenchError, CONNECT_TIMEOUT, LOAD_LIMIT, Owner, POLL, VACANCY_SLOT, bench_settings};
-use crate::http_client::HttpClient;
 use crate::measure::Latencies;
 use crate::readiness::wait_until;
 
-/// A search over loopback past this counts as failed (the service's own
-/// request timeout, 5 s by default, answers first).
-const CLIENT_TIMEOUT: Duration = Duration::from_secs(10);
-/// The longest back-off a client takes, whatever `Retry-After` says: the
-/// issue's bound, so a long back-off cannot meet the goals by cutting the load.
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// Workers of the flood's own runtime: one per core of this machine kind.
+const FLOOD_WORKERS: usize = 2;
+/// How long stopping a flood may take: each connection ends after its
+/// request in flight, which the client's own timeout bounds.
+const FLOOD_STOP_LIMIT: Duration = Duration::from_secs(30);
 /// Connections of the `peak` run: issue 24's table reaches capacity at 8.
 const PEAK_CONNECTIONS: u32 = 8;
 
@@ -60,16 +61,10 @@ pub(super) struct OverloadOptions {
     /// `http.max_guest_requests_in_flight` of the `admission` run.
     pub(super) max_in_flight: usize,
     pub(super) bypass_per_second: u32,
-}
-
-/// What one client saw of one request.
-#[derive(Debug, Clone, Copy)]
-struct Sample {
-    /// When the answer (or the failure) came back.
-    at: Instant,
-    latency: Duration,
-    /// 0: no answer (a connection error or the client's timeout).
-    status: u16,
+    /// The flood's guests as a multiple of the peak's 200s per second
+    /// (`flood`'s module comment): a guest that is shed asks about once a
+    /// second, so this is about the offered load over the peak.
+    pub(super) guests_over_peak: f64,
 }
 
 /// One run's figures, over the measured window only.
@@ -77,6 +72,7 @@ struct Sample {
 struct RunFigures {
     name: &'static str,
     connections: u32,
+    guests: u32,
     /// 0: unbounded.
     bound: usize,
     seconds: f64,
@@ -123,10 +119,25 @@ pub(super) async fn run(owner: &Owner, options: &OverloadOptions) -> Result<(), 
         ("unlimited", options.connections, 0),
         ("admission", options.connections, options.max_in_flight),
     ];
-    let mut runs = Vec::new();
+    let mut runs: Vec<RunFigures> = Vec::new();
     for (name, connections, bound) in plan {
         slot::drop_slot(&client, VACANCY_SLOT).await?;
-        let figures = measure(owner, options, &city, name, connections, bound).await?;
+        // The flood is sized by the peak just measured: enough guests that,
+        // shed and backing off for a second each, they offer the multiple
+        // of it the options ask for; one per connection at least. The peak
+        // run itself: one guest per connection, as wrk's.
+        let guests = match runs.first() {
+            Some(peak) => {
+                let wanted =
+                    (peak.ok_per_second() * MAX_BACKOFF.as_secs_f64() * options.guests_over_peak)
+                        .ceil();
+                u32::try_from(wanted as u64)
+                    .unwrap_or(u32::MAX)
+                    .max(connections)
+            }
+            None => connections,
+        };
+        let figures = measure(owner, options, &city, name, connections, guests, bound).await?;
         // Early, so a later failure does not lose a finished run.
         eprintln!(
             "{name}: {:.0} 200s/s, 200 p99 {}, {:.0} 503s/s",
@@ -158,6 +169,7 @@ async fn measure(
     city: &str,
     name: &'static str,
     connections: u32,
+    guests: u32,
     bound: usize,
 ) -> Result<RunFigures, BenchError> {
     let mut settings: Settings = bench_settings(owner.url());
@@ -176,60 +188,39 @@ async fn measure(
         || app.model.freshness.applied() >= loaded_at && app.hotel_index.holds_current_copy(),
     )
     .await?;
-    // One pool per run, as large as the flood: every client keeps its own
-    // connection, as wrk's do.
-    let pool = crate::http_client::client_builder()
-        .pool_max_idle_per_host(connections as usize)
-        .build()
-        .map_err(|e| BenchError::Io(std::io::Error::other(e.to_string())))?;
-    let http = HttpClient::with_client(pool, app.addr, CLIENT_TIMEOUT);
-    let stop = Arc::new(AtomicBool::new(false));
     let city_query: String = form_urlencoded::byte_serialize(city.as_bytes()).collect();
     let shape = owner.shape;
     let check_ins = u64::try_from(shape.nights.saturating_sub(3).max(1)).unwrap_or(1);
-    let clients: Vec<_> = (0..u64::from(connections))
-        .map(|seed| {
-            let http = http.clone();
-            let stop = stop.clone();
-            let city_query = city_query.clone();
-            tokio::spawn(async move {
-                let mut rng = ChaCha8Rng::seed_from_u64(seed);
-                let mut samples = Vec::new();
-                while !stop.load(Ordering::Acquire) {
-                    let check_in = shape.first_night + chrono::Days::new(rng.random_range(0..check_ins));
-                    let check_out = check_in + chrono::Days::new(rng.random_range(1..=3));
-                    let path = format!(
-                        "/v1/search?city={city_query}&check_in={check_in}&check_out={check_out}&room=2"
-                    );
-                    let (sample, backoff) = ask(&http, &path).await;
-                    samples.push(sample);
-                    if let Some(wait) = backoff {
-                        tokio::time::sleep(wait).await;
-                    }
-                }
-                samples
-            })
-        })
-        .collect();
+    let search_path: PathOf = Arc::new(move |rng: &mut ChaCha8Rng| {
+        let check_in = shape.first_night + chrono::Days::new(rng.random_range(0..check_ins));
+        let check_out = check_in + chrono::Days::new(rng.random_range(1..=3));
+        format!("/v1/search?city={city_query}&check_in={check_in}&check_out={check_out}&room=2")
+    });
+    let flood = Flood::start(FloodPlan {
+        addr: app.addr,
+        connections,
+        guests,
+        pace: Pace::ClosedLoop,
+        path_of: search_path,
+        worker_threads: FLOOD_WORKERS,
+        seed: u64::from(connections),
+    })?;
     let bypass_path = format!(
         "/v1/bypass?hotel_id=1&room_type_id=1&check_in={}&check_out={}&rooms=1",
         shape.first_night,
         shape.first_night + chrono::Days::new(1)
     );
-    let bypass = {
-        let http = http.clone();
-        let stop = stop.clone();
-        let every = Duration::from_secs_f64(1.0 / f64::from(options.bypass_per_second.max(1)));
-        tokio::spawn(async move {
-            let mut ticks = tokio::time::interval(every);
-            let mut samples = Vec::new();
-            while !stop.load(Ordering::Acquire) {
-                ticks.tick().await;
-                samples.push(ask(&http, &bypass_path).await.0);
-            }
-            samples
-        })
-    };
+    let bypass = Flood::start(FloodPlan {
+        addr: app.addr,
+        connections: 1,
+        guests: 1,
+        pace: Pace::Every(Duration::from_secs_f64(
+            1.0 / f64::from(options.bypass_per_second.max(1)),
+        )),
+        path_of: Arc::new(move |_: &mut ChaCha8Rng| bypass_path.clone()),
+        worker_threads: 1,
+        seed: 0,
+    })?;
 
     tokio::time::sleep(Duration::from_secs(u64::from(options.warmup_seconds))).await;
     let shed_before = WaitBuckets::of(&HTTP_SHED_DURATION.with_label_values(&["guest"]));
@@ -238,12 +229,8 @@ async fn measure(
     let to = Instant::now();
     let shed_server =
         WaitBuckets::of(&HTTP_SHED_DURATION.with_label_values(&["guest"])).since(&shed_before);
-    stop.store(true, Ordering::Release);
-    let mut samples = Vec::new();
-    for c in clients {
-        samples.extend(c.await.unwrap_or_default());
-    }
-    let bypass_samples = bypass.await.unwrap_or_default();
+    let samples = flood.finish(FLOOD_STOP_LIMIT).await?;
+    let bypass_samples = bypass.finish(FLOOD_STOP_LIMIT).await?;
     app.stop(Duration::from_secs(30)).await;
 
     let inside = |s: &&Sample| s.at >= from && s.at < to;
@@ -260,16 +247,14 @@ async fn measure(
     // Offered: every request sent in the window, answered or not.
     let offered = samples
         .iter()
-        .filter(|s| {
-            let sent = s.at - s.latency;
-            sent >= from && sent < to
-        })
+        .filter(|s| s.sent() >= from && s.sent() < to)
         .count();
     let seconds = (to - from).as_secs_f64();
     let bypass_inside: Vec<&Sample> = bypass_samples.iter().filter(inside).collect();
     Ok(RunFigures {
         name,
         connections,
+        guests,
         bound,
         seconds,
         offered: offered as f64 / seconds.max(1e-9),
@@ -293,29 +278,6 @@ async fn measure(
     })
 }
 
-/// One request; a 503 comes with how long to back off (its `Retry-After`,
-/// at most `MAX_BACKOFF`; 1 s when it names none or not in whole seconds).
-async fn ask(http: &HttpClient, path: &str) -> (Sample, Option<Duration>) {
-    let sent = Instant::now();
-    let answer = http.get(path).await;
-    let at = Instant::now();
-    let status = answer.as_ref().map_or(0, |a| a.status);
-    let backoff = answer.ok().filter(|a| a.status == 503).map(|a| {
-        a.header("retry-after")
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map_or(MAX_BACKOFF, Duration::from_secs)
-            .min(MAX_BACKOFF)
-    });
-    (
-        Sample {
-            at,
-            latency: at - sent,
-            status,
-        },
-        backoff,
-    )
-}
-
 fn ms(value: Option<f64>) -> String {
     value.map_or_else(|| "-".to_string(), |v| format!("{v:.1} ms"))
 }
@@ -328,11 +290,11 @@ fn render(runs: &[RunFigures]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "| run | connections | bound | offered/s | 200s/s | 200 p50 | 200 p99 | 503s/s | 503 p99 (client) | 503 p99 (server) | other | bypass p99 |"
+        "| run | connections | guests | bound | offered/s | 200s/s | 200 p50 | 200 p99 | 503s/s | 503 p99 (client) | 503 p99 (server) | other | bypass p99 |"
     );
     let _ = writeln!(
         out,
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for r in runs {
         let server = match (r.shed_server_count, r.shed_server_p99_s) {
@@ -351,9 +313,10 @@ fn render(runs: &[RunFigures]) -> String {
         };
         let _ = writeln!(
             out,
-            "| {} | {} | {} | {:.0} | {:.0} | {} | {} | {:.0} | {} | {server} | {} | {bypass} |",
+            "| {} | {} | {} | {} | {:.0} | {:.0} | {} | {} | {:.0} | {} | {server} | {} | {bypass} |",
             r.name,
             r.connections,
+            r.guests,
             if r.bound == 0 {
                 "none".to_string()
             } else {
