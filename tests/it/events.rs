@@ -31,12 +31,14 @@ pub struct SseEvent {
 }
 
 impl SseEvent {
-    fn lsn(&self) -> Lsn {
+    /// The id's LSN (ids are `timeline/LSN`, `1/0/16B3748`).
+    pub fn lsn(&self) -> Lsn {
         self.id
             .as_deref()
             .expect("every data event has an id")
-            .parse()
-            .expect("the id is an LSN")
+            .parse::<vacancy_service::Position>()
+            .expect("the id is a position")
+            .lsn
     }
 
     /// `(room_type_id, night) -> free` of the event's nights.

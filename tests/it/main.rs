@@ -10,6 +10,7 @@ mod confirmed;
 mod demo;
 mod drops;
 mod events;
+mod failover;
 mod faults;
 mod fleet;
 mod fleet_stale;

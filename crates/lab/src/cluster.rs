@@ -314,6 +314,37 @@ impl Cluster {
         Ok(standby)
     }
 
+    /// Promotes this standby to a primary, as a failover does: `pg_ctl
+    /// promote`, then waits (at most `timeout`) until the server says it is
+    /// out of recovery. The new primary writes a new timeline; logical
+    /// slots of the old primary are not on it (PostgreSQL 15).
+    pub fn promote(&self, timeout: std::time::Duration) -> Result<(), ClusterError> {
+        let deadline = std::time::Instant::now() + timeout;
+        let secs = timeout.as_secs().max(1).to_string();
+        self.run(
+            "pg_ctl",
+            &["-D", path_str(&self.data_dir), "-w", "-t", &secs, "promote"],
+        )?;
+        loop {
+            let out = Command::new(self.bin_dir.join("psql"))
+                .args(["-X", "-q", "-A", "-t", "-d", &self.url("postgres")])
+                .arg("-c")
+                .arg("SELECT pg_is_in_recovery()")
+                .stdin(std::process::Stdio::null())
+                .output()?;
+            if out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "f" {
+                return Ok(());
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(ClusterError::Command {
+                    command: "pg_ctl promote".to_string(),
+                    detail: format!("still in recovery after {timeout:?}"),
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
     /// Creates a database (one per test keeps tests apart on a shared cluster).
     pub fn create_database(&self, name: &str) -> Result<String, ClusterError> {
         let psql = self.bin_dir.join("psql");

@@ -335,7 +335,13 @@ impl HotelIndex {
         let searcher = self.reader.searcher();
         metrics::INDEX_DOCUMENTS.set(searcher.num_docs() as i64);
         metrics::INDEX_SEGMENTS.set(searcher.segment_readers().len() as i64);
-        self.synced.fetch_max(at.0, Ordering::AcqRel);
+        if rebuild {
+            // A new copy may stand below the last one (a failover's new
+            // timeline): its position replaces the old, it does not add to it.
+            self.synced.store(at.0, Ordering::Release);
+        } else {
+            self.synced.fetch_max(at.0, Ordering::AcqRel);
+        }
         Ok(n)
     }
 

@@ -68,7 +68,7 @@ pub use fleet::wire::{Body as FleetBody, Message as FleetMessage};
 pub use fleet::{FleetSettings, Role as FleetRole};
 pub use index::{HotelIndex, IndexError};
 pub use logging::{LogFormat, LogSettings, init_logging};
-pub use lsn::{Lsn, ParseLsnError};
+pub use lsn::{Lsn, ParseLsnError, Position};
 /// What a held transaction costs in memory until it spills (`stream.max_held_bytes`).
 pub use model::held::{HELD_CHANGE_BYTES, SPILLING_BYTES};
 pub use model::{CalendarKey, NightCounts, ReadModel, Source};

@@ -48,6 +48,77 @@ impl FromStr for Lsn {
     }
 }
 
+/// An LSN with the owner timeline it was read on: `2/0/16B3748`
+/// (timeline in decimal, as `IDENTIFY_SYSTEM` and `pg_control` print it).
+///
+/// LSNs are only ordered within a timeline: after a failover the new
+/// primary's positions start from where it branched off, and may be below
+/// positions the old one handed out. So a position a guest sends back
+/// (`min_lsn`, `Last-Event-ID`) says its timeline. A bare `0/16B3748` (an
+/// older client, or a commit LSN read on the owner) parses with
+/// `timeline: None` and is taken as a position of the copy's own timeline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Position {
+    pub timeline: Option<u32>,
+    pub lsn: Lsn,
+}
+
+impl Position {
+    pub fn new(timeline: u32, lsn: Lsn) -> Position {
+        Position {
+            timeline: (timeline != 0).then_some(timeline),
+            lsn,
+        }
+    }
+}
+
+impl fmt::Display for Position {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.timeline {
+            Some(timeline) => write!(f, "{timeline}/{}", self.lsn),
+            None => write!(f, "{}", self.lsn),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "not a position: {0:?} (expected an LSN like 0/16B3748, or a timeline and an LSN like 2/0/16B3748)"
+)]
+pub struct ParsePositionError(pub String);
+
+impl FromStr for Position {
+    type Err = ParsePositionError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || ParsePositionError(s.chars().take(64).collect());
+        match s.split_once('/') {
+            Some((timeline, rest)) if rest.contains('/') => {
+                // Decimal, 1 to 10 digits, never 0 (PostgreSQL's timelines start at 1).
+                if timeline.is_empty()
+                    || timeline.len() > 10
+                    || !timeline.bytes().all(|b| b.is_ascii_digit())
+                {
+                    return Err(err());
+                }
+                let timeline: u32 = timeline.parse().map_err(|_| err())?;
+                if timeline == 0 {
+                    return Err(err());
+                }
+                let lsn = rest.parse::<Lsn>().map_err(|_| err())?;
+                Ok(Position {
+                    timeline: Some(timeline),
+                    lsn,
+                })
+            }
+            _ => Ok(Position {
+                timeline: None,
+                lsn: s.parse::<Lsn>().map_err(|_| err())?,
+            }),
+        }
+    }
+}
+
 impl From<PgLsn> for Lsn {
     fn from(lsn: PgLsn) -> Lsn {
         Lsn(u64::from(lsn))
@@ -98,6 +169,41 @@ mod tests {
         assert_eq!(PgLsn::from(Lsn(0x16_B374_D848)), pg);
     }
 
+    #[test]
+    fn positions_carry_their_timeline_or_none() {
+        let p: Position = "2/0/16B3748".parse().unwrap();
+        assert_eq!(
+            p,
+            Position {
+                timeline: Some(2),
+                lsn: Lsn(0x16B3748)
+            }
+        );
+        assert_eq!(p.to_string(), "2/0/16B3748");
+        let bare: Position = "0/16B3748".parse().unwrap();
+        assert_eq!(
+            bare,
+            Position {
+                timeline: None,
+                lsn: Lsn(0x16B3748)
+            }
+        );
+        assert_eq!(bare.to_string(), "0/16B3748");
+        assert_eq!(Position::new(0, Lsn(5)).timeline, None);
+        for bad in [
+            "",
+            "0/0/1",
+            "x/0/1",
+            "1/2/3/4",
+            "/0/1",
+            "99999999999/0/1",
+            "1//1",
+            "1/0/",
+        ] {
+            assert!(bad.parse::<Position>().is_err(), "{bad} parsed");
+        }
+    }
+
     proptest! {
         #[test]
         fn round_trips(v in any::<u64>()) {
@@ -118,6 +224,17 @@ mod tests {
         #[test]
         fn never_panics_on_text(s in "\\PC{0,24}") {
             let _ = s.parse::<Lsn>();
+        }
+
+        #[test]
+        fn positions_round_trip(t in 1u32.., v in any::<u64>()) {
+            let p = Position { timeline: Some(t), lsn: Lsn(v) };
+            prop_assert_eq!(p.to_string().parse::<Position>(), Ok(p));
+        }
+
+        #[test]
+        fn never_panics_on_position_text(s in "\\PC{0,24}") {
+            let _ = s.parse::<Position>();
         }
     }
 }

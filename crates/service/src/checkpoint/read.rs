@@ -579,6 +579,7 @@ fn decode(
         applied: header.lsn(),
         commit_time: header.commit_time(),
         epoch: header.epoch,
+        timeline: header.identity.timeline,
     };
     Ok(Loaded {
         header,

@@ -471,25 +471,20 @@ impl Replica {
     async fn owner_identity(&self) -> Result<Identity, FleetError> {
         let client = owner::connect_configured(&self.owner, self.owner.connect_timeout()).await?;
         let read = async {
-            let row = client
-                .query_one(
-                    "SELECT s.system_identifier, c.timeline_id
-                     FROM pg_control_system() s, pg_control_checkpoint() c",
-                    &[],
-                )
+            // The timeline WAL is written on, not the last checkpoint's: a
+            // promoted standby's lags until its first checkpoint.
+            let found = owner::identity::read(&client)
                 .await
                 .map_err(|e| FleetError::Owner(format!("the owner's system identifier: {e}")))?;
             let columns_fingerprint = slot::columns_fingerprint(&client, &self.publication)
                 .await
                 .map_err(|e| FleetError::Owner(e.to_string()))?;
-            Ok::<_, FleetError>((row, columns_fingerprint))
+            Ok::<_, FleetError>((found, columns_fingerprint))
         };
-        let (row, columns_fingerprint) = self.within_query_timeout(read).await?;
-        let system_identifier: i64 = row.get(0);
-        let timeline: i32 = row.get(1);
+        let (found, columns_fingerprint) = self.within_query_timeout(read).await?;
         Ok(Identity {
-            system_identifier: system_identifier as u64,
-            timeline: timeline as u32,
+            system_identifier: found.system_identifier,
+            timeline: found.timeline,
             slot: self.slot.clone(),
             publication: self.publication.clone(),
             columns_fingerprint,

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast::error::RecvError;
 
 use super::{ApiState, Problem};
-use crate::lsn::Lsn;
+use crate::lsn::{Lsn, Position};
 use crate::model::feed::{FeedItem, NightChange};
 use crate::model::{CalendarKey, NightCounts, ReadModel};
 
@@ -222,7 +222,7 @@ pub async fn hotel_events(
     let last_seen = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<Lsn>().ok());
+        .and_then(|v| v.trim().parse::<Position>().ok());
 
     // Subscribe first: whatever is published from here on reaches us, and
     // anything published before is in the state or the ring we read next.
@@ -266,8 +266,15 @@ struct HotelStream {
 impl HotelStream {
     /// The first events: the missed changes when the ring still holds them
     /// all, otherwise the full state.
-    fn start(&mut self, last_seen: Option<Lsn>) {
+    fn start(&mut self, last_seen: Option<Position>) {
+        let timeline = self.model.read().timeline;
         let resumable = last_seen
+            // LSNs compare only within a timeline: an id of another one (the
+            // owner failed over since) or without one (a release before ids
+            // said it) gets a fresh state. A copy of unknown timeline (0)
+            // takes bare ids, as before.
+            .filter(|p| p.timeline.unwrap_or(0) == timeline)
+            .map(|p| p.lsn)
             // An id from the future (another history, or made up) cannot be trusted.
             .filter(|l| *l <= self.model.freshness.applied())
             .and_then(|l| self.model.feed.since(l).map(|items| (l, items)));
@@ -324,6 +331,11 @@ impl HotelStream {
         if item.lsn <= self.last && !item.reset {
             return;
         }
+        if item.reset {
+            // A new copy may stand below what this stream sent (a failover's
+            // new timeline): the state below sets where it stands now.
+            self.last = Lsn::ZERO;
+        }
         if item.resyncs(self.hotel_id) {
             self.push_state("resync");
             return;
@@ -345,14 +357,16 @@ impl HotelStream {
             commit_time: item.commit_time,
             nights,
         };
-        self.pending
-            .push_back(json_event("change", item.lsn, &body));
+        let id = Position::new(item.timeline, item.lsn);
+        self.pending.push_back(json_event("change", id, &body));
     }
 
     /// Reads the hotel's state from one published copy and queues it.
     fn push_state(&mut self, reason: &'static str) {
+        let timeline;
         let body = {
             let t = self.model.read();
+            timeline = t.timeline;
             let hotel = t.hotels.get(&self.hotel_id);
             let mut room_types = Vec::new();
             let mut nights = Vec::new();
@@ -388,14 +402,17 @@ impl HotelStream {
         };
         // Everything at or below the state's LSN is in it.
         self.last = self.last.max(body.lsn);
-        let event = json_event("state", body.lsn, &body).retry(RETRY);
+        let id = Position::new(timeline, body.lsn);
+        let event = json_event("state", id, &body).retry(RETRY);
         self.pending.push_back(event);
     }
 }
 
-fn json_event<T: Serialize>(name: &'static str, lsn: Lsn, body: &T) -> Event {
+/// An event whose id is its position with the copy's timeline (`2/0/16B3748`),
+/// so a reconnect after a failover is told apart from one on this timeline.
+fn json_event<T: Serialize>(name: &'static str, id: Position, body: &T) -> Event {
     let data = serde_json::to_string(body).unwrap_or_else(|_| "{}".to_string());
-    Event::default().event(name).id(lsn.to_string()).data(data)
+    Event::default().event(name).id(id.to_string()).data(data)
 }
 
 #[cfg(test)]

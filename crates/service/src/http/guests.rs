@@ -80,11 +80,12 @@ fn fresh_json<T: Serialize>(lsn: Lsn, body: T, size_hint: usize) -> Response {
         ("sort" = Option<String>, Query, description = "price | stars | availability | relevance"),
         ("limit" = Option<i32>, Query, description = "1 to 100, default 20"),
         ("cursor" = Option<String>, Query, description = "next_cursor of the previous page"),
-        ("min_lsn" = Option<String>, Query, description = "answer only with data at or past this LSN (read-your-writes)"),
+        ("min_lsn" = Option<String>, Query, description = "answer only with data at or past this position (read-your-writes): an answer's `position` (timeline/LSN, 1/0/16B3748), or a bare LSN taken as one of the copy's timeline"),
     ),
     responses(
         (status = 200, description = "matching hotels, with the LSN and lag the answer reflects", body = crate::search::SearchAnswer),
         (status = 400, description = "invalid parameter", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "`/problems/timeline-changed`: min_lsn is of an owner timeline the copy no longer follows (the owner failed over)", body = ProblemBody, content_type = "application/problem+json"),
         (status = 503, description = "the copy is not ready or lags too far", body = ProblemBody, content_type = "application/problem+json"),
     ))]
 pub(super) async fn search(
@@ -113,12 +114,13 @@ pub(super) async fn search(
         ("check_in" = String, Query, description = "YYYY-MM-DD"),
         ("check_out" = String, Query, description = "YYYY-MM-DD"),
         ("room" = Vec<i32>, Query, description = "guests in one room; repeat per room", explode = true),
-        ("min_lsn" = Option<String>, Query, description = "read-your-writes LSN"),
+        ("min_lsn" = Option<String>, Query, description = "read-your-writes position: an answer's `position` (1/0/16B3748) or a bare LSN"),
     ),
     responses(
         (status = 200, description = "every room type night by night", body = crate::search::Availability),
         (status = 400, description = "invalid parameter", body = ProblemBody, content_type = "application/problem+json"),
         (status = 404, description = "no such hotel", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 409, description = "`/problems/timeline-changed`: min_lsn is of an owner timeline the copy no longer follows", body = ProblemBody, content_type = "application/problem+json"),
         (status = 503, description = "not ready", body = ProblemBody, content_type = "application/problem+json"),
     ))]
 pub(super) async fn availability(

@@ -16,6 +16,7 @@ use super::{ApiState, Problem};
 use crate::lsn::Lsn;
 use crate::metrics;
 use crate::model::{NightCounts, ReadModel};
+use crate::owner::identity::OwnerReport;
 use crate::stream::checkpoints::CheckpointReport;
 use crate::stream::snapshot::SnapshotPhase;
 
@@ -112,6 +113,7 @@ pub(super) struct StatusBody {
     model: ModelBody,
     checkpoint: CheckpointBody,
     fleet: crate::fleet::FleetReport,
+    owner: OwnerBody,
 }
 
 /// Checkpoints: on or off, where the copy came from, the newest written,
@@ -207,7 +209,24 @@ pub(super) async fn status(State(state): State<ApiState>) -> Json<StatusBody> {
         model: model_body(&state.model),
         checkpoint: checkpoint_body(&state),
         fleet: state.fleet.report(),
+        owner: OwnerBody {
+            sessions: state.status.owner_report(),
+            copy_timeline: state.model.read().timeline,
+        },
     })
+}
+
+/// `/v1/status` `owner`: which owner the copy follows (issue 24's failover).
+#[derive(Serialize, utoipa::ToSchema)]
+struct OwnerBody {
+    /// The system identifier and timeline the replication sessions reached,
+    /// the one before the last change, when the change was seen and how
+    /// many there were; null on a node that does not stream (a replica).
+    sessions: Option<OwnerReport>,
+    /// The owner timeline the copy's positions are on (0: unknown). It
+    /// differs from `sessions.current.timeline` while a failover's new
+    /// snapshot is being taken.
+    copy_timeline: u32,
 }
 
 fn unacknowledged_bytes(state: &ApiState) -> u64 {

@@ -65,6 +65,12 @@ pub enum Problem {
     OutcomesUnavailable {
         detail: String,
     },
+    /// A `min_lsn` of an owner timeline the copy no longer follows (the
+    /// owner failed over): it can never be reached, so it is refused
+    /// rather than waited for.
+    TimelineChanged {
+        detail: String,
+    },
 }
 
 impl Problem {
@@ -171,6 +177,12 @@ impl Problem {
                 "The fleet's take-outcome stream is unavailable; the report was not counted here",
                 format!("{detail}; send the same report again"),
             ),
+            Problem::TimelineChanged { detail } => (
+                StatusCode::CONFLICT,
+                "timeline-changed",
+                "The position is on an owner timeline this copy no longer follows",
+                detail.clone(),
+            ),
         }
     }
 }
@@ -191,6 +203,7 @@ impl IntoResponse for Problem {
             Problem::InvalidQuote { .. } => Some("quote"),
             Problem::AttemptReused => Some("attempt_id"),
             Problem::QueryTooLong { .. } => Some("query"),
+            Problem::TimelineChanged { .. } => Some("min_lsn"),
             _ => None,
         };
         let type_uri: axum::http::Uri = format!("/problems/{slug}")
@@ -238,6 +251,9 @@ impl From<SearchError> for Problem {
             SearchError::Index(e) => Problem::InvalidParameter {
                 field: "q",
                 detail: e.to_string(),
+            },
+            old @ SearchError::OldTimeline { .. } => Problem::TimelineChanged {
+                detail: old.to_string(),
             },
         }
     }

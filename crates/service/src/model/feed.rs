@@ -67,6 +67,9 @@ pub struct FeedItem {
     /// Not a transaction: the copy was replaced or repaired at `lsn`, so
     /// even a reader that has seen `lsn` must start over.
     pub reset: bool,
+    /// The owner timeline of the copy `lsn` is a position of (0: unknown):
+    /// an event id says it, so a reconnect after a failover is not resumed.
+    pub timeline: u32,
 }
 
 impl FeedItem {
@@ -138,6 +141,7 @@ impl FeedItem {
                 .collect(),
             resync,
             reset: false,
+            timeline: 0,
         })
     }
 
@@ -224,7 +228,7 @@ impl Feed {
     /// Everything since a new copy was swapped in, or since a repair the
     /// stream did not deliver, is a full-state matter: every open page starts
     /// over, and no client may resume from a position at or before `at`.
-    pub fn reset(&self, at: Lsn) {
+    pub fn reset(&self, at: Lsn, timeline: u32) {
         let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
         ring.items.clear();
         ring.nights = 0;
@@ -236,6 +240,7 @@ impl Feed {
             nights: Vec::new(),
             resync: Resync::All,
             reset: true,
+            timeline,
         }));
     }
 
@@ -351,7 +356,7 @@ mod tests {
     #[test]
     fn the_ring_resumes_until_it_evicts_and_not_across_a_reset() {
         let feed = Feed::default();
-        feed.reset(Lsn(100));
+        feed.reset(Lsn(100), 1);
         assert!(
             feed.since(Lsn(100)).is_none(),
             "nothing seen after the reset"
@@ -371,7 +376,7 @@ mod tests {
         assert!(tail.windows(2).all(|w| w[0].lsn < w[1].lsn));
         let newest = 200 + RING_ITEMS as u64 + 9;
         assert!(feed.since(Lsn(newest)).unwrap().is_empty());
-        feed.reset(Lsn(newest + 5));
+        feed.reset(Lsn(newest + 5), 1);
         assert!(feed.since(Lsn(newest)).is_none());
     }
 }

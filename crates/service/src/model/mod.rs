@@ -195,6 +195,11 @@ pub struct Tables {
     /// only by a new snapshot, so the fleet can tell one epoch's messages
     /// from another's (`fleet::wire`).
     pub epoch: u64,
+    /// The owner timeline the copy's positions are on (`IDENTIFY_SYSTEM`
+    /// of the session that snapshotted it; 0: unknown). LSNs compare only
+    /// within one timeline, so positions handed to guests carry it
+    /// (`crate::lsn::Position`).
+    pub timeline: u32,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -541,8 +546,11 @@ impl ReadModel {
             (Ok(applied), Publish::Yes)
         })?;
         if !applied.skipped
-            && let Some(item) = feed::FeedItem::from_transaction(txn)
+            && let Some(mut item) = feed::FeedItem::from_transaction(txn)
         {
+            // The copy that holds it: only this writer replaces copies, so
+            // none came in between.
+            item.timeline = self.published.load().timeline;
             self.feed.publish(item);
         }
         Ok(applied)
@@ -619,7 +627,7 @@ impl ReadModel {
         let (repairs, at) = merged;
         if let Some(at) = at {
             // The stream did not deliver these values: open pages start over.
-            self.feed.reset(at);
+            self.feed.reset(at, self.published.load().timeline);
         }
         repairs
     }
@@ -645,7 +653,7 @@ impl ReadModel {
             (Ok(true), Publish::Yes)
         })?;
         if applied {
-            self.feed.reset(at);
+            self.feed.reset(at, self.published.load().timeline);
         }
         Ok(applied)
     }
@@ -654,6 +662,7 @@ impl ReadModel {
     /// Until then the old copy keeps serving.
     pub fn replace(&self, fresh: Tables) {
         let at = fresh.applied;
+        let timeline = fresh.timeline;
         let commit_time_us = fresh.commit_time.map_or(0, |t| t.timestamp_micros());
         // The swap publishes the applied position with a plain store: a
         // resnapshot may land at a position before what a lost slot once
@@ -665,11 +674,15 @@ impl ReadModel {
         self.freshness
             .commit_time_us
             .store(commit_time_us, Ordering::Release);
+        // The owner's WAL end as last seen may be of another timeline (a
+        // failover), far past anything the new copy's owner will reach
+        // soon: start over from the new copy's own position.
+        self.freshness.server_wal_end.store(at.0, Ordering::Release);
         self.freshness.loaded.store(true, Ordering::Release);
         // A snapshot is as new as the owner; a checkpoint's loader sets its
         // own position to reach after this.
         self.freshness.catch_up_to.store(0, Ordering::Release);
-        self.feed.reset(at);
+        self.feed.reset(at, timeline);
     }
 }
 

@@ -98,6 +98,20 @@ impl AppliedXids {
         ring.xids.push_back(xid);
     }
 
+    /// Forgets every xid: the copy was replaced by a snapshot of another
+    /// owner (a promoted standby), whose xids are not the old primary's
+    /// (one applied there and lost with it would count as hidden, and
+    /// defer every re-read, until the new primary's counter passed it).
+    /// Everything the snapshot holds is visible to any later snapshot on
+    /// its owner, so nothing needs remembering.
+    pub fn clear(&self) {
+        let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
+        let forgotten = ring.xids.len() as u64;
+        ring.first += forgotten;
+        ring.xids.clear();
+        ring.newest_forgotten = None;
+    }
+
     /// A copy of the ring. It holds the lock while it copies (at most
     /// `CAPACITY` xids, 256 KiB: tens of microseconds of `record` waiting).
     pub fn contents(&self) -> RingContents {

@@ -7,14 +7,17 @@
 //! (`vacancy-lab`): the service never writes a booking.
 
 pub mod endpoint;
+pub mod identity;
 mod settings;
 pub mod visibility;
 
 use std::time::Duration;
 
 pub use endpoint::{Endpoint, EndpointError, SslMode};
+pub use identity::OwnerIdentity;
 pub use settings::{OwnerSettings, OwnerSettingsError};
 
+use crate::metrics;
 use crate::model::{CalendarKey, NightCounts};
 
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +36,17 @@ pub enum OwnerError {
     ConnectTimeout(Duration),
     #[error("owner query failed: {0}")]
     Query(#[from] tokio_postgres::Error),
+    /// A multi-host `owner.url` sent this connection elsewhere than the
+    /// replication stream (`identity`): it is dropped, never used.
+    #[error(
+        "the connection reached {found}, but the replication stream is on {expected}; refused (a multi-host owner.url must land every connection on the same primary)"
+    )]
+    OtherServer {
+        expected: OwnerIdentity,
+        found: OwnerIdentity,
+    },
+    #[error("checking which server a new connection reached timed out after {0:?}")]
+    IdentityTimeout(Duration),
 }
 
 /// One inventory night as a direct read selects it: `hotel_id,
@@ -70,11 +84,24 @@ pub(crate) fn explain(error: &tokio_postgres::Error) -> String {
 
 /// Opens an ordinary connection to the owner the settings name, with their
 /// password and TLS (`Endpoint`). Service code connects only through here.
+/// Once a replication session has said which owner it is on
+/// (`owner.pin`), a connection that reached another cluster or timeline
+/// is refused (`identity`'s module doc says why).
 pub async fn connect_configured(
     owner: &OwnerSettings,
     timeout: Duration,
 ) -> Result<tokio_postgres::Client, OwnerError> {
-    Endpoint::from_settings(owner)?.connect(timeout).await
+    let client = Endpoint::from_settings(owner)?.connect(timeout).await?;
+    if let Some(expected) = owner.pin.current() {
+        let found = tokio::time::timeout(timeout, identity::read(&client))
+            .await
+            .map_err(|_| OwnerError::IdentityTimeout(timeout))??;
+        if found != expected {
+            metrics::OWNER_CONNECTIONS_REFUSED.inc();
+            return Err(OwnerError::OtherServer { expected, found });
+        }
+    }
+    Ok(client)
 }
 
 /// Opens an ordinary connection to a URL alone (tools, tests): the URL's

@@ -30,6 +30,11 @@ pub struct OwnerSettings {
     /// idle seconds, then one every `keepalive_interval_secs`.
     pub keepalive_idle_secs: u64,
     pub keepalive_interval_secs: u64,
+    /// Not a setting: the owner the replication stream is on, shared by
+    /// every clone of these settings in one service, so each ordinary
+    /// connection can be checked against it (`super::identity`).
+    #[serde(skip)]
+    pub pin: std::sync::Arc<super::identity::OwnerPin>,
 }
 
 /// A rule of the `[owner]` section broken: the URL and the password

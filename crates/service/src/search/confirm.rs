@@ -96,6 +96,10 @@ pub enum ConfirmError {
     PositionFailed(String),
     #[error("the copy did not apply {0} within the budget")]
     ApplyTimeout(Lsn),
+    /// The position was read on another owner timeline than the copy's
+    /// (a failover's new snapshot is not in yet): the two do not compare.
+    #[error("the owner is on another timeline than the copy")]
+    OtherTimeline,
 }
 
 impl ConfirmError {
@@ -104,6 +108,7 @@ impl ConfirmError {
             ConfirmError::PositionTimeout => "position_timeout",
             ConfirmError::PositionFailed(_) => "position_failed",
             ConfirmError::ApplyTimeout(_) => "apply_timeout",
+            ConfirmError::OtherTimeline => "other_timeline",
         }
     }
 }
@@ -250,6 +255,12 @@ impl Confirmer {
     pub fn writing_while(mut self, writes: Arc<AtomicBool>) -> Confirmer {
         self.writes = writes;
         self
+    }
+
+    /// The owner timeline positions are read on: every connection is
+    /// checked against the replication stream's (`owner::identity`).
+    pub fn timeline(&self) -> Option<u32> {
+        self.owner.pin.current().map(|i| i.timeline)
     }
 
     /// An owner position taken after `began`, by `deadline`.

@@ -33,7 +33,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde::Serialize;
 
 use crate::index::{HotelIndex, IndexError, Place};
-use crate::lsn::Lsn;
+use crate::lsn::{Lsn, Position};
 use crate::metrics;
 use crate::model::calendars::HotelCalendars;
 use crate::model::room_types::Beds;
@@ -96,6 +96,10 @@ pub struct SearchAnswer {
     /// Every owner change committed before this LSN is in the copy's numbers.
     #[schema(value_type = String, example = "0/16B3748")]
     pub lsn: Lsn,
+    /// `lsn` with the owner timeline it is on (`2/0/16B3748`): send it back
+    /// as `min_lsn` for read-your-writes that survives an owner failover.
+    #[schema(example = "1/0/16B3748")]
+    pub position: String,
     pub lag_ms: u64,
     /// True while this node's copy is being replaced whole: a new snapshot,
     /// or on a replica a new bootstrap (a new epoch, an operator's ask, a
@@ -135,6 +139,10 @@ pub enum SearchError {
     Index(#[from] IndexError),
     #[error("no such hotel: {0}")]
     HotelNotFound(i64),
+    #[error(
+        "min_lsn {asked} is a position of an owner timeline this copy no longer follows (it is on timeline {timeline}: the owner failed over, and what was written there after the new primary branched off is gone); search again without min_lsn, or with a position of this answer's timeline"
+    )]
+    OldTimeline { asked: Position, timeline: u32 },
 }
 
 /// What search needs, shared by the handlers.
@@ -355,13 +363,36 @@ impl Search {
 
     /// Waits (bounded) for the copy to apply `min_lsn`; false when it did
     /// not. Woken by the apply that reaches it, not by polling.
-    async fn reached(&self, min_lsn: Option<Lsn>) -> bool {
-        let Some(target) = min_lsn else { return true };
-        self.model
+    ///
+    /// LSNs compare only within a timeline. A position of an older
+    /// timeline than the copy's (the owner failed over since the guest
+    /// read or wrote it) can never be reached, and waiting for it would
+    /// compare unrelated numbers: it is refused (`OldTimeline`). One of a
+    /// newer timeline means the copy still follows the old owner (its new
+    /// snapshot is being taken): not reached, the owner is read. A bare LSN
+    /// is taken as one of the copy's timeline, as before timelines were
+    /// said.
+    async fn reached(&self, min_lsn: Option<Position>) -> Result<bool, SearchError> {
+        let Some(target) = min_lsn else {
+            return Ok(true);
+        };
+        let timeline = self.model.read().timeline;
+        match target.timeline {
+            Some(asked) if timeline != 0 && asked < timeline => {
+                return Err(SearchError::OldTimeline {
+                    asked: target,
+                    timeline,
+                });
+            }
+            Some(asked) if timeline != 0 && asked > timeline => return Ok(false),
+            _ => {}
+        }
+        Ok(self
+            .model
             .freshness
-            .wait_applied(target, self.min_lsn_wait)
+            .wait_applied(target.lsn, self.min_lsn_wait)
             .await
-            .is_some()
+            .is_some())
     }
 
     /// Answers `req`. With `lagging`, the copy is too far behind to trust
@@ -372,7 +403,7 @@ impl Search {
         lagging: bool,
     ) -> Result<SearchAnswer, SearchError> {
         let asked_at = Instant::now();
-        let caught_up = self.reached(req.min_lsn).await;
+        let caught_up = self.reached(req.min_lsn).await?;
         let candidates = self.index.candidates(&crate::index::CandidateQuery {
             place: req.place.clone(),
             stars_min: req.stars_min,
@@ -383,7 +414,8 @@ impl Search {
         // Read right before the copy is, so nothing the copy could hold is
         // missing from the owner's side of the bracket.
         let position_before = self.owner_position().await;
-        let (copied, lsn) = self.copy_out(&candidates, req, reason, &bypassed);
+        let (copied, position) = self.copy_out(&candidates, req, reason, &bypassed);
+        let lsn = position.lsn;
         let ranked = match copied {
             Copied::Ranked(ranked) => ranked,
             Copied::Unranked(hotels) => {
@@ -421,6 +453,7 @@ impl Search {
         self.sign_quotes(&mut page.results, &quotes);
         Ok(SearchAnswer {
             lsn,
+            position: position.to_string(),
             lag_ms: quotes.lag_ms,
             stale: self.model.freshness.is_replacing(),
             confirmed_lsn: confirmed,
@@ -454,7 +487,7 @@ impl Search {
         req: &SearchRequest,
         reason: Reason,
         bypassed: &HashSet<i64>,
-    ) -> (Copied, Lsn) {
+    ) -> (Copied, Position) {
         let t = self.copy();
         let located = locate(&t, candidates, req);
         let trusted = reason == Reason::FewUnits && bypassed.is_empty();
@@ -463,7 +496,7 @@ impl Search {
         } else {
             Copied::Unranked(copy_whole(&t, located, req, reason, bypassed))
         };
-        (copied, t.applied)
+        (copied, Position::new(t.timeline, t.applied))
     }
 
     /// The copy cannot be trusted for this answer (or for these hotels):
@@ -664,6 +697,15 @@ impl Search {
             .wait_applied(at, confirm::left(deadline))
             .await
             .ok_or(ConfirmError::ApplyTimeout(at))?;
+        // Checked after the wait, which may span a failover's session: an
+        // LSN of the new owner's timeline says nothing of an old copy.
+        let copy_timeline = self.model.read().timeline;
+        let owner_timeline = self.confirmer.timeline();
+        if self.model.freshness.is_replacing()
+            || owner_timeline.is_some_and(|t| copy_timeline != 0 && t != copy_timeline)
+        {
+            return Err(ConfirmError::OtherTimeline);
+        }
         metrics::CONFIRMED_READ_WAIT.observe(started.elapsed().as_secs_f64());
         Ok(at)
     }
@@ -862,7 +904,7 @@ impl Search {
         lagging: bool,
     ) -> Result<Availability, SearchError> {
         let asked_at = Instant::now();
-        let caught_up = self.reached(req.min_lsn).await;
+        let caught_up = self.reached(req.min_lsn).await?;
         let (mut hotel, lsn) = {
             let t = self.copy();
             let hotel = t
@@ -870,8 +912,10 @@ impl Search {
                 .get(&hotel_id)
                 .ok_or(SearchError::HotelNotFound(hotel_id))?;
             let h = read_hotel(&t, hotel, 1.0, req.stay, i16::MIN, false, &mut Vec::new());
-            (h, t.applied)
+            (h, Position::new(t.timeline, t.applied))
         };
+        let position = lsn;
+        let lsn = position.lsn;
         let reason = owner_read_reason(lagging, caught_up);
         let bypassed = self.bypassed(std::iter::once(hotel_id));
         let mut confirmed = None;
@@ -949,6 +993,7 @@ impl Search {
         Ok(Availability {
             hotel_id,
             lsn,
+            position: position.to_string(),
             lag_ms: quotes.lag_ms,
             stale: self.model.freshness.is_replacing(),
             confirmed_lsn: confirmed,
@@ -963,6 +1008,9 @@ pub struct Availability {
     pub hotel_id: i64,
     #[schema(value_type = String, example = "0/16B3748")]
     pub lsn: Lsn,
+    /// As in a search answer: `lsn` with its owner timeline, for `min_lsn`.
+    #[schema(example = "1/0/16B3748")]
+    pub position: String,
     pub lag_ms: u64,
     /// As in a search answer.
     pub stale: bool,

@@ -8,7 +8,7 @@ use base64::Engine;
 use chrono::NaiveDate;
 
 use crate::index::Place;
-use crate::lsn::Lsn;
+use crate::lsn::Position;
 pub use crate::model::Stay;
 
 pub const MAX_ROOMS: usize = 8;
@@ -75,7 +75,8 @@ pub struct SearchRequest {
     pub sort: Sort,
     pub limit: usize,
     pub offset: usize,
-    pub min_lsn: Option<Lsn>,
+    /// An LSN, bare or with its owner timeline (`crate::lsn::Position`).
+    pub min_lsn: Option<Position>,
 }
 
 /// The parameters of `/v1/hotels/{id}/availability`.
@@ -83,7 +84,7 @@ pub struct SearchRequest {
 pub struct AvailabilityRequest {
     pub stay: Stay,
     pub rooms: Vec<i16>,
-    pub min_lsn: Option<Lsn>,
+    pub min_lsn: Option<Position>,
 }
 
 /// Longest query string accepted; a search needs far less.
@@ -195,11 +196,15 @@ fn rooms(pairs: &[(String, String)]) -> Result<Vec<i16>, ParamError> {
         .collect()
 }
 
-fn min_lsn(pairs: &[(String, String)]) -> Result<Option<Lsn>, ParamError> {
+fn min_lsn(pairs: &[(String, String)]) -> Result<Option<Position>, ParamError> {
     single(pairs, "min_lsn")?
         .map(|v| {
-            v.parse::<Lsn>()
-                .map_err(|_| err("min_lsn", "must be an LSN like 0/16B3748"))
+            v.parse::<Position>().map_err(|_| {
+                err(
+                    "min_lsn",
+                    "must be an LSN like 0/16B3748, or an answer's position like 1/0/16B3748",
+                )
+            })
         })
         .transpose()
 }

@@ -380,6 +380,7 @@ impl Checkpoints {
         if !model.freshness.is_loaded() {
             return None;
         }
+        let written_under = (identity.system_identifier, identity.timeline);
         // On the interval, a copy no newer than the last checkpoint is not
         // written again. At shutdown it is: the stale-read state it
         // carries moves without the owner (a same-named file is replaced
@@ -412,7 +413,16 @@ impl Checkpoints {
             )))
         });
         let seconds = started.elapsed().as_secs_f64();
+        // A file of an owner timeline the projector has left (written while
+        // a failover's session started) covers nothing the slot of the new
+        // owner holds: its LSN must not raise what may be acknowledged.
+        let same_owner = self
+            .identity()
+            .is_some_and(|now| (now.system_identifier, now.timeline) == written_under);
         match &written {
+            Ok(w) if !same_owner => {
+                tracing::warn!(file = %w.path.display(), "checkpoint written of an owner timeline the stream has left; it does not count as durable");
+            }
             Ok(w) => {
                 self.durable.fetch_max(w.name.lsn.0, Ordering::AcqRel);
                 metrics::CHECKPOINT_WRITES

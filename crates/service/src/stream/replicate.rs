@@ -46,7 +46,8 @@ use crate::index::HotelIndex;
 use crate::lsn::Lsn;
 use crate::metrics;
 use crate::model::{ApplyError, ReadModel};
-use crate::owner::{Endpoint, OwnerError, OwnerSettings};
+use crate::owner::identity::{Observed, OwnerPin, OwnerReport};
+use crate::owner::{Endpoint, OwnerError, OwnerIdentity, OwnerSettings};
 
 #[derive(Debug, thiserror::Error)]
 pub enum StreamError {
@@ -95,6 +96,9 @@ pub struct StreamStatus {
     /// The owner's WAL rate, from the slot watch's samples: the last
     /// sample and a moving average in bytes per second.
     wal_rate: Mutex<Option<WalRate>>,
+    /// Which owner the sessions reached (`owner::identity`), registered by
+    /// the projector; none on a node that never streams (a replica).
+    owner: std::sync::OnceLock<Arc<OwnerPin>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -180,6 +184,12 @@ impl StreamStatus {
             .map_or(0.0, |r| r.bytes_per_second)
     }
 
+    /// The owner system and timeline the sessions reached, and when they
+    /// last changed (`/v1/status` `owner`); `None` without a projector.
+    pub fn owner_report(&self) -> Option<OwnerReport> {
+        self.owner.get().map(|pin| pin.report())
+    }
+
     /// Registers the running session's token (or clears it).
     fn set_session(&self, token: Option<CancellationToken>) {
         *self.session.lock().unwrap_or_else(|p| p.into_inner()) = token;
@@ -204,6 +214,10 @@ pub struct Projector {
     /// until the owner's `wal_sender_timeout` (60 s by default) notices;
     /// the next session ends it rather than wait (`wait_slot_released`).
     own_walsender: Mutex<Option<slot::Walsender>>,
+    /// A session saw the owner change and the copy has not been replaced
+    /// by a snapshot of the new one yet: set until that snapshot is in, so
+    /// a session that fails before it does not resume the old copy there.
+    owner_change_pending: AtomicBool,
 }
 
 /// Why `Projector::run_until` returned.
@@ -235,6 +249,10 @@ enum SnapshotReason {
     SlotAhead,
     /// An operator asked (`POST /v1/admin/resnapshot`).
     Requested,
+    /// The session reached another owner system or timeline than the copy
+    /// came from (a promoted standby): the copy may hold commits the new
+    /// primary never had, and its LSNs mean nothing on the new timeline.
+    OwnerChanged,
 }
 
 impl SnapshotReason {
@@ -245,6 +263,7 @@ impl SnapshotReason {
             SnapshotReason::SlotLost => "slot_lost",
             SnapshotReason::SlotAhead => "slot_ahead",
             SnapshotReason::Requested => "requested",
+            SnapshotReason::OwnerChanged => "owner_changed",
         }
     }
 }
@@ -259,6 +278,9 @@ impl Projector {
         index: Arc<HotelIndex>,
         checkpoints: Arc<Checkpoints>,
     ) -> Projector {
+        // The same pin every clone of these settings holds; a second
+        // projector of one service (a fleet standby's next turn) shares it.
+        let _ = status.owner.set(owner.pin.clone());
         Projector {
             owner,
             stream,
@@ -270,6 +292,7 @@ impl Projector {
             outbox: None,
             yield_when_slot_busy: false,
             own_walsender: Mutex::new(None),
+            owner_change_pending: AtomicBool::new(false),
         }
     }
 
@@ -442,6 +465,34 @@ impl Projector {
         // must have been made on.
         let mut stream =
             LogicalReplicationStream::new(endpoint.replication_conninfo(), config).await?;
+        let seen = {
+            let server = stream.server_identity();
+            OwnerIdentity {
+                system_identifier: server.system_id(),
+                timeline: server.timeline(),
+            }
+        };
+        // The snapshot, the slot's state and the publication are read on
+        // `client`: with a multi-host owner.url it must have reached the
+        // same server as the stream.
+        let client_reached = tokio::time::timeout(
+            self.owner.query_timeout(),
+            crate::owner::identity::read(&client),
+        )
+        .await
+        .map_err(|_| OwnerError::IdentityTimeout(self.owner.query_timeout()))?
+        .map_err(OwnerError::from)?;
+        if client_reached != seen {
+            metrics::OWNER_CONNECTIONS_REFUSED.inc();
+            return Err(OwnerError::OtherServer {
+                expected: seen,
+                found: client_reached,
+            }
+            .into());
+        }
+        // Before the checkpoints learn the new identity: a copy of the old
+        // owner must never be written under the new one's name.
+        let owner_changed = self.note_owner(seen);
         if self.checkpoints.enabled() {
             let server = stream.server_identity();
             self.checkpoints.set_identity(Identity {
@@ -460,6 +511,10 @@ impl Projector {
         }
         let reason = match &info {
             _ if !self.model.freshness.is_loaded() => Some(SnapshotReason::Initial),
+            // Even with a slot of that name there (made by hand, or a
+            // failover slot of a newer PostgreSQL): the copy may hold
+            // commits the new primary lacks, which only a snapshot removes.
+            _ if owner_changed => Some(SnapshotReason::OwnerChanged),
             None => Some(SnapshotReason::SlotMissing),
             Some(i) if i.is_lost() => Some(SnapshotReason::SlotLost),
             // Acknowledged past what the copy holds (by another process on
@@ -490,7 +545,8 @@ impl Projector {
                 }
                 SnapshotReason::SlotMissing
                 | SnapshotReason::SlotLost
-                | SnapshotReason::SlotAhead => {
+                | SnapshotReason::SlotAhead
+                | SnapshotReason::OwnerChanged => {
                     tracing::error!(slot = %s.slot, reason = reason.label(), "slot cannot be resumed; taking a new snapshot while the old copy serves, marked stale");
                     self.status.resnapshotting.store(true, Ordering::Release);
                     self.model.freshness.set_replacing(true);
@@ -512,9 +568,11 @@ impl Projector {
                 &self.status.snapshot,
             )
             .await?;
+            let tables = self.stamp_new_copy(tables, seen, reason);
             let at = tables.applied;
             self.refresh.reset(&tables);
             self.model.replace(tables);
+            self.owner_change_pending.store(false, Ordering::Release);
             self.index.mark_all();
             self.status.resnapshotting.store(false, Ordering::Release);
             self.model.freshness.set_replacing(false);
@@ -554,6 +612,59 @@ impl Projector {
         metrics::STREAM_CONNECTED.set(1);
         tracing::info!(slot = %s.slot, from = %start_at, "streaming");
         Ok(stream)
+    }
+
+    /// Notes the owner this session reached (`owner::identity`) and says
+    /// whether the copy came from another one: the pin changed now or at
+    /// a session that failed before its snapshot was in, or the copy (a
+    /// checkpoint, a fleet bootstrap) names another timeline. Then the old
+    /// copy keeps serving, marked stale, until the new snapshot is in.
+    fn note_owner(&self, seen: OwnerIdentity) -> bool {
+        let observed = self.owner.pin.observe(seen);
+        let copy_timeline = self.model.read().timeline;
+        let loaded = self.model.freshness.is_loaded();
+        let copy_elsewhere = loaded && copy_timeline != 0 && copy_timeline != seen.timeline;
+        if let Observed::Changed { from } = observed {
+            metrics::OWNER_CHANGES.inc();
+            tracing::error!(%from, to = %seen, "the owner changed (a failover, or another cluster): the copy is replaced by a new snapshot of it");
+            if loaded {
+                self.owner_change_pending.store(true, Ordering::Release);
+            }
+        } else if copy_elsewhere && !self.owner_change_pending.load(Ordering::Acquire) {
+            tracing::error!(copy_timeline, to = %seen, "the copy is of another owner timeline: it is replaced by a new snapshot");
+        }
+        let changed = copy_elsewhere || self.owner_change_pending.load(Ordering::Acquire);
+        if changed {
+            self.status.resnapshotting.store(true, Ordering::Release);
+            self.model.freshness.set_replacing(true);
+        }
+        changed
+    }
+
+    /// What a new snapshot's copy carries besides its rows: the timeline
+    /// it was taken on, and an epoch past the copy it replaces. The epoch
+    /// is the snapshot's consistent point, which after a failover may be
+    /// below the old one's; the fleet orders epochs (a replica bootstraps
+    /// again only for a newer one, the publisher refuses an older one), so
+    /// it must grow whatever the owner. Past an owner change the xids the
+    /// copy applied are forgotten (`AppliedXids::clear`).
+    fn stamp_new_copy(
+        &self,
+        mut tables: crate::model::Tables,
+        seen: OwnerIdentity,
+        reason: SnapshotReason,
+    ) -> crate::model::Tables {
+        tables.timeline = seen.timeline;
+        if self.model.freshness.is_loaded() {
+            let previous = self.model.read().epoch;
+            if tables.epoch <= previous {
+                tables.epoch = previous.saturating_add(1);
+            }
+        }
+        if matches!(reason, SnapshotReason::OwnerChanged) {
+            self.model.xids.clear();
+        }
+        tables
     }
 
     /// Loads the newest usable checkpoint into the empty copy, if there is
