@@ -18,8 +18,12 @@
 //!   process restarted or continued, trigger dropped) until `/v1/status`
 //!   shows the copy loaded, streaming, not resnapshotting, and applied past
 //!   the marker;
-//! - seconds to detect (packets dropped only): from the first dropped packet
-//!   until `/v1/status` shows the replication connection given up;
+//! - seconds to detect (packets dropped): from the first dropped packet
+//!   until `/v1/status` shows the replication connection given up; (owner
+//!   failovers) from the primary's stop until `/v1/status` shows a session
+//!   on the new owner timeline (the promotion's time included). A failover's
+//!   seconds to recover start when the promotion is done and end once the
+//!   copy is of the new timeline and applied past the marker;
 //! - requests failed: load-loop searches that got a connection error, a
 //!   timeout, or a status other than 2xx and 503; a 503 (not ready, lagging
 //!   past the bound: the service refusing on purpose) is counted apart.
@@ -100,10 +104,20 @@ pub enum Fault {
     /// `--unreachable-secs`, nothing refused or closed (`blackhole`); then
     /// new connections get through, the dark ones stay dark.
     PacketsDropped,
+    /// The owner's streaming standby, caught up, is promoted after the
+    /// primary stops (a new timeline, no slot); `vacancy serve`, the
+    /// workload and the comparison name both in one multi-host URL
+    /// (`target_session_attrs=read-write`). The promoted standby is the
+    /// owner of every later scenario.
+    OwnerFailover,
+    /// As `owner-failover`, with a standby stopped for the warm-up while
+    /// the copy applies the primary's writes: the new primary lacks them
+    /// and starts below the copy's position.
+    OwnerFailoverLagging,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 9] = [
+    pub const ALL: [Fault; 11] = [
         Fault::WalsenderTerminated,
         Fault::OwnerRestartFast,
         Fault::OwnerRestartImmediate,
@@ -113,6 +127,8 @@ impl Fault {
         Fault::OwnerUnreachable,
         Fault::WritesFail,
         Fault::PacketsDropped,
+        Fault::OwnerFailover,
+        Fault::OwnerFailoverLagging,
     ];
 
     pub fn label(self) -> &'static str {
@@ -126,7 +142,14 @@ impl Fault {
             Fault::OwnerUnreachable => "owner unreachable",
             Fault::WritesFail => "owner writes fail (53100, simulated)",
             Fault::PacketsDropped => "packets dropped (nothing refused)",
+            Fault::OwnerFailover => "owner failed over to its standby",
+            Fault::OwnerFailoverLagging => "owner failed over to a lagging standby",
         }
+    }
+
+    /// The owner's standby is promoted: the scenario runs against both.
+    pub fn is_failover(self) -> bool {
+        matches!(self, Fault::OwnerFailover | Fault::OwnerFailoverLagging)
     }
 }
 
@@ -275,9 +298,13 @@ pub async fn run(args: FaultArgs) -> Result<(), FaultBenchError> {
         ..ClusterOptions::default()
     })
     .await?;
-    let url = cluster.create_database("faults")?;
-    let report =
-        seed::run_announced(&url, (args.hotels, args.room_types, args.nights), args.seed).await?;
+    let created = cluster.create_database("faults")?;
+    let report = seed::run_announced(
+        &created,
+        (args.hotels, args.room_types, args.nights),
+        args.seed,
+    )
+    .await?;
     let work_dir = tempfile::Builder::new()
         .prefix("vacancy-faults-")
         .tempdir()?;
@@ -305,6 +332,8 @@ pub async fn run(args: FaultArgs) -> Result<(), FaultBenchError> {
     let mut outcomes = Vec::new();
     for fault in faults {
         eprintln!("fault: {}", fault.label());
+        // After a failover the owner is the promoted standby, on its own port.
+        let url = cluster.url("faults");
         let outcome = match run_scenario(&mut cluster, &url, fault, &options).await {
             Ok(o) => o,
             Err(error) => failed_outcome(fault, error.to_string()),

@@ -34,6 +34,17 @@ pub async fn run_scenario(
     slot::drop_slot(&client, SLOT).await?;
     drop(client);
     let name = format!("{fault:?}").to_lowercase();
+    // A failover needs the owner's standby, and every connection of the
+    // scenario (the child's, the workload's, the comparison's) names both.
+    let mut standby = if fault.is_failover() {
+        Some(tokio::task::block_in_place(|| cluster.start_standby(&[]))?)
+    } else {
+        None
+    };
+    let owner_url = match &standby {
+        Some(s) => multi_host(url, cluster.port(), s.port()),
+        None => url.to_string(),
+    };
     // The child reaches the owner through a path this fault can make drop
     // every packet; the workload and the comparison reach it directly.
     let path = match fault {
@@ -44,11 +55,27 @@ pub async fn run_scenario(
     };
     let child_url = path
         .as_ref()
-        .map_or_else(|| url.to_string(), |p| p.url_for(url));
+        .map_or_else(|| owner_url.clone(), |p| p.url_for(url));
     let mut serve = Serve::start(&options.exe, &child_url, &options.work_dir, &name)?;
-    let result = scenario(cluster, url, fault, options, &mut serve, path.as_ref()).await;
+    let result = scenario(
+        cluster,
+        &owner_url,
+        fault,
+        options,
+        &mut serve,
+        path.as_ref(),
+        standby.as_mut(),
+    )
+    .await;
     serve.stop().await;
-    let cleaned = clean_up(url, fault).await;
+    let cleaned = clean_up(&owner_url, fault).await;
+    // The promoted standby is the owner of every later scenario; the old
+    // primary, stopped, is removed with the value it leaves.
+    if let Some(promoted) = standby.as_mut()
+        && is_primary(promoted).await
+    {
+        std::mem::swap(cluster, promoted);
+    }
     let outcome = result?;
     cleaned?;
     Ok(outcome)
@@ -77,6 +104,7 @@ async fn scenario(
     options: &ScenarioOptions,
     serve: &mut Serve,
     path: Option<&Blackhole>,
+    standby: Option<&mut Cluster>,
 ) -> Result<Outcome, FaultBenchError> {
     let client = vacancy_service::connect(url, CONNECT_TIMEOUT).await?;
     let target = slot::current_wal_lsn(&client).await?;
@@ -131,7 +159,7 @@ async fn scenario(
     });
 
     tokio::time::sleep(options.warm_up).await;
-    let measured = inject_and_recover(cluster, url, fault, options, serve, path).await;
+    let measured = inject_and_recover(cluster, url, fault, options, serve, path, standby).await;
     let (recover_secs, detect_secs, mut problem) = match measured {
         Ok(Measured {
             recover_secs: Some(secs),
@@ -233,8 +261,12 @@ async fn inject_and_recover(
     options: &ScenarioOptions,
     serve: &mut Serve,
     path: Option<&Blackhole>,
+    standby: Option<&mut Cluster>,
 ) -> Result<Measured, FaultBenchError> {
     let mut detect_secs = None;
+    // A failover: when the primary stopped, and the owner changes the node
+    // has seen before it (none, for a fresh child).
+    let mut failed_over: Option<(Instant, u64)> = None;
     let client = vacancy_service::connect(url, CONNECT_TIMEOUT).await?;
     match fault {
         Fault::WalsenderTerminated => {
@@ -314,6 +346,37 @@ async fn inject_and_recover(
                 path.heal();
             }
         }
+        Fault::OwnerFailover | Fault::OwnerFailoverLagging => {
+            let Some(standby) = standby else {
+                return Err(FaultBenchError::Timeout {
+                    what: "a standby to promote".into(),
+                    limit: Duration::ZERO,
+                    detail: " (none was started)".into(),
+                });
+            };
+            let changes_before = owner_changes(serve).await.unwrap_or(0);
+            if fault == Fault::OwnerFailoverLagging {
+                // The standby gets nothing more; the primary goes on taking
+                // the workload's writes and the copy applies them.
+                tokio::task::block_in_place(|| standby.stop(StopMode::Fast))?;
+                tokio::time::sleep(options.warm_up).await;
+                let ahead = slot::current_wal_lsn(&client).await?;
+                serve
+                    .caught_up(ahead, options.recover_limit, "the writes the standby lacks")
+                    .await?;
+            } else {
+                let end = slot::current_wal_lsn(&client).await?;
+                replayed(&standby.url("faults"), end).await?;
+            }
+            drop(client);
+            let stopped = Instant::now();
+            tokio::task::block_in_place(|| cluster.stop(StopMode::Fast))?;
+            if fault == Fault::OwnerFailoverLagging {
+                tokio::task::block_in_place(|| standby.start_again())?;
+            }
+            tokio::task::block_in_place(|| standby.promote(Duration::from_secs(60)))?;
+            failed_over = Some((stopped, changes_before));
+        }
     }
     let healed = Instant::now();
     let deadline = healed + options.recover_limit;
@@ -327,7 +390,27 @@ async fn inject_and_recover(
     let marker = slot::current_wal_lsn(&client).await?;
     let mut recover_secs = None;
     while Instant::now() < deadline {
-        if serve.recovered_past(marker).await {
+        let on_new_owner = match failed_over {
+            None => true,
+            Some((stopped, changes_before)) => {
+                let status = serve.status().await;
+                let owner = status.as_ref().map(|s| &s["owner"]);
+                let changed = owner
+                    .and_then(|o| o["sessions"]["changes"].as_u64())
+                    .is_some_and(|n| n > changes_before);
+                if changed && detect_secs.is_none() {
+                    detect_secs = Some(stopped.elapsed().as_secs_f64());
+                }
+                // The copy is of the timeline the sessions reached: the
+                // marker's LSN compares with its position only then.
+                changed
+                    && owner.is_some_and(|o| {
+                        o["copy_timeline"].as_u64().is_some()
+                            && o["copy_timeline"] == o["sessions"]["current"]["timeline"]
+                    })
+            }
+        };
+        if on_new_owner && serve.recovered_past(marker).await {
             recover_secs = Some(healed.elapsed().as_secs_f64());
             break;
         }
@@ -337,6 +420,58 @@ async fn inject_and_recover(
         recover_secs,
         detect_secs,
     })
+}
+
+/// `url` with a second host, the standby's, and `target_session_attrs=read-write`:
+/// whichever of the two is the primary.
+fn multi_host(url: &str, primary_port: u16, standby_port: u16) -> String {
+    let both = url.replacen(
+        &format!("127.0.0.1:{primary_port}"),
+        &format!("127.0.0.1:{primary_port},127.0.0.1:{standby_port}"),
+        1,
+    );
+    let separator = if both.contains('?') { '&' } else { '?' };
+    format!("{both}{separator}target_session_attrs=read-write")
+}
+
+/// The owner changes the node has seen (`/v1/status` `owner`).
+async fn owner_changes(serve: &Serve) -> Option<u64> {
+    serve.status().await?["owner"]["sessions"]["changes"].as_u64()
+}
+
+/// Whether `cluster` runs as a primary (a standby promoted, or never one).
+async fn is_primary(cluster: &Cluster) -> bool {
+    let Ok(client) = vacancy_service::connect(&cluster.url("faults"), CONNECT_TIMEOUT).await else {
+        return false;
+    };
+    client
+        .query_one("SELECT NOT pg_is_in_recovery()", &[])
+        .await
+        .is_ok_and(|row| row.get::<_, bool>(0))
+}
+
+/// Waits (bounded) until the standby at `url` has replayed `target`.
+async fn replayed(url: &str, target: vacancy_service::Lsn) -> Result<(), FaultBenchError> {
+    let limit = Duration::from_secs(30);
+    let client = vacancy_service::connect(url, CONNECT_TIMEOUT).await?;
+    let started = Instant::now();
+    loop {
+        let row = client
+            .query_one("SELECT pg_last_wal_replay_lsn()", &[])
+            .await?;
+        let at: Option<tokio_postgres::types::PgLsn> = row.get(0);
+        if at.is_some_and(|a| vacancy_service::Lsn::from(a) >= target) {
+            return Ok(());
+        }
+        if started.elapsed() > limit {
+            return Err(FaultBenchError::Timeout {
+                what: format!("the standby to replay {target}"),
+                limit,
+                detail: String::new(),
+            });
+        }
+        tokio::time::sleep(POLL).await;
+    }
 }
 
 /// Switches WAL segments and checkpoints until the held-back slot is `lost`.
