@@ -193,7 +193,12 @@ fn assert_change(e: &SseEvent, rt: i64, nights: (u64, u64), free: i64) {
         .map(|n| (rt, day(n).to_string(), free))
         .collect();
     assert_eq!(e.free(), expected, "{e:?}");
-    assert_eq!(e.data["lsn"].as_str(), e.id.as_deref());
+    // The id is the position: the owner timeline, then the data's LSN.
+    assert_eq!(e.data["lsn"].as_str(), Some(e.lsn().to_string().as_str()));
+    assert!(
+        e.id.as_deref().is_some_and(|id| id.starts_with("1/")),
+        "{e:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
