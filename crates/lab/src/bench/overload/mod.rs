@@ -122,20 +122,23 @@ pub(super) async fn run(owner: &Owner, options: &OverloadOptions) -> Result<(), 
     let mut runs: Vec<RunFigures> = Vec::new();
     for (name, connections, bound) in plan {
         slot::drop_slot(&client, VACANCY_SLOT).await?;
-        // The flood is sized by the peak just measured: enough guests that,
-        // shed and backing off for a second each, they offer the multiple
-        // of it the options ask for; one per connection at least. The peak
-        // run itself: one guest per connection, as wrk's.
-        let guests = match runs.first() {
-            Some(peak) => {
-                let wanted =
-                    (peak.ok_per_second() * MAX_BACKOFF.as_secs_f64() * options.guests_over_peak)
-                        .ceil();
-                u32::try_from(wanted as u64)
-                    .unwrap_or(u32::MAX)
-                    .max(connections)
-            }
-            None => connections,
+        // The admission run's flood is sized by the peak measured before it
+        // (the most 200s/s of the runs so far, as the goals' peak is):
+        // enough guests that, shed and backing off for a second each, they
+        // offer the multiple of it the options ask for. The runs without a
+        // bound shed nothing, so theirs is one guest per connection, as
+        // wrk's.
+        let guests = if bound == 0 {
+            connections
+        } else {
+            let peak = runs
+                .iter()
+                .map(RunFigures::ok_per_second)
+                .fold(0.0_f64, f64::max);
+            let wanted = (peak * MAX_BACKOFF.as_secs_f64() * options.guests_over_peak).ceil();
+            u32::try_from(wanted as u64)
+                .unwrap_or(u32::MAX)
+                .max(connections)
         };
         let figures = measure(owner, options, &city, name, connections, guests, bound).await?;
         // Early, so a later failure does not lose a finished run.
