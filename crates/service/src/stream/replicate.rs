@@ -655,12 +655,12 @@ impl Projector {
         reason: SnapshotReason,
     ) -> crate::model::Tables {
         tables.timeline = seen.timeline;
-        if self.model.freshness.is_loaded() {
-            let previous = self.model.read().epoch;
-            if tables.epoch <= previous {
-                tables.epoch = previous.saturating_add(1);
-            }
-        }
+        let previous = self
+            .model
+            .freshness
+            .is_loaded()
+            .then(|| self.model.read().epoch);
+        tables.epoch = next_epoch(tables.epoch, previous);
         if matches!(reason, SnapshotReason::OwnerChanged) {
             self.model.xids.clear();
         }
@@ -985,5 +985,37 @@ impl Projector {
     fn acknowledge(&self, stream: &LogicalReplicationStream, lsn: Lsn) {
         stream.shared_lsn_feedback.update_flushed_lsn(lsn.0);
         stream.shared_lsn_feedback.update_applied_lsn(lsn.0);
+    }
+}
+
+/// The epoch of a new snapshot's copy: its consistent point, or one past
+/// the epoch of the copy it replaces when that is not below (a failover's
+/// new timeline may start below the old one). The fleet orders epochs, so
+/// they only grow.
+fn next_epoch(consistent_point: u64, previous: Option<u64>) -> u64 {
+    match previous {
+        Some(previous) if consistent_point <= previous => previous.saturating_add(1),
+        _ => consistent_point,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_epoch;
+
+    #[test]
+    fn a_new_copys_epoch_grows_even_when_its_timeline_starts_lower() {
+        assert_eq!(
+            next_epoch(500, None),
+            500,
+            "the first copy: its consistent point"
+        );
+        assert_eq!(next_epoch(900, Some(500)), 900, "the same owner moved on");
+        assert_eq!(
+            next_epoch(300, Some(500)),
+            501,
+            "a promoted standby below the old copy"
+        );
+        assert_eq!(next_epoch(500, Some(500)), 501);
     }
 }
