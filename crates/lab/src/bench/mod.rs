@@ -248,8 +248,10 @@ pub enum BenchCommand {
         /// (default: the service's default).
         #[arg(long)]
         max_in_flight: Option<usize>,
-        /// /v1/bypass requests per second beside the flood.
-        #[arg(long, default_value_t = 5)]
+        /// /v1/bypass requests per second beside the flood. Issue 24's
+        /// table asked 5 a second; 20 give 400 answers in a 20 s window, so
+        /// the p99 is not the one or two slowest of 100.
+        #[arg(long, default_value_t = 20)]
         bypass_per_second: u32,
         /// The flood's guests, as a multiple of the peak run's 200s per
         /// second. The connections carry them as a load balancer's pool
