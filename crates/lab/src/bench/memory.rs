@@ -168,12 +168,13 @@ pub(super) async fn run(owner: &Owner, update_nights: u32, held: &Held) -> Resul
         let _ = writeln!(out);
         let _ = writeln!(
             out,
-            "spilled: {} transaction(s), {} bytes ({:.0} MiB, {:.1} B per changed row) to {}; spill files left after the apply: {}",
+            "spilled: {} transaction(s), {} bytes ({:.0} MiB, {:.1} B per changed row) to {}; the file removed {:.1} s after the commit (left: {})",
             peak.spilled_transactions,
             peak.spilled_bytes,
             mib(peak.spilled_bytes),
             peak.spilled_bytes as f64 / peak.rows.max(1) as f64,
             spill_dir.display(),
+            peak.files_gone_after.as_secs_f64(),
             peak.files_left
         );
         let _ = writeln!(
@@ -198,12 +199,17 @@ struct Repriced {
     rows: u64,
     peak: u64,
     applied_after: Duration,
+    /// From the commit until the spill file was gone (or the limit).
+    files_gone_after: Duration,
     committed_in: Duration,
     spilled_transactions: u64,
     spilled_bytes: u64,
     /// This process's spill files in the spill dir once applied (0 expected).
     files_left: usize,
 }
+
+/// How long the bench waits for the spill file to go after the apply.
+const FILES_GONE_LIMIT: Duration = Duration::from_secs(300);
 
 /// What one held change is counted at (`vacancy_service::HELD_CHANGE_BYTES`).
 const HELD_CHANGE_BYTES: u64 = vacancy_service::HELD_CHANGE_BYTES as u64;
@@ -226,18 +232,29 @@ async fn peak_while_repricing(
     let applied_after = repricing.committed_at.elapsed();
     // Superseded blocks are freed by the next swap or when readers let go.
     tokio::time::sleep(Duration::from_secs(1)).await;
+    // The file goes once every walk after the apply is done (the refresher
+    // reads the transaction again) and the transaction is dropped.
     let ours = format!("vacancy-spill-{}-", std::process::id());
-    let files_left = std::fs::read_dir(spill_dir).map_or(0, |entries| {
-        entries
-            .flatten()
-            .filter(|e| e.file_name().to_string_lossy().starts_with(&ours))
-            .count()
-    });
+    let files = || {
+        std::fs::read_dir(spill_dir).map_or(0, |entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with(&ours))
+                .count()
+        })
+    };
+    let waiting = std::time::Instant::now();
+    while files() > 0 && waiting.elapsed() < FILES_GONE_LIMIT {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let files_left = files();
+    let files_gone_after = repricing.committed_at.elapsed();
     Ok(Repriced {
         sql: repricing.sql,
         rows: repricing.rows,
         peak: proc_status_bytes("VmHWM"),
         applied_after,
+        files_gone_after,
         committed_in: repricing.committed_in,
         spilled_transactions: metrics::HELD_SPILLED_TRANSACTIONS.get() - spilled_transactions,
         spilled_bytes: metrics::HELD_SPILLED_BYTES.get() - spilled_bytes,

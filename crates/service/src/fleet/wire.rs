@@ -382,9 +382,9 @@ impl Assembly {
                 changes,
             } => {
                 let all = if chunks == 0 {
-                    let mut all = changes;
-                    all.shrink_to_fit();
-                    crate::model::Changes::from(all)
+                    let mut inline = changes;
+                    inline.shrink_to_fit();
+                    crate::model::Changes::from(inline)
                 } else {
                     if self.held_lsn != Some(position.lsn) || self.chunks != chunks {
                         let held = if self.held_lsn == Some(position.lsn) {

@@ -551,12 +551,12 @@ struct SpillWriter {
 
 impl SpillWriter {
     fn create(dir: &Path) -> Result<SpillWriter, SpillError> {
-        let file = tempfile::Builder::new()
+        let temp = tempfile::Builder::new()
             .prefix(&format!("{SPILL_PREFIX}{}-", *PROCESS_TAG))
             .suffix(".spill")
             .tempfile_in(dir)
             .map_err(|e| SpillError::io(dir, e))?;
-        let (file, path) = file.into_parts();
+        let (file, path) = temp.into_parts();
         let (sender, mut receiver) = mpsc::channel::<Vec<u8>>(QUEUED_BLOCKS);
         let (report, done) = oneshot::channel();
         let thread_path = path.to_path_buf();

@@ -463,11 +463,15 @@ mod tests {
             a.push(&ev(night(i), None)).await.unwrap();
         }
         assert_eq!(spill_files(), 1, "the open transaction spilled");
-        let t = committed(a.push(&ev(commit_ev(200), None)).await.unwrap());
-        assert!(t.changes.spilled_bytes().is_some());
-        assert_eq!(taken_values(&t), (0..2_000).collect::<Vec<_>>());
-        assert_eq!(taken_values(&t), (0..2_000).collect::<Vec<_>>(), "twice");
-        drop(t);
+        let whole = committed(a.push(&ev(commit_ev(200), None)).await.unwrap());
+        assert!(whole.changes.spilled_bytes().is_some());
+        assert_eq!(taken_values(&whole), (0..2_000).collect::<Vec<_>>());
+        assert_eq!(
+            taken_values(&whole),
+            (0..2_000).collect::<Vec<_>>(),
+            "twice"
+        );
+        drop(whole);
         assert_eq!(spill_files(), 0, "applied and dropped: removed");
 
         a.push(&ev(start(9, true), None)).await.unwrap();
@@ -477,9 +481,12 @@ mod tests {
         }
         a.push(&ev(EventType::StreamStop, None)).await.unwrap();
         a.push(&ev(abort(9, 11), None)).await.unwrap();
-        let t = committed(a.push(&ev(stream_commit(9, 300), None)).await.unwrap());
-        assert_eq!(taken_values(&t), (0..3_000).step_by(2).collect::<Vec<_>>());
-        drop(t);
+        let streamed = committed(a.push(&ev(stream_commit(9, 300), None)).await.unwrap());
+        assert_eq!(
+            taken_values(&streamed),
+            (0..3_000).step_by(2).collect::<Vec<_>>()
+        );
+        drop(streamed);
 
         a.push(&ev(start(12, true), None)).await.unwrap();
         for i in 0..2_000 {
