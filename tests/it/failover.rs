@@ -158,6 +158,16 @@ async fn old_positions_refused(serve: &Serve, old: &OldPositions) {
     assert_eq!(code, 200, "a new timeline's position: {answer}");
 }
 
+/// Sends `kill -<name>` to the node's process.
+fn signal(serve: &Serve, name: &str) {
+    let status = std::process::Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(serve.child.id().to_string())
+        .status()
+        .expect("kill");
+    assert!(status.success(), "kill -{name}");
+}
+
 async fn lag_bytes(serve: &Serve) -> u64 {
     serve.status().await.expect("status")["lag_bytes"]
         .as_u64()
@@ -272,8 +282,16 @@ async fn commits_a_lagging_standby_never_had_disappear_from_the_copy() {
         .expect("applied_lsn");
 
     drop(client);
+    // The node is held still while the owner fails over, and the new
+    // primary is given a slot of the node's name before the node looks: a
+    // failover slot, or one an operator made. Its position is the new
+    // timeline's, below the copy's; resumed, it would keep the lost commits
+    // and skip the new timeline's below the old position. Only the owner's
+    // identity says the copy is of another history.
+    signal(&serve, "STOP");
     let failed_at = Instant::now();
-    tokio::task::block_in_place(|| owner.cluster.stop(StopMode::Fast)).expect("stop the primary");
+    tokio::task::block_in_place(|| owner.cluster.stop(StopMode::Immediate))
+        .expect("stop the primary");
     tokio::task::block_in_place(|| standby.start_again()).expect("start the standby again");
     tokio::task::block_in_place(|| standby.promote(Duration::from_secs(30))).expect("promote");
     let standby_url = standby.url(DB);
@@ -282,6 +300,11 @@ async fn commits_a_lagging_standby_never_had_disappear_from_the_copy() {
         url: standby_url,
     };
     let new_client = promoted.client().await;
+    new_client
+        .batch_execute("SELECT pg_create_logical_replication_slot('vacancy', 'pgoutput')")
+        .await
+        .expect("a slot of the node's name on the new primary");
+    signal(&serve, "CONT");
     let new_start = slot::current_wal_lsn(&new_client).await.expect("position");
     assert!(
         new_start < copy_applied,
