@@ -260,6 +260,10 @@ pub enum BenchCommand {
         /// about this multiple of the peak while it is shed (issue 24: >= 5).
         #[arg(long, default_value_t = 6.0)]
         guests_over_peak: f64,
+        /// `http.guest_search_threads` of every run (default: the service's
+        /// default); 0 runs searches on the server's own threads.
+        #[arg(long)]
+        guest_search_threads: Option<usize>,
     },
     /// The demo's booking site plus steady searches for --minutes (issue 24,
     /// item 2): every 10 s the server's RSS, descriptors, tokio tasks, lag,
@@ -464,6 +468,7 @@ pub async fn run(command: BenchCommand) -> Result<(), BenchError> {
             max_in_flight,
             bypass_per_second,
             guests_over_peak,
+            guest_search_threads,
         } => {
             let owner = Owner::prepare(&owner).await?;
             let options = overload::OverloadOptions {
@@ -474,6 +479,8 @@ pub async fn run(command: BenchCommand) -> Result<(), BenchError> {
                     .unwrap_or_else(|| Settings::defaults().http.max_guest_requests_in_flight),
                 bypass_per_second: bypass_per_second.max(1),
                 guests_over_peak: guests_over_peak.max(1.0),
+                guest_search_threads: guest_search_threads
+                    .unwrap_or_else(|| Settings::defaults().http.guest_search_threads),
             };
             owner.guarded(overload::run(&owner, &options)).await
         }

@@ -121,6 +121,11 @@ pub struct SearchBenchArgs {
     /// Default: the service's default.
     #[arg(long, value_enum)]
     pub fresh_reads: Option<FreshReadsArg>,
+    /// `http.guest_search_threads` of the copy (default: the service's
+    /// default); 0 runs searches on the server's own threads, to price the
+    /// hand-over to the guest threads.
+    #[arg(long)]
+    pub guest_search_threads: Option<usize>,
 }
 
 /// Confirmed reads, their fallbacks, and their waits (sum, count) so far.
@@ -653,6 +658,9 @@ async fn measure_vacancy(
     settings.search.few_units_threshold = threshold;
     if let Some(fresh) = args.fresh_reads {
         settings.search.fresh_reads = fresh.setting();
+    }
+    if let Some(threads) = args.guest_search_threads {
+        settings.http.guest_search_threads = threads;
     }
     let fresh_reads = settings.search.fresh_reads;
     let target = slot::current_wal_lsn(client).await?;

@@ -21,9 +21,12 @@
 //! until the handler has produced its response (an SSE stream's body goes
 //! on without one: open streams have their own bound, `MAX_STREAMS`).
 
+use std::sync::Arc;
+
 use axum::Router;
 use axum::error_handling::HandleErrorLayer;
 use axum::response::{IntoResponse, Response};
+use tokio::sync::Semaphore;
 use tower::BoxError;
 use tower::ServiceBuilder;
 use tower::limit::GlobalConcurrencyLimitLayer;
@@ -76,6 +79,25 @@ pub(super) fn admit<S>(routes: Router<S>, budget: Budget, max_in_flight: usize) 
 where
     S: Clone + Send + Sync + 'static,
 {
+    admit_with(routes, budget, max_in_flight, &permits(max_in_flight))
+}
+
+/// The budget's permits, shared so others can see how full it is (the
+/// guest threads hand a search over only when it is nearly full).
+pub(super) fn permits(max_in_flight: usize) -> Arc<Semaphore> {
+    Arc::new(Semaphore::new(max_in_flight))
+}
+
+/// As `admit`, with the budget's permits made by `permits`.
+pub(super) fn admit_with<S>(
+    routes: Router<S>,
+    budget: Budget,
+    max_in_flight: usize,
+    permits: &Arc<Semaphore>,
+) -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+{
     if max_in_flight == 0 {
         return routes;
     }
@@ -85,7 +107,7 @@ where
                 shed_answer(budget, max_in_flight, &error)
             }))
             .layer(LoadShedLayer::new())
-            .layer(GlobalConcurrencyLimitLayer::new(max_in_flight)),
+            .layer(GlobalConcurrencyLimitLayer::with_semaphore(permits.clone())),
     )
 }
 

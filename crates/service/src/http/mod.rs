@@ -113,6 +113,10 @@ pub fn router(
     // guest gets a 503 at once instead of a place in a queue. The two that
     // rank and read the copy run on the guest threads (`guest_threads`);
     // the calendar and the event streams are light and stay here.
+    let guest_permits = admission::permits(http.max_guest_requests_in_flight);
+    let guest_threads = guest_threads.map(|layer| {
+        layer.when_budget_nearly_full(guest_permits.clone(), http.max_guest_requests_in_flight)
+    });
     let (search, availability) = match guest_threads {
         Some(layer) => (
             get(guests::search).layer(layer.clone()),
@@ -126,10 +130,11 @@ pub fn router(
         .route_layer(rate_limit.clone())
         .route("/v1/hotels/{hotel_id}/calendar", get(operators::calendar))
         .route("/v1/hotels/{hotel_id}/events", get(events::hotel_events));
-    let guest_routes = admission::admit(
+    let guest_routes = admission::admit_with(
         guest_routes,
         Budget::Guest,
         http.max_guest_requests_in_flight,
+        &guest_permits,
     );
     // The booking service: a budget of its own, so a flood of guests never
     // delays or sheds its advice and reports. Bypass keeps the per-client

@@ -65,6 +65,8 @@ pub(super) struct OverloadOptions {
     /// (`flood`'s module comment): a guest that is shed asks about once a
     /// second, so this is about the offered load over the peak.
     pub(super) guests_over_peak: f64,
+    /// `http.guest_search_threads` of every run.
+    pub(super) guest_search_threads: usize,
 }
 
 /// One run's figures, over the measured window only.
@@ -153,11 +155,12 @@ pub(super) async fn run(owner: &Owner, options: &OverloadOptions) -> Result<(), 
     println!(
         "load:     {city} ({hotels_in_city} hotels), one room for two, 1-3 nights at a random check-in; \
          {} s measured after {} s of warm-up per run; clients back off for Retry-After (at most {} s); \
-         /v1/bypass asked {}/s beside the flood",
+         /v1/bypass asked {}/s beside the flood; http.guest_search_threads = {}",
         options.seconds,
         options.warmup_seconds,
         MAX_BACKOFF.as_secs(),
-        options.bypass_per_second
+        options.bypass_per_second,
+        options.guest_search_threads
     );
     println!();
     println!("{}", render(&runs));
@@ -177,6 +180,7 @@ async fn measure(
 ) -> Result<RunFigures, BenchError> {
     let mut settings: Settings = bench_settings(owner.url());
     settings.http.max_guest_requests_in_flight = bound;
+    settings.http.guest_search_threads = options.guest_search_threads;
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let app = vacancy_service::start(settings, listener)?;
     let loaded_at = {
