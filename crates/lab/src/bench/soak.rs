@@ -378,7 +378,10 @@ async fn soak(
 ) -> Result<(), BenchError> {
     std::fs::create_dir_all(&args.out_dir)?;
     let exe = std::env::current_exe()?;
-    let checkpoints = args.out_dir.join("checkpoints");
+    // `checkpoint.dir` must be absolute (the service refuses a relative
+    // one, which would move with its working directory); CI passes a
+    // relative --out-dir.
+    let checkpoints = std::path::absolute(args.out_dir.join("checkpoints"))?;
     std::fs::create_dir_all(&checkpoints)?;
     let env = vec![
         (

@@ -75,6 +75,21 @@ impl Serve {
     }
 
     /// The log of the current start.
+    /// Whether the process has exited (reaped, or a zombie not yet waited
+    /// for); a stopped one (SIGSTOP) has not.
+    fn exited(&self) -> bool {
+        let Some(pid) = self.child.id() else {
+            return true;
+        };
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            // The state follows the command name's closing parenthesis.
+            Ok(stat) => stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+            Err(_) => true,
+        }
+    }
+
     pub fn log_path(&self) -> PathBuf {
         self.dir.join(format!("{}-{}.log", self.name, self.starts))
     }
@@ -158,6 +173,15 @@ impl Serve {
     ) -> Result<(), FaultBenchError> {
         let started = Instant::now();
         loop {
+            // A child that exited (a setting refused, a crash) will never
+            // catch up: say so at once, with its log, instead of waiting out
+            // `limit`.
+            if self.exited() {
+                return Err(FaultBenchError::ServerExited {
+                    what: format!("{what} (copy applying {target})"),
+                    log: self.log_path(),
+                });
+            }
             if let Some(s) = self.status().await {
                 let applied: Option<Lsn> = s["applied_lsn"].as_str().and_then(|t| t.parse().ok());
                 if s["snapshot"]["phase"] == "loaded" && applied.is_some_and(|a| a >= target) {

@@ -209,6 +209,8 @@ pub enum FaultBenchError {
         limit: Duration,
         detail: String,
     },
+    #[error("`vacancy serve` exited while waiting for {what}; its log: {}", .log.display())]
+    ServerExited { what: String, log: PathBuf },
     #[error("the copy answered {path} with {status}: {body}")]
     CopyRead {
         path: String,
