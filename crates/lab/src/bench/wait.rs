@@ -203,14 +203,7 @@ pub(super) async fn run(owner: &Owner, options: &WaitOptions) -> Result<(), Benc
     let http = HttpClient::new(app.addr, Duration::from_secs(30))
         .map_err(|e| BenchError::Io(std::io::Error::other(e.to_string())))?;
     let loaded_at = slot::current_wal_lsn(&client).await?;
-    wait_until(
-        "the copy to load and be searchable",
-        LOAD_LIMIT,
-        POLL,
-        &app.status,
-        || app.model.freshness.applied() >= loaded_at && app.hotel_index.holds_current_copy(),
-    )
-    .await?;
+    crate::readiness::wait_ready(&app, loaded_at, LOAD_LIMIT).await?;
 
     let cities = Arc::new(cities(&client).await?);
     if cities.is_empty() {

@@ -21,6 +21,8 @@
 //! `/v1/bypass` is asked at a steady rate beside the flood.
 
 use std::fmt::Write as _;
+
+mod cpu;
 mod flood;
 
 use std::sync::Arc;
@@ -32,12 +34,12 @@ use tokio::net::TcpListener;
 use vacancy_service::metrics::HTTP_SHED_DURATION;
 use vacancy_service::{Settings, slot};
 
+use self::cpu::{ThreadGroup, ThreadTimes};
 pub use self::flood::FloodError;
 use self::flood::{Flood, FloodPlan, MAX_BACKOFF, Pace, PathOf, Sample};
 use super::wait::WaitBuckets;
-use super::{BenchError, CONNECT_TIMEOUT, LOAD_LIMIT, Owner, POLL, VACANCY_SLOT, bench_settings};
+use super::{BenchError, CONNECT_TIMEOUT, LOAD_LIMIT, Owner, VACANCY_SLOT, bench_settings};
 use crate::measure::Latencies;
-use crate::readiness::wait_until;
 
 /// Workers of the flood's own runtime: one per core of this machine kind.
 const FLOOD_WORKERS: usize = 2;
@@ -89,6 +91,8 @@ struct RunFigures {
     shed_server_count: u64,
     bypass: Latencies,
     bypass_failed: usize,
+    /// CPU seconds each group of this process's threads spent in the window.
+    cpu: std::collections::BTreeMap<ThreadGroup, f64>,
 }
 
 impl RunFigures {
@@ -187,14 +191,7 @@ async fn measure(
         let client = vacancy_service::connect(owner.url(), CONNECT_TIMEOUT).await?;
         slot::current_wal_lsn(&client).await?
     };
-    wait_until(
-        "the copy to load and be searchable",
-        LOAD_LIMIT,
-        POLL,
-        &app.status,
-        || app.model.freshness.applied() >= loaded_at && app.hotel_index.holds_current_copy(),
-    )
-    .await?;
+    crate::readiness::wait_ready(&app, loaded_at, LOAD_LIMIT).await?;
     let city_query: String = form_urlencoded::byte_serialize(city.as_bytes()).collect();
     let shape = owner.shape;
     let check_ins = u64::try_from(shape.nights.saturating_sub(3).max(1)).unwrap_or(1);
@@ -231,9 +228,11 @@ async fn measure(
 
     tokio::time::sleep(Duration::from_secs(u64::from(options.warmup_seconds))).await;
     let shed_before = WaitBuckets::of(&HTTP_SHED_DURATION.with_label_values(&["guest"]));
+    let cpu_before = ThreadTimes::now();
     let from = Instant::now();
     tokio::time::sleep(Duration::from_secs(u64::from(options.seconds))).await;
     let to = Instant::now();
+    let cpu = ThreadTimes::now().since(&cpu_before);
     let shed_server =
         WaitBuckets::of(&HTTP_SHED_DURATION.with_label_values(&["guest"])).since(&shed_before);
     let samples = flood.finish(FLOOD_STOP_LIMIT).await?;
@@ -282,6 +281,7 @@ async fn measure(
                 .collect::<Vec<_>>(),
         ),
         bypass_failed: bypass_inside.iter().filter(|s| s.status != 200).count(),
+        cpu,
     })
 }
 
@@ -338,6 +338,7 @@ fn render(runs: &[RunFigures]) -> String {
             r.other,
         );
     }
+    render_cpu(&mut out, runs);
     let peak = runs
         .iter()
         .map(RunFigures::ok_per_second)
@@ -390,4 +391,38 @@ fn render(runs: &[RunFigures]) -> String {
         );
     }
     out
+}
+
+/// Where each run's CPU went (`cpu`'s module comment): cores used by each
+/// group of threads, and the cost per request of the client and of the
+/// server's own threads, beside the cost per 200 of all of them.
+fn render_cpu(out: &mut String, runs: &[RunFigures]) {
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "| run | cores: client | server | guest threads | other | client µs/request | server µs/request | CPU ms per 200 (all threads) |"
+    );
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|---:|---:|");
+    for r in runs {
+        let seconds = r.seconds.max(1e-9);
+        let of = |group: ThreadGroup| r.cpu.get(&group).copied().unwrap_or(0.0);
+        let requests = (r.offered * seconds).max(1.0);
+        let total: f64 = r.cpu.values().sum();
+        let _ = writeln!(
+            out,
+            "| {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.1} | {:.1} | {:.3} |",
+            r.name,
+            of(ThreadGroup::Client) / seconds,
+            of(ThreadGroup::Server) / seconds,
+            of(ThreadGroup::GuestSearch) / seconds,
+            of(ThreadGroup::Other) / seconds,
+            of(ThreadGroup::Client) / requests * 1e6,
+            of(ThreadGroup::Server) / requests * 1e6,
+            total / (r.ok.len().max(1) as f64) * 1e3,
+        );
+    }
+    let _ = writeln!(
+        out,
+        "(threads by name: client = flood and bypass prober, server = the runtime that accepts, reads, sheds and answers, guest threads = http.guest_search_threads)"
+    );
 }
