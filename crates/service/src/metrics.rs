@@ -88,6 +88,34 @@ pub static APPLY_DURATION: LazyLock<Histogram> = LazyLock::new(|| {
         ],
     )
 });
+/// Buckets for the stream's per-transaction delays: from a millisecond
+/// (a commit delivered and applied at once) to a minute (a walsender that
+/// decodes far behind, a loop that stalls).
+fn delay_buckets() -> Vec<f64> {
+    vec![
+        0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 60.0,
+    ]
+}
+pub static COMMIT_TO_RECEIVE: LazyLock<Histogram> = LazyLock::new(|| {
+    histogram(
+        "vacancy_stream_commit_to_receive_seconds",
+        "Per transaction applied: the owner's commit timestamp to the replication loop having its commit (the owner's clock against this host's; 0 when this host's is behind). Long: the owner's walsender delivered it late, or the loop was not reading",
+        delay_buckets(),
+    )
+});
+pub static RECEIVE_TO_APPLY: LazyLock<Histogram> = LazyLock::new(|| {
+    histogram(
+        "vacancy_stream_receive_to_apply_seconds",
+        "Per transaction applied: the replication loop having its commit to the copy publishing it (outbox place, index note, apply)",
+        delay_buckets(),
+    )
+});
+pub static LOOP_STALLS: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "vacancy_stream_loop_stalls_total",
+        "Transactions after which the replication loop was away from the stream for 250 ms or more (each one logged with where the time went)",
+    )
+});
 pub static LAG_BYTES: LazyLock<IntGauge> = LazyLock::new(|| {
     gauge(
         "vacancy_stream_lag_bytes",
@@ -561,6 +589,21 @@ pub static FLEET_PUBLISH_ERRORS: LazyLock<IntCounter> = LazyLock::new(|| {
         "Publishing sessions that failed (NATS down, a refused publish); what was not stored is sent again",
     )
 });
+/// What the projector's publisher holds encoded (made and not yet stored
+/// in JetStream), now and at most since the start: the bound the issue
+/// asks of every role (`fleet::publish`), measured without RSS's noise.
+pub static FLEET_PUBLISH_BUFFERED_BYTES: LazyLock<IntGauge> = LazyLock::new(|| {
+    gauge(
+        "vacancy_fleet_publish_buffered_bytes",
+        "Encoded change-stream messages the projector's publisher holds now: made, not yet stored in JetStream",
+    )
+});
+pub static FLEET_PUBLISH_BUFFERED_BYTES_PEAK: LazyLock<IntGauge> = LazyLock::new(|| {
+    gauge(
+        "vacancy_fleet_publish_buffered_bytes_peak",
+        "The most vacancy_fleet_publish_buffered_bytes has been since the process started",
+    )
+});
 pub static FLEET_CHECKPOINT_UPLOADS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter_vec(
         "vacancy_fleet_checkpoint_uploads_total",
@@ -668,6 +711,8 @@ pub fn init() {
     LazyLock::force(&CHECKPOINT_BYTES);
     LazyLock::force(&FLEET_MESSAGES_PUBLISHED);
     LazyLock::force(&FLEET_PUBLISH_ERRORS);
+    LazyLock::force(&FLEET_PUBLISH_BUFFERED_BYTES);
+    LazyLock::force(&FLEET_PUBLISH_BUFFERED_BYTES_PEAK);
     LazyLock::force(&FLEET_CHECKPOINT_UPLOADS);
     LazyLock::force(&FLEET_MESSAGES_APPLIED);
     LazyLock::force(&FLEET_MESSAGES_DROPPED);

@@ -49,6 +49,10 @@ use crate::model::{ApplyError, ReadModel};
 use crate::owner::identity::{Observed, OwnerPin, OwnerReport};
 use crate::owner::{Endpoint, OwnerError, OwnerIdentity, OwnerSettings};
 
+/// A transaction that keeps the loop from the stream this long is logged
+/// (`vacancy_stream_loop_stalls_total`): a commit behind it waits that long.
+const STALL: Duration = Duration::from_millis(250);
+
 #[derive(Debug, thiserror::Error)]
 pub enum StreamError {
     #[error(transparent)]
@@ -907,13 +911,23 @@ impl Projector {
                     metrics::BUFFERED_CHANGES.set(assembler.buffered_changes() as i64);
                 }
                 Assembled::Commit(txn, messages) => {
+                    let received = Instant::now();
+                    let txn_lsn = txn.end_lsn;
+                    // How late the commit reached the loop, by the owner's
+                    // clock: the walsender's share of the lag (or the
+                    // loop's, when it was not reading: see the stalls).
+                    let delivery = (Utc::now() - txn.commit_time).to_std().unwrap_or_default();
+                    metrics::COMMIT_TO_RECEIVE.observe(delivery.as_secs_f64());
                     let Some(reserved) = self.reserve(stop).await? else {
                         return Ok(());
                     };
-                    let started = Instant::now();
+                    let reserved_at = Instant::now();
                     self.index.note_transaction(&txn);
+                    let noted_at = Instant::now();
                     let applied = self.model.apply(&txn)?;
-                    metrics::APPLY_DURATION.observe(started.elapsed().as_secs_f64());
+                    let applied_at = Instant::now();
+                    metrics::APPLY_DURATION.observe((applied_at - noted_at).as_secs_f64());
+                    metrics::RECEIVE_TO_APPLY.observe((applied_at - received).as_secs_f64());
                     metrics::BUFFERED_CHANGES.set(assembler.buffered_changes() as i64);
                     let mut merges = Vec::new();
                     if applied.skipped {
@@ -941,6 +955,22 @@ impl Projector {
                         });
                     }
                     self.acknowledge(stream, self.acknowledgeable());
+                    let away = received.elapsed();
+                    if away >= STALL {
+                        // The next commit waits in the socket meanwhile, so
+                        // it shows as a late delivery: say where this went.
+                        metrics::LOOP_STALLS.inc();
+                        tracing::warn!(
+                            away_ms = away.as_millis(),
+                            outbox_ms = (reserved_at - received).as_millis(),
+                            index_ms = (noted_at - reserved_at).as_millis(),
+                            apply_ms = (applied_at - noted_at).as_millis(),
+                            after_apply_ms = applied_at.elapsed().as_millis(),
+                            delivery_ms = delivery.as_millis(),
+                            lsn = %txn_lsn,
+                            "replication loop stalled after a transaction"
+                        );
+                    }
                 }
             }
         }
