@@ -137,6 +137,157 @@ pub struct Sample {
     pub search_p99_ms: Option<f64>,
     pub searches: u64,
     pub search_errors: u64,
+    /// The lag reads of the interval, and those above 0 by `LagCause`.
+    pub lag: LagCounts,
+    /// The longest lag episode that began in the interval, seconds.
+    pub lag_longest_episode_s: f64,
+    /// Transactions of the interval whose commit reached the replication
+    /// loop 1 s or more after its commit timestamp
+    /// (`vacancy_stream_commit_to_receive_seconds`).
+    pub commits_received_late: u64,
+    /// Transactions of the interval applied 250 ms or more after the loop
+    /// had their commit (`vacancy_stream_receive_to_apply_seconds`).
+    pub commits_applied_late: u64,
+    /// `vacancy_stream_loop_stalls_total` in the interval.
+    pub loop_stalls: u64,
+    /// The owner during the interval.
+    pub owner: OwnerSample,
+    /// This machine's 1-minute load average at the sample.
+    pub load1: f64,
+}
+
+/// Lag reads by what the owner showed right after each one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LagCounts {
+    pub reads: u64,
+    pub above_zero: u64,
+    pub unflushed: u64,
+    pub not_sent: u64,
+    pub in_flight: u64,
+    /// Reads during which the owner ran a vacuum (`pg_stat_progress_vacuum`).
+    pub vacuuming: u64,
+}
+
+impl LagCounts {
+    fn add(&mut self, read: &LagRead) {
+        self.reads += 1;
+        if read.vacuum {
+            self.vacuuming += 1;
+        }
+        if read.lag_ms <= 0.0 {
+            return;
+        }
+        self.above_zero += 1;
+        match read.cause {
+            LagCause::Unflushed => self.unflushed += 1,
+            LagCause::NotSent => self.not_sent += 1,
+            LagCause::InFlight => self.in_flight += 1,
+            LagCause::Zero | LagCause::Unknown => {}
+        }
+    }
+}
+
+/// The owner's own activity over a sample's interval (differences of its
+/// cumulative statistics).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct OwnerSample {
+    /// Checkpoints begun (`pg_stat_bgwriter`, timed and requested).
+    pub checkpoints: u64,
+    /// Buffers those checkpoints wrote.
+    pub checkpoint_buffers: u64,
+    /// Autovacuums finished, over the owner database's tables.
+    pub autovacuums: u64,
+    /// WAL the owner inserted.
+    pub wal_bytes: u64,
+}
+
+/// Why a lag read was above 0, told by the owner's positions read right
+/// after it (`lag_load`): `applied` is the copy's, from the same read.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LagCause {
+    /// The read was 0.
+    #[default]
+    Zero,
+    /// The owner had flushed nothing past what the copy applied, so no
+    /// commit of ours was pending (a commit is visible once flushed): the
+    /// lag counted WAL the owner had not flushed. The measure, not the copy.
+    Unflushed,
+    /// The owner had flushed past the copy but its walsender had sent
+    /// nothing past it: the walsender was behind (a commit of ours, or WAL
+    /// of others it must decode to tell).
+    NotSent,
+    /// The walsender had sent past what the copy applied: on the wire, in
+    /// vacancy before apply, or WAL of others whose keepalive was not sent yet.
+    InFlight,
+    /// The owner could not be read.
+    Unknown,
+}
+
+impl LagCause {
+    /// The cause of a read above 0, from the copy's applied position and
+    /// the owner's flush position and walsender's sent position read after it.
+    pub fn of(applied: u64, flushed: Option<u64>, sent: Option<u64>) -> LagCause {
+        match (flushed, sent) {
+            (Some(f), _) if f <= applied => LagCause::Unflushed,
+            (Some(_), Some(s)) if s <= applied => LagCause::NotSent,
+            (Some(_), Some(_)) => LagCause::InFlight,
+            _ => LagCause::Unknown,
+        }
+    }
+}
+
+/// One read of `/v1/status`'s lag, with the owner's state right after it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LagRead {
+    /// Seconds since the load began.
+    pub at: f64,
+    pub lag_ms: f64,
+    pub cause: LagCause,
+    pub vacuum: bool,
+}
+
+/// A run of lag reads above 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Episode {
+    /// Its first read, seconds since the load began.
+    pub start: f64,
+    /// From its first read to the first read of 0 after it (or its last
+    /// read, at the end of the run).
+    pub seconds: f64,
+    pub max_ms: f64,
+    pub counts: LagCounts,
+}
+
+/// The episodes of `reads` (in time order).
+pub fn episodes(reads: &[LagRead]) -> Vec<Episode> {
+    let mut out = Vec::new();
+    let mut open: Option<Episode> = None;
+    for read in reads {
+        match (&mut open, read.lag_ms > 0.0) {
+            (Some(e), true) => {
+                e.seconds = read.at - e.start;
+                e.max_ms = e.max_ms.max(read.lag_ms);
+                e.counts.add(read);
+            }
+            (None, true) => {
+                let mut counts = LagCounts::default();
+                counts.add(read);
+                open = Some(Episode {
+                    start: read.at,
+                    seconds: 0.0,
+                    max_ms: read.lag_ms,
+                    counts,
+                });
+            }
+            (Some(e), false) => {
+                e.seconds = read.at - e.start;
+                out.extend(open.take());
+            }
+            (None, false) => {}
+        }
+    }
+    out.extend(open);
+    out
 }
 
 impl Sample {
@@ -175,6 +326,8 @@ pub struct Raw {
     /// Per sample, in the same order: the lag reads and the search latencies.
     pub lag_ms: Vec<Vec<f64>>,
     pub search_ms: Vec<Vec<f64>>,
+    /// Per sample: the lag reads with their causes (empty when not known).
+    pub lag_reads: Vec<Vec<LagRead>>,
 }
 
 /// Least-squares slope of `ys` over `xs` (per unit of x); `None` with fewer
@@ -291,6 +444,15 @@ pub fn judge(
             }
             _ => ("no measurements in a quarter".to_string(), false),
         };
+        // What the p99 alone cannot say: how much of each quarter the lag
+        // was above 0 at all, and its longest stretch. Said, not judged.
+        let figure = if name == "lag p99" {
+            let first_q = lag_quarter(raw, first..first + quarter);
+            let last_q = lag_quarter(raw, first + tail_start..first + judged.len());
+            format!("{figure}; reads above 0: first quarter {first_q}, last quarter {last_q}")
+        } else {
+            figure
+        };
         results.push(GoalResult {
             goal: format!(
                 "{name} flat: the last quarter's <= max(first quarter's x {}, + {} ms)",
@@ -303,6 +465,33 @@ pub fn judge(
     Ok(results)
 }
 
+/// A quarter's lag reads: the share above 0, and its longest episode when
+/// the reads' times are known.
+fn lag_quarter(raw: &Raw, range: std::ops::Range<usize>) -> String {
+    let lists = raw.lag_ms.get(range.clone()).unwrap_or_default();
+    let reads: usize = lists.iter().map(Vec::len).sum();
+    let above: usize = lists.iter().flatten().filter(|v| **v > 0.0).count();
+    let share = 100.0 * above as f64 / reads.max(1) as f64;
+    let timed: Vec<LagRead> = raw
+        .lag_reads
+        .get(range)
+        .unwrap_or_default()
+        .iter()
+        .flatten()
+        .copied()
+        .collect();
+    match episodes(&timed)
+        .iter()
+        .max_by(|a, b| a.seconds.total_cmp(&b.seconds))
+    {
+        Some(e) => format!(
+            "{share:.2}% (longest episode {:.1} s, up to {:.0} ms)",
+            e.seconds, e.max_ms
+        ),
+        None => format!("{share:.2}%"),
+    }
+}
+
 /// The samples as CSV, one row each, with a header.
 pub fn csv(samples: &[Sample]) -> String {
     let mut out = String::from(
@@ -311,6 +500,9 @@ pub fn csv(samples: &[Sample]) -> String {
     for cache in CACHES {
         out.push_str(&format!(",{cache}_entries,{cache}_bytes"));
     }
+    out.push_str(
+        ",lag_reads,lag_reads_above_0,lag_reads_unflushed,lag_reads_not_sent,lag_reads_in_flight,lag_longest_episode_s,commits_received_late_1s,commits_applied_late_250ms,loop_stalls,owner_vacuuming_reads,owner_checkpoints,owner_checkpoint_buffers,owner_autovacuums,owner_wal_bytes,load1",
+    );
     out.push('\n');
     let ms = |v: Option<f64>| v.map(|v| format!("{v:.3}")).unwrap_or_default();
     for s in samples {
@@ -330,6 +522,25 @@ pub fn csv(samples: &[Sample]) -> String {
         for i in 0..CACHES.len() {
             out.push_str(&format!(",{},{}", s.cache_entries[i], s.cache_bytes[i]));
         }
+        let (l, o) = (&s.lag, &s.owner);
+        out.push_str(&format!(
+            ",{},{},{},{},{},{:.2},{},{},{},{},{},{},{},{},{:.2}",
+            l.reads,
+            l.above_zero,
+            l.unflushed,
+            l.not_sent,
+            l.in_flight,
+            s.lag_longest_episode_s,
+            s.commits_received_late,
+            s.commits_applied_late,
+            s.loop_stalls,
+            l.vacuuming,
+            o.checkpoints,
+            o.checkpoint_buffers,
+            o.autovacuums,
+            o.wal_bytes,
+            s.load1
+        ));
         out.push('\n');
     }
     out
@@ -347,6 +558,17 @@ pub fn gauge(metrics: &str, name: &str, cache: Option<&str>) -> Option<f64> {
         let value = rest.strip_prefix(' ')?;
         value.trim().parse().ok()
     })
+}
+
+/// How many observations of histogram `name` exceeded `le` (its count
+/// less its bucket `le`), from the Prometheus text; `None` when absent.
+pub fn above_bucket(metrics: &str, name: &str, le: &str) -> Option<f64> {
+    let count = gauge(metrics, &format!("{name}_count"), None)?;
+    let bucket = metrics.lines().find_map(|line| {
+        let rest = line.strip_prefix(&format!("{name}_bucket{{le=\"{le}\"}} "))?;
+        rest.trim().parse::<f64>().ok()
+    })?;
+    Some(count - bucket)
 }
 
 pub async fn run(args: SoakArgs) -> Result<(), BenchError> {
@@ -463,7 +685,10 @@ async fn soak_with(
         .iter()
         .map(|r| r.get(0))
         .collect();
+    // The owner's positions beside each lag read, on a connection of its own.
+    let watcher = vacancy_service::connect(owner.url(), super::CONNECT_TIMEOUT).await?;
     let stop = CancellationToken::new();
+    let began = Instant::now();
     let latencies = Arc::new(Mutex::new(Window::default()));
     let mut load = Vec::new();
     for i in 0..args.searchers {
@@ -478,11 +703,13 @@ async fn soak_with(
     }
     load.push(tokio::spawn(lag_load(
         serve.addr,
+        watcher,
+        began,
         latencies.clone(),
         stop.clone(),
     )));
 
-    let sampled = sample_until(serve, pid, args, &latencies).await;
+    let sampled = sample_until(serve, pid, args, &latencies, client, began).await;
     stop.cancel();
     let guests = site.close().await;
     for task in load {
@@ -490,7 +717,15 @@ async fn soak_with(
         let _ = tokio::time::timeout(HTTP_TIMEOUT * 2, task).await;
     }
     let load_end = load_average();
-    let (samples, raw) = sampled?;
+    let (mut samples, raw) = sampled?;
+    let all_reads: Vec<LagRead> = raw.lag_reads.iter().flatten().copied().collect();
+    let all_episodes = episodes(&all_reads);
+    for e in &all_episodes {
+        // The sample whose interval the episode began in.
+        if let Some(s) = samples.iter_mut().find(|s| s.seconds >= e.start) {
+            s.lag_longest_episode_s = s.lag_longest_episode_s.max(e.seconds);
+        }
+    }
 
     eprintln!("checking the copy against the owner, row for row");
     let target = slot::current_wal_lsn(client).await?;
@@ -541,6 +776,7 @@ async fn soak_with(
             if r.met { "yes" } else { "**no**" }
         );
     }
+    print_lag(&samples, &all_episodes, args.warmup_seconds as f64);
     println!();
     println!(
         "samples: {}, plot: {}",
@@ -565,6 +801,7 @@ async fn soak_with(
 #[derive(Debug, Default)]
 struct Window {
     lag_ms: Vec<f64>,
+    lag_reads: Vec<LagRead>,
     search_ms: Vec<f64>,
     searches: u64,
     search_errors: u64,
@@ -576,9 +813,13 @@ async fn sample_until(
     pid: u32,
     args: &SoakArgs,
     latencies: &Mutex<Window>,
+    owner: &tokio_postgres::Client,
+    started: Instant,
 ) -> Result<(Vec<Sample>, Raw), BenchError> {
-    let started = Instant::now();
     let end = started + Duration::from_secs(args.minutes.max(1) * 60);
+    // Cumulative figures, for each interval's difference.
+    let mut owner_before = owner_counters(owner).await;
+    let mut stream_before = StreamCounters::default();
     let mut ticker = tokio::time::interval(Duration::from_secs(args.sample_seconds.max(1)));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The first tick is immediate: the interval before it is empty.
@@ -595,6 +836,22 @@ async fn sample_until(
                 String::new()
             }
         };
+        let owner_now = owner_counters(owner).await;
+        let owner_sample = match (owner_before, owner_now) {
+            (Some(b), Some(n)) => OwnerSample {
+                checkpoints: n.checkpoints.saturating_sub(b.checkpoints),
+                checkpoint_buffers: n.checkpoint_buffers.saturating_sub(b.checkpoint_buffers),
+                autovacuums: n.autovacuums.saturating_sub(b.autovacuums),
+                wal_bytes: n.wal_bytes.saturating_sub(b.wal_bytes),
+            },
+            _ => OwnerSample::default(),
+        };
+        owner_before = owner_now.or(owner_before);
+        let stream_now = StreamCounters::read(&metrics);
+        let mut lag = LagCounts::default();
+        for read in &window.lag_reads {
+            lag.add(read);
+        }
         let (rss_bytes, fds) = match process_figures(pid) {
             Ok(figures) => figures,
             Err(_) => return Err(SoakError::ServerGone(serve.log_path()).into()),
@@ -608,8 +865,23 @@ async fn sample_until(
             search_p99_ms: Latencies::from_millis(window.search_ms.clone()).percentile(0.99),
             searches: window.searches,
             search_errors: window.search_errors,
+            lag,
+            commits_received_late: stream_now
+                .received_late
+                .saturating_sub(stream_before.received_late),
+            commits_applied_late: stream_now
+                .applied_late
+                .saturating_sub(stream_before.applied_late),
+            loop_stalls: stream_now.stalls.saturating_sub(stream_before.stalls),
+            owner: owner_sample,
+            load1: load_average()
+                .split_whitespace()
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0),
             ..Sample::default()
         };
+        stream_before = stream_now;
         for (i, cache) in CACHES.iter().enumerate() {
             sample.cache_entries[i] =
                 gauge(&metrics, "vacancy_cache_entries", Some(cache)).unwrap_or(0.0) as u64;
@@ -634,8 +906,94 @@ async fn sample_until(
         samples.push(sample);
         raw.lag_ms.push(window.lag_ms);
         raw.search_ms.push(window.search_ms);
+        raw.lag_reads.push(window.lag_reads);
     }
     Ok((samples, raw))
+}
+
+/// The server's cumulative stream figures (`/metrics`).
+#[derive(Debug, Clone, Copy, Default)]
+struct StreamCounters {
+    received_late: u64,
+    applied_late: u64,
+    stalls: u64,
+}
+
+impl StreamCounters {
+    fn read(metrics: &str) -> StreamCounters {
+        let count = |v: Option<f64>| v.map_or(0, |v| v.max(0.0) as u64);
+        StreamCounters {
+            received_late: count(above_bucket(
+                metrics,
+                "vacancy_stream_commit_to_receive_seconds",
+                "1",
+            )),
+            applied_late: count(above_bucket(
+                metrics,
+                "vacancy_stream_receive_to_apply_seconds",
+                "0.25",
+            )),
+            stalls: count(gauge(metrics, "vacancy_stream_loop_stalls_total", None)),
+        }
+    }
+}
+
+/// The owner's cumulative activity figures.
+#[derive(Debug, Clone, Copy)]
+struct OwnerCounters {
+    checkpoints: u64,
+    checkpoint_buffers: u64,
+    autovacuums: u64,
+    wal_bytes: u64,
+}
+
+/// Reads the owner's checkpoints, autovacuums and WAL position; `None`
+/// when it does not answer in time (the sample then shows none).
+async fn owner_counters(owner: &tokio_postgres::Client) -> Option<OwnerCounters> {
+    let read = owner.query_one(
+        "SELECT (SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter),
+                (SELECT buffers_checkpoint FROM pg_stat_bgwriter),
+                (SELECT coalesce(sum(autovacuum_count), 0)::bigint FROM pg_stat_all_tables),
+                (pg_current_wal_insert_lsn() - '0/0')::bigint",
+        &[],
+    );
+    let row = tokio::time::timeout(HTTP_TIMEOUT, read).await.ok()?.ok()?;
+    let value = |i: usize| {
+        row.try_get::<_, i64>(i)
+            .ok()
+            .and_then(|v| u64::try_from(v).ok())
+    };
+    Some(OwnerCounters {
+        checkpoints: value(0)?,
+        checkpoint_buffers: value(1)?,
+        autovacuums: value(2)?,
+        wal_bytes: value(3)?,
+    })
+}
+
+/// The owner's flushed WAL position, its walsender's sent position for the
+/// soak's slot, and whether a vacuum runs; `None`s when it does not answer.
+async fn owner_positions(owner: &tokio_postgres::Client) -> (Option<u64>, Option<u64>, bool) {
+    let read = owner.query_one(
+        "SELECT (pg_current_wal_flush_lsn() - '0/0')::bigint,
+                (SELECT (r.sent_lsn - '0/0')::bigint
+                   FROM pg_stat_replication r JOIN pg_replication_slots s ON s.active_pid = r.pid
+                  WHERE s.slot_name = $1),
+                EXISTS (SELECT 1 FROM pg_stat_progress_vacuum)",
+        &[&faults::SLOT],
+    );
+    match tokio::time::timeout(HTTP_TIMEOUT, read).await {
+        Ok(Ok(row)) => {
+            let lsn = |i: usize| {
+                row.try_get::<_, Option<i64>>(i)
+                    .ok()
+                    .flatten()
+                    .and_then(|v| u64::try_from(v).ok())
+            };
+            (lsn(0), lsn(1), row.try_get(2).unwrap_or(false))
+        }
+        _ => (None, None, false),
+    }
 }
 
 /// The server's resident bytes (`VmRSS`) and open descriptors.
@@ -717,20 +1075,43 @@ async fn search_load(
     }
 }
 
-/// Reads the copy's lag from `/v1/status` every `LAG_POLL`.
-async fn lag_load(addr: SocketAddr, latencies: Arc<Mutex<Window>>, stop: CancellationToken) {
+/// Reads the copy's lag from `/v1/status` every `LAG_POLL`, and when it is
+/// above 0, the owner's positions right after, to tell why (`LagCause`).
+async fn lag_load(
+    addr: SocketAddr,
+    owner: tokio_postgres::Client,
+    began: Instant,
+    latencies: Arc<Mutex<Window>>,
+    stop: CancellationToken,
+) {
     let Ok(client) = HttpClient::new(addr, HTTP_TIMEOUT) else {
         return;
     };
     while !stop.is_cancelled() {
-        if let Ok(r) = client.get("/v1/status").await
-            && let Some(seconds) = r.json()["lag_seconds"].as_f64()
-        {
-            latencies
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .lag_ms
-                .push(seconds * 1e3);
+        if let Ok(r) = client.get("/v1/status").await {
+            let status = r.json();
+            if let Some(seconds) = status["lag_seconds"].as_f64() {
+                let at = began.elapsed().as_secs_f64();
+                let lag_ms = seconds * 1e3;
+                let applied = status["applied_lsn"]
+                    .as_str()
+                    .and_then(|v| v.parse::<vacancy_service::Lsn>().ok());
+                // Read every time, so the vacuum column covers quiet reads too.
+                let (flushed, sent, vacuum) = owner_positions(&owner).await;
+                let cause = match applied {
+                    _ if lag_ms <= 0.0 => LagCause::Zero,
+                    Some(applied) => LagCause::of(applied.0, flushed, sent),
+                    None => LagCause::Unknown,
+                };
+                let mut w = latencies.lock().unwrap_or_else(|p| p.into_inner());
+                w.lag_ms.push(lag_ms);
+                w.lag_reads.push(LagRead {
+                    at,
+                    lag_ms,
+                    cause,
+                    vacuum,
+                });
+            }
         }
         tokio::select! {
             _ = stop.cancelled() => {}
@@ -790,6 +1171,80 @@ fn print_figures(
     }
     if let Some(s) = samples.last() {
         println!("at the end ({:.0} s):       {}", s.seconds, at(s));
+    }
+}
+
+/// The lag beside the owner: per judged quarter the share of reads above
+/// 0 by cause and the longest episode, then the longest episodes with what
+/// the owner and this machine did in their samples.
+fn print_lag(samples: &[Sample], episodes: &[Episode], warmup: f64) {
+    let judged: Vec<&Sample> = samples.iter().filter(|s| s.seconds >= warmup).collect();
+    if judged.is_empty() {
+        return;
+    }
+    println!();
+    println!(
+        "lag reads above 0, by what the owner showed right after (unflushed: the owner had flushed nothing past the copy; not sent: its walsender had sent nothing past it; in flight: sent, not yet applied)"
+    );
+    println!(
+        "| quarter | reads | above 0 | unflushed | not sent | in flight | longest episode | received >= 1 s late | applied >= 250 ms late | loop stalls | owner checkpoints | autovacuums | load1 max |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let quarter = judged.len().div_ceil(4);
+    for (i, part) in judged.chunks(quarter).enumerate() {
+        let mut c = LagCounts::default();
+        for s in part {
+            c.reads += s.lag.reads;
+            c.above_zero += s.lag.above_zero;
+            c.unflushed += s.lag.unflushed;
+            c.not_sent += s.lag.not_sent;
+            c.in_flight += s.lag.in_flight;
+        }
+        let sum = |f: fn(&Sample) -> u64| part.iter().map(|s| f(s)).sum::<u64>();
+        println!(
+            "| {} ({:.0}-{:.0} s) | {} | {:.2}% | {} | {} | {} | {:.1} s | {} | {} | {} | {} | {} | {:.1} |",
+            i + 1,
+            part[0].seconds,
+            part[part.len() - 1].seconds,
+            c.reads,
+            100.0 * c.above_zero as f64 / c.reads.max(1) as f64,
+            c.unflushed,
+            c.not_sent,
+            c.in_flight,
+            part.iter()
+                .map(|s| s.lag_longest_episode_s)
+                .fold(0.0, f64::max),
+            sum(|s| s.commits_received_late),
+            sum(|s| s.commits_applied_late),
+            sum(|s| s.loop_stalls),
+            sum(|s| s.owner.checkpoints),
+            sum(|s| s.owner.autovacuums),
+            part.iter().map(|s| s.load1).fold(0.0, f64::max),
+        );
+    }
+    let mut longest: Vec<&Episode> = episodes.iter().collect();
+    longest.sort_by(|a, b| b.seconds.total_cmp(&a.seconds));
+    println!();
+    println!(
+        "the longest lag episodes (reads by cause: unflushed / not sent / in flight; the vacuum column counts reads during an owner vacuum)"
+    );
+    for e in longest.iter().take(10) {
+        let sample = samples.iter().find(|s| s.seconds >= e.start);
+        println!(
+            "  at {:>6.1} s: {:>5.1} s, up to {:>6.0} ms, {} reads ({} / {} / {}), vacuum {}; its sample: {} received >= 1 s late, {} applied >= 250 ms late, {} owner checkpoints, load1 {:.1}",
+            e.start,
+            e.seconds,
+            e.max_ms,
+            e.counts.above_zero,
+            e.counts.unflushed,
+            e.counts.not_sent,
+            e.counts.in_flight,
+            e.counts.vacuuming,
+            sample.map_or(0, |s| s.commits_received_late),
+            sample.map_or(0, |s| s.commits_applied_late),
+            sample.map_or(0, |s| s.owner.checkpoints),
+            sample.map_or(0.0, |s| s.load1),
+        );
     }
 }
 
@@ -1087,6 +1542,95 @@ mod tests {
             (100 * 1024 * 1024).to_string(),
             "RSS less caches"
         );
+    }
+
+    fn read(at: f64, lag_ms: f64, cause: LagCause) -> LagRead {
+        LagRead {
+            at,
+            lag_ms,
+            cause,
+            vacuum: false,
+        }
+    }
+
+    #[test]
+    fn a_lag_read_is_told_by_the_owner_positions_after_it() {
+        // Flushed no further than applied: nothing committed was pending.
+        assert_eq!(LagCause::of(100, Some(100), Some(100)), LagCause::Unflushed);
+        assert_eq!(LagCause::of(100, Some(90), None), LagCause::Unflushed);
+        assert_eq!(LagCause::of(100, Some(120), Some(100)), LagCause::NotSent);
+        assert_eq!(LagCause::of(100, Some(120), Some(110)), LagCause::InFlight);
+        assert_eq!(LagCause::of(100, Some(120), None), LagCause::Unknown);
+        assert_eq!(LagCause::of(100, None, Some(110)), LagCause::Unknown);
+    }
+
+    #[test]
+    fn an_episode_lasts_from_its_first_read_above_0_to_the_next_0() {
+        let reads = [
+            read(0.0, 0.0, LagCause::Zero),
+            read(0.25, 300.0, LagCause::Unflushed),
+            read(0.5, 550.0, LagCause::Unflushed),
+            read(0.75, 20.0, LagCause::InFlight),
+            read(1.0, 0.0, LagCause::Zero),
+            read(1.25, 40.0, LagCause::NotSent),
+        ];
+        let found = episodes(&reads);
+        assert_eq!(found.len(), 2, "{found:?}");
+        assert_eq!(found[0].start, 0.25);
+        assert_eq!(found[0].seconds, 0.75);
+        assert_eq!(found[0].max_ms, 550.0);
+        assert_eq!(
+            (
+                found[0].counts.above_zero,
+                found[0].counts.unflushed,
+                found[0].counts.in_flight
+            ),
+            (3, 2, 1)
+        );
+        // Still open at the end of the run: its one read, no length.
+        assert_eq!((found[1].start, found[1].seconds), (1.25, 0.0));
+        assert_eq!(found[1].counts.not_sent, 1);
+    }
+
+    #[test]
+    fn the_lag_goal_says_each_quarters_share_above_0_and_longest_episode() {
+        let (samples, mut raw) = run(0.0);
+        for (i, s) in samples.iter().enumerate() {
+            let lag = if i == 55 { 900.0 } else { 0.0 };
+            raw.lag_ms[i] = vec![0.0, lag];
+            raw.lag_reads.push(vec![
+                read(s.seconds, 0.0, LagCause::Zero),
+                read(s.seconds + 5.0, lag, LagCause::Unflushed),
+            ]);
+        }
+        let results = judge(&samples, &raw, 100.0, &goals()).unwrap();
+        let lag = results
+            .iter()
+            .find(|r| r.goal.starts_with("lag p99"))
+            .unwrap();
+        // One read of 900 ms in the last quarter's 26 reads is its p99:
+        // the goal is judged as before, and the figure says why.
+        assert!(!lag.met, "{lag:?}");
+        assert!(
+            lag.figure.contains(
+                "first quarter 0.00%, last quarter 3.85% (longest episode 5.0 s, up to 900 ms)"
+            ),
+            "{}",
+            lag.figure
+        );
+    }
+
+    #[test]
+    fn histogram_counts_above_a_bucket() {
+        let text = "x_bucket{le=\"0.25\"} 7\n\
+                    x_bucket{le=\"1\"} 9\n\
+                    x_bucket{le=\"+Inf\"} 10\n\
+                    x_sum 3.5\n\
+                    x_count 10\n";
+        assert_eq!(above_bucket(text, "x", "1"), Some(1.0));
+        assert_eq!(above_bucket(text, "x", "0.25"), Some(3.0));
+        assert_eq!(above_bucket(text, "x", "2"), None);
+        assert_eq!(above_bucket(text, "y", "1"), None);
     }
 
     #[test]
