@@ -321,7 +321,10 @@ impl Tables {
 /// Where the copy stands relative to the owner, readable without taking the copy.
 #[derive(Debug, Default)]
 pub struct Freshness {
-    /// The owner's WAL position as last seen (keepalive or pg_current_wal_lsn()).
+    /// The owner's WAL position as last seen: what the stream reported
+    /// (data and keepalives), or the owner's flushed position the slot
+    /// watch read (never its insert position: WAL not yet flushed holds no
+    /// commit anyone can see, and the walsender cannot send it).
     server_wal_end: AtomicU64,
     /// Mirrors `Tables::applied`, for lock-free status reads.
     applied: AtomicU64,
@@ -406,8 +409,9 @@ impl Freshness {
     }
 
     /// How far behind the owner the copy is, in time. Zero when it has
-    /// applied everything the server reported; otherwise the age of the
-    /// last applied commit (the heartbeat keeps that honest on an idle owner).
+    /// applied everything the server reported (the stream, and the
+    /// owner's flushed position); otherwise the age of the last applied
+    /// commit (the heartbeat keeps that honest on an idle owner).
     pub fn lag_ms(&self, now: DateTime<Utc>) -> u64 {
         if self.lag_bytes() == 0 {
             return 0;

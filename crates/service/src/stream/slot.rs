@@ -255,6 +255,29 @@ pub async fn current_wal_lsn(client: &Client) -> Result<Lsn, SlotError> {
     Ok(lsn.into())
 }
 
+/// The owner's WAL positions: where it inserts, and what it has flushed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WalPositions {
+    pub inserted: Lsn,
+    pub flushed: Lsn,
+}
+
+/// Reads both positions in one statement (so `flushed <= inserted`).
+pub async fn wal_positions(client: &Client) -> Result<WalPositions, SlotError> {
+    let row = client
+        .query_one(
+            "SELECT pg_current_wal_insert_lsn(), pg_current_wal_flush_lsn()",
+            &[],
+        )
+        .await?;
+    let inserted: PgLsn = row.get(0);
+    let flushed: PgLsn = row.get(1);
+    Ok(WalPositions {
+        inserted: inserted.into(),
+        flushed: flushed.into(),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

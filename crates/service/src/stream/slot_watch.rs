@@ -1,6 +1,6 @@
 //! The slot watch: reads the slot's state and the owner's WAL position at an
 //! interval, for `/v1/status`, the retained-WAL metric and the lag (the
-//! owner's position is what the copy's lag is measured against).
+//! owner's flushed position is what the copy's lag is measured against).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,13 +37,19 @@ pub async fn run_slot_watch(
         let Some(c) = &client else { continue };
         let read = async {
             let info = slot::slot_info(c, &stream.slot).await?;
-            let wal = slot::current_wal_lsn(c).await?;
+            let wal = slot::wal_positions(c).await?;
             Ok::<_, slot::SlotError>((info, wal))
         };
         match tokio::time::timeout(owner.query_timeout(), read).await {
             Ok(Ok((info, wal))) => {
-                model.freshness.note_server_wal_end(wal);
-                status.note_owner_wal(wal);
+                // The lag is measured against what the owner has flushed,
+                // not where it inserts: WAL past the flush is of no commit
+                // anyone can see yet (a commit shows once its record is
+                // flushed), and the walsender cannot send it. While the
+                // owner's flush stalls (a slow fsync) the insert position
+                // runs ahead, and the lag counted the stall as the copy's.
+                model.freshness.note_server_wal_end(wal.flushed);
+                status.note_owner_wal(wal.inserted);
                 metrics::SLOT_ACTIVE.set(i64::from(info.as_ref().is_some_and(|i| i.active)));
                 metrics::SLOT_RETAINED_WAL
                     .set(info.as_ref().and_then(|i| i.retained_bytes).unwrap_or(0));
