@@ -39,6 +39,12 @@ const MAX_HELD: u64 = 256 * 1024;
 /// between the two.
 const SLACK: u64 = 16 << 20;
 
+/// Held by each test of this module for its whole run: the first measures
+/// this process's RSS, which the fleet test's row-for-row comparisons
+/// (every row of the owner and of two copies, read here) would add to,
+/// tens of MiB, if they ran beside it.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn spill_files(dir: &Path) -> usize {
     std::fs::read_dir(dir).map_or(0, |entries| {
         entries
@@ -166,6 +172,7 @@ async fn one_transaction(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_transaction_past_the_held_bound_spills_converges_and_leaves_no_file() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let owner = TestOwner::start_with(ClusterOptions {
         // Decoded whole at commit unless a phase lowers it.
         extra_conf: vec!["logical_decoding_work_mem = '1GB'".into()],
@@ -329,16 +336,109 @@ async fn spilled_by(addr: std::net::SocketAddr) -> u64 {
         .map_or(0, |v| v as u64)
 }
 
+/// What the fleet test checks of one change-stream message: not its
+/// changes, so that reading the stream costs this process (whose RSS the
+/// test beside it measures) next to nothing.
+struct Shape {
+    lsn: u64,
+    kind: &'static str,
+    seq: u32,
+    /// A commit marker's count of chunks.
+    chunks: u32,
+    /// Its payload.
+    bytes: u64,
+}
+
+impl Shape {
+    const CHUNK: &'static str = "chunk";
+    const MARKER: &'static str = "commit";
+}
+
+/// Every message of the change stream, in order, by its shape.
+async fn stream_shapes(nats_url: &str) -> Vec<Shape> {
+    use futures_util::StreamExt;
+    use vacancy_service::{FleetBody, FleetMessage};
+    let client = async_nats::connect(nats_url).await.expect("nats");
+    let jetstream = async_nats::jetstream::new(client);
+    let mut stream = jetstream
+        .get_stream("VACANCY_CHANGES")
+        .await
+        .expect("the change stream");
+    let last = stream
+        .info()
+        .await
+        .expect("stream info")
+        .state
+        .last_sequence;
+    let consumer = stream
+        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
+            deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await
+        .expect("a consumer");
+    let mut messages = consumer.messages().await.expect("messages");
+    let mut all = Vec::new();
+    while let Some(next) = tokio::time::timeout(Duration::from_secs(10), messages.next())
+        .await
+        .expect("the stream's messages within 10 s")
+    {
+        let message = next.expect("a message");
+        let sequence = message.info().expect("info").stream_sequence;
+        let decoded = FleetMessage::decode(&message.payload).expect("decodes");
+        let (kind, chunks) = match decoded.body {
+            FleetBody::Chunk { .. } => (Shape::CHUNK, 0),
+            FleetBody::Commit { chunks, .. } => (Shape::MARKER, chunks),
+            _ => ("other", 0),
+        };
+        all.push(Shape {
+            lsn: decoded.position.lsn,
+            kind,
+            seq: decoded.position.seq,
+            chunks,
+            bytes: message.payload.len() as u64,
+        });
+        if sequence >= last {
+            break;
+        }
+    }
+    all
+}
+
+/// A gauge a `vacancy serve` child reports, in bytes.
+async fn gauge_of(addr: std::net::SocketAddr, name: &str) -> u64 {
+    let (code, _, text) = crate::api::get(addr, "/metrics").await;
+    assert_eq!(code, 200, "{text}");
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
+        .unwrap_or_else(|| panic!("{name} in /metrics"))
+}
+
 /// In a fleet: a projector and a replica, each with a 64 KiB bound and a
 /// spill dir of its own, follow one owner transaction over 100,000 rows.
 /// The projector spills it as it holds it from the stream; the replica
 /// spills the chunks (4 KiB each) it holds until the commit marker. Both
 /// converge row for row and leave no file.
+///
+/// The projector's publisher walks the spilled transaction and publishes
+/// it chunk by chunk: what it holds encoded (the payloads made and not yet
+/// stored, `vacancy_fleet_publish_buffered_bytes_peak`) never passes the
+/// publishes in flight (8 here) plus the one made ahead, 4 KiB each, while
+/// the transaction's messages are about 2.5 MB (which the publisher held
+/// whole when it encoded a transaction before sending it). The stream
+/// carries the same messages as before: chunks numbered from 0, each
+/// within 4 KiB, then the commit marker naming how many.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_fleet_projector_and_replica_spill_a_large_chunked_transaction() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     const FLEET_HOTELS: i64 = 50;
     const FLEET_ROOM_TYPES: i64 = 10;
     const FLEET_NIGHTS: i64 = 200;
+    const PUBLISHES_IN_FLIGHT: u64 = 8;
+    /// The fleet tests' `fleet.max_chunk_bytes` (`Fleet::projector_with`).
+    const CHUNK_BYTES: u64 = 4096;
     let owner = TestOwner::start().await;
     let client = owner.client().await;
     client
@@ -369,7 +469,11 @@ async fn a_fleet_projector_and_replica_spill_a_large_chunked_transaction() {
             ),
         ]
     };
-    let projector_vars = held(projector_dir.path());
+    let mut projector_vars = held(projector_dir.path());
+    projector_vars.push((
+        "VACANCY_FLEET__MAX_PUBLISHES_IN_FLIGHT",
+        PUBLISHES_IN_FLIGHT.to_string(),
+    ));
     let projector_env: Vec<(&str, &str)> = projector_vars
         .iter()
         .map(|(k, v)| (*k, v.as_str()))
@@ -404,5 +508,48 @@ async fn a_fleet_projector_and_replica_spill_a_large_chunked_transaction() {
     assert!(spilled_by(replica.addr).await >= 1);
     no_spill_files_left(projector_dir.path(), "the projector published it").await;
     no_spill_files_left(replica_dir.path(), "the replica applied it").await;
+
+    // The transaction on the stream: its chunks, then its marker.
+    let shapes = stream_shapes(&fleet.nats_url).await;
+    let (marker_at, chunks) = shapes
+        .iter()
+        .enumerate()
+        .rev()
+        .find_map(|(i, m)| (m.kind == Shape::MARKER && m.chunks > 0).then_some((i, m.chunks)))
+        .expect("the large transaction's commit marker");
+    let chunks_at = marker_at
+        .checked_sub(chunks as usize)
+        .expect("the marker's chunks before it");
+    let transaction = &shapes[chunks_at..=marker_at];
+    let lsn = shapes[marker_at].lsn;
+    for (seq, chunk) in transaction[..chunks as usize].iter().enumerate() {
+        assert_eq!(chunk.kind, Shape::CHUNK, "message {seq} of the transaction");
+        assert_eq!(chunk.lsn, lsn, "chunk {seq} of the marker's LSN");
+        assert_eq!(chunk.seq as usize, seq, "chunks in order from 0");
+    }
+    assert!(
+        transaction.iter().all(|m| m.bytes <= CHUNK_BYTES),
+        "every message within fleet.max_chunk_bytes"
+    );
+    let transaction_bytes: u64 = transaction.iter().map(|m| m.bytes).sum();
+
+    let peak = gauge_of(projector.addr, "vacancy_fleet_publish_buffered_bytes_peak").await;
+    let bound = (PUBLISHES_IN_FLIGHT + 1) * CHUNK_BYTES;
+    println!(
+        "projector publisher: peak {peak} B encoded held (bound {bound} B: {PUBLISHES_IN_FLIGHT} in flight + 1 made ahead, {CHUNK_BYTES} B each); the transaction: {} messages, {transaction_bytes} B encoded",
+        transaction.len()
+    );
+    assert!(
+        transaction_bytes > 20 * bound,
+        "the transaction ({transaction_bytes} B) is much larger than the bound"
+    );
+    assert!(
+        peak <= bound,
+        "the publisher held {peak} B encoded at most, past {bound} B: it held the transaction, not a few chunks"
+    );
+    assert!(
+        gauge_of(projector.addr, "vacancy_fleet_publish_buffered_bytes").await <= bound,
+        "and holds no more now"
+    );
     drop(nats);
 }

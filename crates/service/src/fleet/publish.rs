@@ -14,9 +14,17 @@
 //! the rest again with the same ids. While NATS is down nothing is
 //! acknowledged to the slot, the outbox fills, and the replication loop
 //! stops reading WAL.
+//!
+//! An item's messages are made one at a time, as they may go out: a
+//! transaction is walked (from its spill file, when it spilled) and cut
+//! into chunks as it is sent, so the publisher holds at most the messages
+//! in flight and one made ahead (`vacancy_fleet_publish_buffered_bytes`),
+//! never a whole transaction, however many rows it changed. An item counts
+//! as stored (and the slot may pass it) only when its last message is.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_nats::jetstream::context::{PublishAckFuture, PublishErrorKind};
@@ -30,46 +38,179 @@ use super::log::ChangeLog;
 use super::wire::{self, Kind, Message, Position};
 use crate::lsn::Lsn;
 use crate::metrics;
+use crate::model::{Change, SpillError};
 use crate::stream::outbox::{OutboxState, Outgoing};
 
-/// One message ready to send, and the LSN it completes when it is the last
-/// of its item.
+/// One message ready to send: its position (its id), its encoding, and the
+/// LSN it completes when it is the last of its item.
 struct Ready {
-    message: Message,
+    position: Position,
     payload: Bytes,
     completes: Option<Lsn>,
+    _counted: Buffered,
 }
 
-fn ready_messages(item: Outgoing, max_bytes: usize, holder: u64) -> Result<Vec<Ready>, FleetError> {
-    let (messages, lsn) = match item {
-        Outgoing::Applied { epoch, txn, merges } => {
-            let lsn = txn.end_lsn;
-            // A spilled transaction is read back here, and its file removed
-            // when `txn` goes at the end of this function.
-            let mut messages = wire::transaction_messages(epoch, &txn, max_bytes)?;
-            let mut seq = 0u32;
-            for merge in merges.iter().filter(|m| !m.is_empty()) {
-                let parts = wire::merge_messages(epoch, lsn, seq, merge, max_bytes);
-                seq += parts.len() as u32;
-                messages.extend(parts);
+impl Ready {
+    fn message_id(&self) -> String {
+        self.position.message_id()
+    }
+}
+
+/// Counts a payload in `vacancy_fleet_publish_buffered_bytes` while it is
+/// held.
+struct Buffered(usize);
+
+static BUFFERED: AtomicUsize = AtomicUsize::new(0);
+static BUFFERED_PEAK: AtomicUsize = AtomicUsize::new(0);
+
+impl Buffered {
+    fn new(bytes: usize) -> Buffered {
+        let now = BUFFERED.fetch_add(bytes, Ordering::AcqRel) + bytes;
+        let peak = BUFFERED_PEAK.fetch_max(now, Ordering::AcqRel).max(now);
+        metrics::FLEET_PUBLISH_BUFFERED_BYTES.set(i64::try_from(now).unwrap_or(i64::MAX));
+        metrics::FLEET_PUBLISH_BUFFERED_BYTES_PEAK.set(i64::try_from(peak).unwrap_or(i64::MAX));
+        Buffered(bytes)
+    }
+}
+
+impl Drop for Buffered {
+    fn drop(&mut self) {
+        let before = BUFFERED.fetch_sub(self.0, Ordering::AcqRel);
+        debug_assert!(before >= self.0, "a payload uncounted twice");
+        let now = before.saturating_sub(self.0);
+        metrics::FLEET_PUBLISH_BUFFERED_BYTES.set(i64::try_from(now).unwrap_or(i64::MAX));
+    }
+}
+
+/// One outbox item's messages, made and encoded one at a time as they are
+/// sent: a spilled transaction is walked from its file, a chunk at a time,
+/// and never held whole (`wire::TransactionMessages`). It lives across
+/// sessions: a session that fails leaves the rest of the item here, after
+/// what it puts back to send again, so the order never changes.
+struct ItemMessages {
+    holder: u64,
+    lsn: Lsn,
+    source: Source,
+    /// The next message, made ahead: the one before it completes the item
+    /// only if there is none.
+    ahead: Option<Ready>,
+}
+
+enum Source {
+    Applied {
+        epoch: u64,
+        max_bytes: usize,
+        /// Until its commit is made; dropped then, and with it the
+        /// transaction's spill file (unless another walk still holds it).
+        /// Boxed: it carries the walk's reader, the other variant a message.
+        transaction: Option<Box<wire::TransactionMessages>>,
+        merges: std::vec::IntoIter<Vec<Change>>,
+        merge: Option<wire::MergeMessages>,
+        /// The sequence of the next merge's first message.
+        merge_seq: u32,
+    },
+    Advanced(Option<Message>),
+}
+
+impl Source {
+    fn next_message(&mut self, lsn: Lsn) -> Result<Option<Message>, SpillError> {
+        match self {
+            Source::Advanced(message) => Ok(message.take()),
+            Source::Applied {
+                epoch,
+                max_bytes,
+                transaction,
+                merges,
+                merge,
+                merge_seq,
+            } => {
+                if let Some(made) = transaction {
+                    if let Some(message) = made.next_message()? {
+                        return Ok(Some(message));
+                    }
+                    *transaction = None;
+                }
+                loop {
+                    if let Some(made) = merge {
+                        if let Some(message) = made.next_message() {
+                            return Ok(Some(message));
+                        }
+                        *merge_seq = made.next_seq();
+                        *merge = None;
+                    }
+                    let Some(changes) = merges.by_ref().find(|m| !m.is_empty()) else {
+                        return Ok(None);
+                    };
+                    *merge = Some(wire::MergeMessages::new(
+                        *epoch, lsn, *merge_seq, changes, *max_bytes,
+                    ));
+                }
             }
-            (messages, lsn)
         }
-        Outgoing::Advanced { epoch, lsn } => (vec![wire::advance_message(epoch, lsn)], lsn),
-    };
-    let count = messages.len();
-    Ok(messages
-        .into_iter()
-        .enumerate()
-        .map(|(i, mut message)| {
-            message.holder = holder;
-            Ready {
-                payload: Bytes::from(message.encode()),
-                message,
-                completes: (i + 1 == count).then_some(lsn),
-            }
-        })
-        .collect())
+    }
+}
+
+impl ItemMessages {
+    fn new(item: Outgoing, max_bytes: usize, holder: u64) -> ItemMessages {
+        let (lsn, source) = match item {
+            Outgoing::Applied { epoch, txn, merges } => (
+                txn.end_lsn,
+                Source::Applied {
+                    epoch,
+                    max_bytes,
+                    transaction: Some(Box::new(wire::TransactionMessages::new(
+                        epoch, txn, max_bytes,
+                    ))),
+                    merges: merges.into_iter(),
+                    merge: None,
+                    merge_seq: 0,
+                },
+            ),
+            Outgoing::Advanced { epoch, lsn } => (
+                lsn,
+                Source::Advanced(Some(wire::advance_message(epoch, lsn))),
+            ),
+        };
+        ItemMessages {
+            holder,
+            lsn,
+            source,
+            ahead: None,
+        }
+    }
+
+    /// The next message to send, `None` after the item's last. A spilled
+    /// transaction's file is read as far as the message after it.
+    fn next_ready(&mut self) -> Result<Option<Ready>, SpillError> {
+        let next = match self.ahead.take() {
+            Some(ready) => ready,
+            None => match self.make()? {
+                Some(ready) => ready,
+                None => return Ok(None),
+            },
+        };
+        self.ahead = self.make()?;
+        Ok(Some(Ready {
+            completes: self.ahead.is_none().then_some(self.lsn),
+            ..next
+        }))
+    }
+
+    /// Makes and encodes the next message; its changes go once encoded.
+    fn make(&mut self) -> Result<Option<Ready>, SpillError> {
+        let Some(mut message) = self.source.next_message(self.lsn)? else {
+            return Ok(None);
+        };
+        debug_assert!(message.position.kind != Kind::Takeover, "data only");
+        message.holder = self.holder;
+        let payload = Bytes::from(message.encode());
+        Ok(Some(Ready {
+            position: message.position,
+            _counted: Buffered::new(payload.len()),
+            payload,
+            completes: None,
+        }))
+    }
 }
 
 /// Publishes the outbox until shutdown (then what was handed over before
@@ -80,15 +221,17 @@ pub async fn run_publisher(
     mut outbox: mpsc::Receiver<Outgoing>,
     shutdown: CancellationToken,
 ) {
-    // Sent but not yet acknowledged, or waiting to be sent again, in order.
+    // Sent but not yet acknowledged, or waiting to be sent again, in order;
+    // then the rest of the item they came from, not made yet.
     let mut unsent: VecDeque<Ready> = VecDeque::new();
+    let mut current: Option<ItemMessages> = None;
     let mut backoff = Duration::from_millis(100);
     // This process's mark on what it publishes; its takeover marker goes
     // first, once.
     let holder: u64 = rand::random();
     let mut announced = false;
     loop {
-        if shutdown.is_cancelled() && unsent.is_empty() && outbox.is_empty() {
+        if shutdown.is_cancelled() && unsent.is_empty() && current.is_none() && outbox.is_empty() {
             return;
         }
         let log = match ChangeLog::connect(&settings).await {
@@ -108,7 +251,13 @@ pub async fn run_publisher(
             holder,
         };
         match session
-            .run(&mut announced, &mut unsent, &mut outbox, &shutdown)
+            .run(
+                &mut announced,
+                &mut unsent,
+                &mut current,
+                &mut outbox,
+                &shutdown,
+            )
             .await
         {
             Ok(()) => return,
@@ -171,17 +320,23 @@ struct Session<'a> {
 }
 
 impl Session<'_> {
+    /// Publishes until the outbox closes (or shutdown finds it empty). What
+    /// it holds is bounded by `fleet.max_publishes_in_flight` messages of
+    /// at most `fleet.max_chunk_bytes` each, plus the one made ahead: an
+    /// item's next message is made only when one may go out, however large
+    /// its transaction.
     async fn run(
         &self,
         announced: &mut bool,
         unsent: &mut VecDeque<Ready>,
+        current: &mut Option<ItemMessages>,
         outbox: &mut mpsc::Receiver<Outgoing>,
         shutdown: &CancellationToken,
     ) -> Result<(), FleetError> {
         let log = self.log;
         let state = self.state;
         let max_bytes = log.settings.max_chunk_bytes;
-        let max_in_flight = log.settings.max_publishes_in_flight;
+        let max_in_flight = log.settings.max_publishes_in_flight.max(1);
         // Where the stream ends now: anything at or below it is stored.
         let last = log.last_message().await?;
         if *announced
@@ -191,20 +346,54 @@ impl Session<'_> {
             return Err(FleetError::Fenced { by: message.holder });
         }
         let mut last_id = last.as_ref().map(|(m, _)| m.message_id());
-        let last_data = last.as_ref().and_then(|(m, _)| m.data_position());
-        let last_sequence = last.as_ref().map_or(0, |(_, s)| *s);
+        let stored = Stored {
+            data: last.as_ref().and_then(|(m, _)| m.data_position()),
+            sequence: last.as_ref().map_or(0, |(_, s)| *s),
+        };
         // Drop what is stored; it counts as acknowledged.
         let mut pending: VecDeque<Ready> = VecDeque::new();
         for ready in unsent.drain(..) {
-            skip_or_keep(ready, last_data, last_sequence, state, &mut pending)?;
+            if let Err(error) = stored.skip_or_keep(ready, state, &mut pending) {
+                // As when every message was made at once: the item goes
+                // with the messages the stream is ahead of.
+                *current = None;
+                return Err(error);
+            }
         }
         let mut in_flight: VecDeque<(Ready, PublishAckFuture)> = VecDeque::new();
         loop {
+            // Make the current item's next messages, only as many as may
+            // go out now.
+            while in_flight.len() + pending.len() < max_in_flight
+                && let Some(item) = current.as_mut()
+            {
+                match item.next_ready() {
+                    Ok(Some(ready)) => {
+                        if let Err(error) = stored.skip_or_keep(ready, state, &mut pending) {
+                            *current = None;
+                            requeue(unsent, in_flight, pending, None);
+                            return Err(error);
+                        }
+                    }
+                    // Done: the transaction (its spill file) goes.
+                    Ok(None) => *current = None,
+                    Err(error) => {
+                        requeue(unsent, in_flight, pending, None);
+                        return Err(error.into());
+                    }
+                }
+            }
             // This process's first data goes after its takeover marker: only
             // the projector that holds the slot hands anything over, so a
             // standby's publisher announces nothing.
             if !*announced && !pending.is_empty() {
-                last_id = Some(self.announce(last_id.as_deref(), last_data).await?);
+                match self.announce(last_id.as_deref(), stored.data).await {
+                    Ok(id) => last_id = Some(id),
+                    Err(error) => {
+                        requeue(unsent, in_flight, pending, None);
+                        return Err(error);
+                    }
+                }
                 *announced = true;
             }
             // Send what is waiting, up to the bound.
@@ -213,10 +402,10 @@ impl Session<'_> {
             {
                 let mut publish = PublishMessage::build()
                     .payload(ready.payload.clone())
-                    .message_id(ready.message.message_id());
+                    .message_id(ready.message_id());
                 let previous = in_flight
                     .back()
-                    .map(|(r, _)| r.message.message_id())
+                    .map(|(r, _)| r.message_id())
                     .or(last_id.clone());
                 if let Some(previous) = previous {
                     publish = publish.expected_last_message_id(previous);
@@ -235,11 +424,13 @@ impl Session<'_> {
                     }
                 }
             }
+            // The acknowledgement waits at most `fleet.publish_ack_timeout_ms`
+            // (the JetStream context's timeout, `ChangeLog::connect`).
             if let Some((ready, ack)) = in_flight.pop_front() {
                 match ack.await {
                     Ok(ack) => {
                         metrics::FLEET_MESSAGES_PUBLISHED.inc();
-                        last_id = Some(ready.message.message_id());
+                        last_id = Some(ready.message_id());
                         state.note_stored(ready.completes, ack.sequence);
                         state.set_error(None);
                     }
@@ -257,7 +448,11 @@ impl Session<'_> {
                 }
                 continue;
             }
-            // Nothing in flight: wait for the replication loop.
+            if current.is_some() || !pending.is_empty() {
+                continue;
+            }
+            // Nothing in flight, nothing left of the item: wait for the
+            // replication loop.
             let item = tokio::select! {
                 biased;
                 item = outbox.recv() => item,
@@ -266,9 +461,7 @@ impl Session<'_> {
             let Some(item) = item else {
                 return Ok(());
             };
-            for ready in ready_messages(item, max_bytes, self.holder)? {
-                skip_or_keep(ready, last_data, last_sequence, state, &mut pending)?;
-            }
+            *current = Some(ItemMessages::new(item, max_bytes, self.holder));
         }
     }
 }
@@ -307,38 +500,49 @@ impl Session<'_> {
     }
 }
 
-/// Keeps `ready` to send unless the stream already holds its position
-/// (`last_data`, stored at `last_sequence` or before). A transaction whose
-/// chunks the stream holds only in part (a projector that stopped in the
-/// middle of it) is sent again whole, from its first chunk: consumers
-/// start a transaction over at a first chunk.
-fn skip_or_keep(
-    ready: Ready,
-    last_data: Option<Position>,
-    last_sequence: u64,
-    state: &OutboxState,
-    pending: &mut VecDeque<Ready>,
-) -> Result<(), FleetError> {
-    let position = ready.message.position;
-    let Some(stored) = last_data else {
-        pending.push_back(ready);
-        return Ok(());
-    };
-    if position.epoch < stored.epoch {
-        return Err(FleetError::EpochBehind {
-            ours: position.epoch,
-            stream: stored.epoch,
-        });
+/// The end of the change stream when a session began.
+#[derive(Debug, Clone, Copy)]
+struct Stored {
+    /// The last data position stored.
+    data: Option<Position>,
+    /// The stream sequence it was stored at, or before.
+    sequence: u64,
+}
+
+impl Stored {
+    /// Keeps `ready` to send unless the stream already holds its position
+    /// (`data`, stored at `sequence` or before). A transaction whose chunks
+    /// the stream holds only in part (a projector that stopped in the
+    /// middle of it) is sent again whole, from its first chunk: consumers
+    /// start a transaction over at a first chunk.
+    fn skip_or_keep(
+        &self,
+        ready: Ready,
+        state: &OutboxState,
+        pending: &mut VecDeque<Ready>,
+    ) -> Result<(), FleetError> {
+        let position = ready.position;
+        let Some(stored) = self.data else {
+            pending.push_back(ready);
+            return Ok(());
+        };
+        if position.epoch < stored.epoch {
+            return Err(FleetError::EpochBehind {
+                ours: position.epoch,
+                stream: stored.epoch,
+            });
+        }
+        let partly_stored = stored.kind == Kind::Chunk
+            && position.epoch == stored.epoch
+            && position.lsn == stored.lsn;
+        if position <= stored && !partly_stored {
+            // Stored by an earlier session (or process): acknowledged.
+            state.note_stored(ready.completes, self.sequence);
+        } else {
+            pending.push_back(ready);
+        }
+        Ok(())
     }
-    let partly_stored =
-        stored.kind == Kind::Chunk && position.epoch == stored.epoch && position.lsn == stored.lsn;
-    if position <= stored && !partly_stored {
-        // Stored by an earlier session (or process): acknowledged.
-        state.note_stored(ready.completes, last_sequence);
-    } else {
-        pending.push_back(ready);
-    }
-    Ok(())
 }
 
 /// Puts everything not acknowledged back in order, to be sent again: the
@@ -353,4 +557,120 @@ fn requeue(
     unsent.extend(failed);
     unsent.extend(in_flight.into_iter().map(|(ready, _)| ready));
     unsent.extend(pending);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{CalendarKey, HeldBudget, HeldChanges, NightCounts, Transaction};
+    use chrono::{DateTime, NaiveDate, Utc};
+
+    fn night(i: i64) -> Change {
+        Change::UpsertNight {
+            key: CalendarKey {
+                hotel_id: i % 13,
+                room_type_id: i,
+            },
+            night: NaiveDate::from_ymd_opt(2027, 1, 1).unwrap() + chrono::Days::new(i as u64 % 300),
+            counts: NightCounts {
+                total: 5,
+                taken: (i % 5) as i32,
+                sell_limit: None,
+                price_cents: Some(12_000),
+            },
+        }
+    }
+
+    async fn spilled(dir: &std::path::Path, n: i64) -> Transaction {
+        let mut held = HeldChanges::new(HeldBudget::new(4096, dir.to_path_buf()));
+        for i in 0..n {
+            held.push(1, night(i)).await.unwrap();
+        }
+        let changes = held.finish().await.unwrap();
+        assert!(changes.spilled_bytes().is_some());
+        Transaction {
+            xid: 42,
+            commit_lsn: Lsn(0x9000),
+            end_lsn: Lsn(0x9040),
+            commit_time: DateTime::<Utc>::from_timestamp_micros(1_800_000_000_000_000).unwrap(),
+            changes,
+        }
+    }
+
+    /// An item made one message at a time is the messages made whole
+    /// (transaction, then each non-empty merge numbered on), with this
+    /// process's holder, and only its last completes the item's LSN; the
+    /// spill file goes once the transaction's commit is made.
+    #[tokio::test]
+    async fn an_item_made_one_at_a_time_is_the_same_messages_and_completes_at_its_last() {
+        let dir = tempfile::tempdir().unwrap();
+        let txn = spilled(dir.path(), 20_000).await;
+        let merges = vec![
+            (0..3).map(night).collect::<Vec<_>>(),
+            Vec::new(),
+            (0..2_000).map(night).collect(),
+        ];
+        let mut expected = wire::transaction_messages(7, &txn, 4096).unwrap();
+        let mut seq = 0;
+        for merge in merges.iter().filter(|m| !m.is_empty()) {
+            let parts = wire::merge_messages(7, txn.end_lsn, seq, merge, 4096);
+            seq += parts.len() as u32;
+            expected.extend(parts);
+        }
+        assert!(expected.len() > 20, "{} messages", expected.len());
+        let mut item = ItemMessages::new(
+            Outgoing::Applied {
+                epoch: 7,
+                txn,
+                merges,
+            },
+            4096,
+            0xfeed,
+        );
+        let mut made = Vec::new();
+        let mut file_gone_at = None;
+        while let Some(ready) = item.next_ready().unwrap() {
+            if file_gone_at.is_none() && std::fs::read_dir(dir.path()).unwrap().count() == 0 {
+                file_gone_at = Some(made.len());
+            }
+            made.push(ready);
+        }
+        assert!(item.next_ready().unwrap().is_none());
+        assert_eq!(made.len(), expected.len());
+        for (i, (ready, mut message)) in made.iter().zip(expected).enumerate() {
+            message.holder = 0xfeed;
+            assert_eq!(ready.position, message.position, "message {i}");
+            assert_eq!(ready.payload, Bytes::from(message.encode()), "message {i}");
+            let last = i + 1 == made.len();
+            assert_eq!(ready.completes, last.then_some(Lsn(0x9040)), "message {i}");
+        }
+        let commit = made
+            .iter()
+            .position(|r| r.position.kind == Kind::Commit)
+            .unwrap();
+        assert_eq!(
+            file_gone_at,
+            Some(commit),
+            "the file goes once the commit marker is made (one message ahead)"
+        );
+    }
+
+    #[test]
+    fn an_advance_is_one_message_that_completes_its_lsn() {
+        let mut item = ItemMessages::new(
+            Outgoing::Advanced {
+                epoch: 3,
+                lsn: Lsn(0x500),
+            },
+            4096,
+            1,
+        );
+        let ready = item.next_ready().unwrap().expect("one message");
+        assert_eq!(
+            ready.position,
+            wire::advance_message(3, Lsn(0x500)).position
+        );
+        assert_eq!(ready.completes, Some(Lsn(0x500)));
+        assert!(item.next_ready().unwrap().is_none());
+    }
 }

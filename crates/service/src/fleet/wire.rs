@@ -20,6 +20,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::lsn::Lsn;
+use crate::model::held::Walk;
 use crate::model::{Change, HeldBudget, HeldChanges, SpillError, Transaction};
 
 /// Bumped on any change to the encoding; a replica refuses another version.
@@ -183,62 +184,141 @@ impl Message {
 /// The messages one applied transaction becomes: a single `Commit`, or
 /// chunks of at most about `max_bytes` each and then a `Commit` marker. A
 /// spilled transaction is read back from its file (`SpillError` if it
-/// cannot be, whole).
+/// cannot be, whole). All at once: for tests; the publisher takes them one
+/// at a time (`TransactionMessages`).
+#[cfg(test)]
 pub fn transaction_messages(
     epoch: u64,
     txn: &Transaction,
     max_bytes: usize,
 ) -> Result<Vec<Message>, SpillError> {
-    let commit = |chunks: u32, changes: Vec<Change>| Message {
-        version: WIRE_VERSION,
-        holder: 0,
-        position: Position {
+    let mut made = TransactionMessages::new(epoch, txn.clone(), max_bytes);
+    let mut messages = Vec::new();
+    while let Some(message) = made.next_message()? {
+        messages.push(message);
+    }
+    Ok(messages)
+}
+
+/// One transaction's messages made one at a time while its changes are
+/// walked, so that whoever publishes them holds a chunk and not the
+/// transaction (73M changed rows would be about 5 GB encoded). The same
+/// messages, in the same order, as the transaction cut whole: a first piece
+/// that turns out to be all there is goes as a single `Commit` with its
+/// changes, otherwise every piece goes as a `Chunk` (numbered from 0) and
+/// a `Commit` marker naming how many follows the last. Whether there is a
+/// second piece is known only when a change does not fit beside the first,
+/// so a piece is made when the change after it arrives.
+pub struct TransactionMessages {
+    epoch: u64,
+    xid: u32,
+    commit_lsn: u64,
+    end_lsn: u64,
+    commit_time_us: i64,
+    walk: Walk,
+    cutter: Cutter,
+    /// Chunks made so far.
+    chunks: u32,
+    stage: Stage,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Walking,
+    /// Every chunk made; the commit marker is next.
+    Marker,
+    Done,
+}
+
+impl TransactionMessages {
+    pub fn new(epoch: u64, txn: Transaction, max_bytes: usize) -> TransactionMessages {
+        TransactionMessages {
             epoch,
-            lsn: txn.end_lsn.0,
-            kind: Kind::Commit,
-            seq: 0,
-        },
-        body: Body::Commit {
             xid: txn.xid,
             commit_lsn: txn.commit_lsn.0,
+            end_lsn: txn.end_lsn.0,
             commit_time_us: txn.commit_time.timestamp_micros(),
-            chunks,
-            changes,
-        },
-    };
-    let mut pieces = Splitter::new(max_bytes);
-    txn.changes.for_each(|change| {
-        pieces.push(change);
-        Ok::<(), SpillError>(())
-    })?;
-    let mut pieces = pieces.finish();
-    if pieces.len() <= 1 {
-        return Ok(vec![commit(0, pieces.pop().unwrap_or_default())]);
+            walk: txn.changes.into_walk(),
+            cutter: Cutter::new(max_bytes),
+            chunks: 0,
+            stage: Stage::Walking,
+        }
     }
-    let mut messages: Vec<Message> = pieces
-        .into_iter()
-        .enumerate()
-        .map(|(index, changes)| Message {
+
+    /// The next message (`holder` 0: the publisher sets it), `None` after
+    /// the commit. Reads the spill file, if any, as far as that message.
+    pub fn next_message(&mut self) -> Result<Option<Message>, SpillError> {
+        loop {
+            match self.stage {
+                Stage::Done => return Ok(None),
+                Stage::Marker => {
+                    self.stage = Stage::Done;
+                    return Ok(Some(self.commit(self.chunks, Vec::new())));
+                }
+                Stage::Walking => match self.walk.next_change()? {
+                    Some(change) => {
+                        if let Some(piece) = self.cutter.push(change) {
+                            return Ok(Some(self.chunk(piece)));
+                        }
+                    }
+                    None => {
+                        let last = self.cutter.take();
+                        if self.chunks == 0 {
+                            self.stage = Stage::Done;
+                            return Ok(Some(self.commit(0, last)));
+                        }
+                        // A cut leaves the change that did not fit in the
+                        // piece after it, so the last piece has one.
+                        debug_assert!(!last.is_empty(), "a chunked transaction's last piece");
+                        self.stage = Stage::Marker;
+                        return Ok(Some(self.chunk(last)));
+                    }
+                },
+            }
+        }
+    }
+
+    fn position(&self, kind: Kind, seq: u32) -> Position {
+        Position {
+            epoch: self.epoch,
+            lsn: self.end_lsn,
+            kind,
+            seq,
+        }
+    }
+
+    fn chunk(&mut self, changes: Vec<Change>) -> Message {
+        let position = self.position(Kind::Chunk, self.chunks);
+        self.chunks += 1;
+        Message {
             version: WIRE_VERSION,
             holder: 0,
-            position: Position {
-                epoch,
-                lsn: txn.end_lsn.0,
-                kind: Kind::Chunk,
-                seq: index as u32,
-            },
+            position,
             body: Body::Chunk { changes },
-        })
-        .collect();
-    let chunks = messages.len() as u32;
-    messages.push(commit(chunks, Vec::new()));
-    Ok(messages)
+        }
+    }
+
+    fn commit(&self, chunks: u32, changes: Vec<Change>) -> Message {
+        Message {
+            version: WIRE_VERSION,
+            holder: 0,
+            position: self.position(Kind::Commit, 0),
+            body: Body::Commit {
+                xid: self.xid,
+                commit_lsn: self.commit_lsn,
+                commit_time_us: self.commit_time_us,
+                chunks,
+                changes,
+            },
+        }
+    }
 }
 
 /// The messages of one re-read merge at `lsn` (the `seq`th after that
 /// LSN's transaction): like a transaction's, its changes may be cut in
 /// parts, each its own `Merge` (a merge is idempotent and needs no marker:
-/// it sets nights to the owner's values).
+/// it sets nights to the owner's values). All at once: for tests.
+#[cfg(test)]
 pub fn merge_messages(
     epoch: u64,
     lsn: Lsn,
@@ -246,21 +326,80 @@ pub fn merge_messages(
     changes: &[Change],
     max_bytes: usize,
 ) -> Vec<Message> {
-    split(changes, max_bytes)
-        .into_iter()
-        .enumerate()
-        .map(|(index, part)| Message {
+    let mut made = MergeMessages::new(epoch, lsn, first_seq, changes.to_vec(), max_bytes);
+    std::iter::from_fn(|| made.next_message()).collect()
+}
+
+/// One re-read merge's messages, made one at a time: the merge is in
+/// memory already, its encoding need not be all at once.
+pub struct MergeMessages {
+    epoch: u64,
+    lsn: u64,
+    /// The sequence of the next message.
+    seq: u32,
+    made: u32,
+    changes: std::vec::IntoIter<Change>,
+    cutter: Cutter,
+    done: bool,
+}
+
+impl MergeMessages {
+    pub fn new(
+        epoch: u64,
+        lsn: Lsn,
+        first_seq: u32,
+        changes: Vec<Change>,
+        max_bytes: usize,
+    ) -> MergeMessages {
+        MergeMessages {
+            epoch,
+            lsn: lsn.0,
+            seq: first_seq,
+            made: 0,
+            changes: changes.into_iter(),
+            cutter: Cutter::new(max_bytes),
+            done: false,
+        }
+    }
+
+    /// The next message, `None` after the last (an empty merge is one
+    /// empty message, as cutting it whole gave; the publisher skips empty
+    /// merges).
+    pub fn next_message(&mut self) -> Option<Message> {
+        if self.done {
+            return None;
+        }
+        for change in self.changes.by_ref() {
+            if let Some(piece) = self.cutter.push(change) {
+                return Some(self.part(piece));
+            }
+        }
+        self.done = true;
+        let last = self.cutter.take();
+        (!last.is_empty() || self.made == 0).then(|| self.part(last))
+    }
+
+    /// The sequence the message after this merge's last takes.
+    pub fn next_seq(&self) -> u32 {
+        self.seq
+    }
+
+    fn part(&mut self, changes: Vec<Change>) -> Message {
+        let seq = self.seq;
+        self.seq += 1;
+        self.made += 1;
+        Message {
             version: WIRE_VERSION,
             holder: 0,
             position: Position {
-                epoch,
-                lsn: lsn.0,
+                epoch: self.epoch,
+                lsn: self.lsn,
                 kind: Kind::Merge,
-                seq: first_seq + index as u32,
+                seq,
             },
-            body: Body::Merge { changes: part },
-        })
-        .collect()
+            body: Body::Merge { changes },
+        }
+    }
 }
 
 pub fn advance_message(epoch: u64, lsn: Lsn) -> Message {
@@ -277,51 +416,39 @@ pub fn advance_message(epoch: u64, lsn: Lsn) -> Message {
     }
 }
 
-/// Cuts `changes` into runs whose encoding stays under `max_bytes` (a
-/// single change larger than that travels alone: the server's
-/// `max_payload` is what finally refuses it).
-fn split(changes: &[Change], max_bytes: usize) -> Vec<Vec<Change>> {
-    let mut pieces = Splitter::new(max_bytes);
-    for change in changes {
-        pieces.push(change);
-    }
-    pieces.finish()
-}
-
-/// `split`, one change at a time.
-struct Splitter {
+/// Cuts changes, one at a time, into pieces whose encoding stays under
+/// `max_bytes` (a single change larger than that travels alone: the
+/// server's `max_payload` is what finally refuses it).
+struct Cutter {
     budget: usize,
-    parts: Vec<Vec<Change>>,
     current: Vec<Change>,
     size: usize,
 }
 
-impl Splitter {
-    fn new(max_bytes: usize) -> Splitter {
-        Splitter {
+impl Cutter {
+    fn new(max_bytes: usize) -> Cutter {
+        Cutter {
             // Room for the envelope around the changes.
             budget: max_bytes.saturating_sub(64).max(1),
-            parts: Vec::new(),
             current: Vec::new(),
             size: 0,
         }
     }
 
-    fn push(&mut self, change: &Change) {
-        let one = postcard::experimental::serialized_size(change).unwrap_or(64);
-        if !self.current.is_empty() && self.size + one > self.budget {
-            self.parts.push(std::mem::take(&mut self.current));
-            self.size = 0;
-        }
+    /// Adds `change` to the piece being cut; returns that piece when the
+    /// change does not fit beside it (the change starts the next one).
+    fn push(&mut self, change: Change) -> Option<Vec<Change>> {
+        let one = postcard::experimental::serialized_size(&change).unwrap_or(64);
+        let full = (!self.current.is_empty() && self.size + one > self.budget).then(|| self.take());
         self.size += one;
-        self.current.push(change.clone());
+        self.current.push(change);
+        full
     }
 
-    fn finish(mut self) -> Vec<Vec<Change>> {
-        if !self.current.is_empty() || self.parts.is_empty() {
-            self.parts.push(self.current);
-        }
-        self.parts
+    /// The piece being cut, as it is.
+    fn take(&mut self) -> Vec<Change> {
+        self.size = 0;
+        std::mem::take(&mut self.current)
     }
 }
 
@@ -570,6 +697,121 @@ mod tests {
         drop(whole);
         assert_eq!(spill_files(), 0);
         assert_eq!(budget.held_bytes(), 0);
+    }
+
+    /// Cutting whole, as the publisher did before it made messages one at
+    /// a time: the reference those must match byte for byte.
+    fn cut_whole(changes: &[Change], max_bytes: usize) -> Vec<Vec<Change>> {
+        let budget = max_bytes.saturating_sub(64).max(1);
+        let (mut parts, mut current, mut size) = (Vec::new(), Vec::new(), 0);
+        for change in changes {
+            let one = postcard::experimental::serialized_size(change).unwrap();
+            if !current.is_empty() && size + one > budget {
+                parts.push(std::mem::take(&mut current));
+                size = 0;
+            }
+            size += one;
+            current.push(change.clone());
+        }
+        if !current.is_empty() || parts.is_empty() {
+            parts.push(current);
+        }
+        parts
+    }
+
+    fn whole_transaction(epoch: u64, t: &Transaction, max_bytes: usize) -> Vec<Message> {
+        let position = |kind, seq| Position {
+            epoch,
+            lsn: t.end_lsn.0,
+            kind,
+            seq,
+        };
+        let commit = |chunks, changes| Message {
+            version: WIRE_VERSION,
+            holder: 0,
+            position: position(Kind::Commit, 0),
+            body: Body::Commit {
+                xid: t.xid,
+                commit_lsn: t.commit_lsn.0,
+                commit_time_us: t.commit_time.timestamp_micros(),
+                chunks,
+                changes,
+            },
+        };
+        let mut pieces = cut_whole(&t.changes.to_vec().unwrap(), max_bytes);
+        if pieces.len() <= 1 {
+            return vec![commit(0, pieces.pop().unwrap_or_default())];
+        }
+        let chunks = pieces.len() as u32;
+        let mut messages: Vec<Message> = pieces
+            .into_iter()
+            .enumerate()
+            .map(|(seq, changes)| Message {
+                version: WIRE_VERSION,
+                holder: 0,
+                position: position(Kind::Chunk, seq as u32),
+                body: Body::Chunk { changes },
+            })
+            .collect();
+        messages.push(commit(chunks, Vec::new()));
+        messages
+    }
+
+    fn encoded(messages: &[Message]) -> Vec<Vec<u8>> {
+        messages.iter().map(Message::encode).collect()
+    }
+
+    /// Made one at a time (as the publisher sends them), a transaction's
+    /// and a merge's messages are exactly those cut whole: the same
+    /// pieces, positions and bytes, around every cut, in memory and
+    /// spilled.
+    #[tokio::test]
+    async fn made_one_at_a_time_the_messages_are_those_cut_whole() {
+        for max_bytes in [4096, 200, 1] {
+            for n in (0..400).chain([5_000]) {
+                let t = txn(n);
+                assert_eq!(
+                    encoded(&transaction_messages(4, &t, max_bytes).unwrap()),
+                    encoded(&whole_transaction(4, &t, max_bytes)),
+                    "{n} changes, {max_bytes} B"
+                );
+                let changes = t.changes.to_vec().unwrap();
+                let whole: Vec<Message> = cut_whole(&changes, max_bytes)
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, part)| Message {
+                        version: WIRE_VERSION,
+                        holder: 0,
+                        position: Position {
+                            epoch: 4,
+                            lsn: 0x77,
+                            kind: Kind::Merge,
+                            seq: 3 + i as u32,
+                        },
+                        body: Body::Merge { changes: part },
+                    })
+                    .collect();
+                let mut made = MergeMessages::new(4, Lsn(0x77), 3, changes, max_bytes);
+                let one_at_a_time: Vec<Message> =
+                    std::iter::from_fn(|| made.next_message()).collect();
+                assert_eq!(encoded(&one_at_a_time), encoded(&whole), "merge of {n}");
+                assert_eq!(made.next_seq(), 3 + whole.len() as u32);
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mut held = HeldChanges::new(HeldBudget::new(4096, dir.path().to_path_buf()));
+        for i in 0..20_000 {
+            held.push(1, night_change(i)).await.unwrap();
+        }
+        let spilled = Transaction {
+            changes: held.finish().await.unwrap(),
+            ..txn(0)
+        };
+        assert!(spilled.changes.spilled_bytes().is_some());
+        assert_eq!(
+            encoded(&transaction_messages(4, &spilled, 4096).unwrap()),
+            encoded(&whole_transaction(4, &spilled, 4096))
+        );
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //! until its commit. Nothing of it is applied before the commit, and the
 //! committed `Transaction` reads the file as often as it is walked (index,
 //! validation, apply, refresh, feed, the fleet's chunks): `Changes::for_each`
-//! opens it again each time.
+//! opens it again each time, and `Changes::into_walk` takes the changes one
+//! at a time for a walker that awaits between them (the fleet's publisher).
 //!
 //! The file is private to the process and removed when the last handle on
 //! it goes: at commit once the transaction is applied and handed on, at
@@ -232,6 +233,23 @@ impl Changes {
         }
     }
 
+    /// The changes taken one at a time, in order (`Walk::next_change`): a
+    /// walk that has to await between changes (the fleet's publisher, which
+    /// sends each chunk as it is cut) cannot be a `for_each` closure. A
+    /// spilled file is read a block at a time and stays on disk until the
+    /// walk and every clone are gone.
+    pub fn into_walk(self) -> Walk {
+        Walk {
+            repr: match self.repr {
+                Repr::Memory(changes) => WalkRepr::Memory(changes.into_iter()),
+                Repr::Spilled(file) => WalkRepr::Spilled {
+                    file,
+                    records: None,
+                },
+            },
+        }
+    }
+
     /// All changes in memory (tests, and small transactions).
     pub fn to_vec(&self) -> Result<Vec<Change>, SpillError> {
         let mut all = Vec::with_capacity(self.len());
@@ -304,53 +322,9 @@ impl SpillFile {
         &self,
         mut f: impl FnMut(u32, &Change) -> Result<(), E>,
     ) -> Result<(), E> {
-        let path = self.path();
-        let file = std::fs::File::open(path).map_err(|e| SpillError::io(path, e))?;
-        let mut reader = io::BufReader::with_capacity(BLOCK_BYTES, file);
-        let mut magic = [0u8; 8];
-        read_full(&mut reader, &mut magic, path)?;
-        if &magic != MAGIC {
-            return Err(SpillError::corrupt(path, "not a spill file of this version").into());
-        }
-        let mut found = 0u64;
-        let mut payload = Vec::new();
-        loop {
-            let mut header = [0u8; 12];
-            let got = read_some(&mut reader, &mut header, path)?;
-            if got == 0 {
-                break;
-            }
-            if got < header.len() {
-                return Err(self.truncated(found).into());
-            }
-            let [l0, l1, l2, l3, n0, n1, n2, n3, c0, c1, c2, c3] = header;
-            let len = u32::from_le_bytes([l0, l1, l2, l3]);
-            let count = u32::from_le_bytes([n0, n1, n2, n3]);
-            let crc = u32::from_le_bytes([c0, c1, c2, c3]);
-            if len > MAX_BLOCK_BYTES {
-                return Err(SpillError::corrupt(path, format!("a block of {len} bytes")).into());
-            }
-            payload.resize(len as usize, 0);
-            if read_some(&mut reader, &mut payload, path)? < payload.len() {
-                return Err(self.truncated(found).into());
-            }
-            if crc32c::crc32c(&payload) != crc {
-                return Err(SpillError::corrupt(path, "a block's checksum does not match").into());
-            }
-            let mut rest: &[u8] = &payload;
-            for _ in 0..count {
-                let ((sub, change), after) = postcard::take_from_bytes::<(u32, Change)>(rest)
-                    .map_err(|e| SpillError::corrupt(path, e.to_string()))?;
-                rest = after;
-                found += 1;
-                f(sub, &change)?;
-            }
-            if !rest.is_empty() {
-                return Err(SpillError::corrupt(path, "bytes after a block's changes").into());
-            }
-        }
-        if found != self.records {
-            return Err(self.truncated(found).into());
+        let mut records = Records::open(self)?;
+        while let Some((sub, change)) = records.next(self)? {
+            f(sub, &change)?;
         }
         Ok(())
     }
@@ -361,6 +335,150 @@ impl SpillFile {
             found,
             expected: self.records,
         }
+    }
+}
+
+/// A committed transaction's changes, one at a time (`Changes::into_walk`).
+pub struct Walk {
+    repr: WalkRepr,
+}
+
+enum WalkRepr {
+    Memory(std::vec::IntoIter<Change>),
+    Spilled {
+        file: Arc<SpillFile>,
+        /// Opened at the first change.
+        records: Option<Records>,
+    },
+}
+
+impl fmt::Debug for Walk {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.repr {
+            WalkRepr::Memory(rest) => f.debug_struct("Walk").field("left", &rest.len()).finish(),
+            WalkRepr::Spilled { file, records } => f
+                .debug_struct("Walk")
+                .field("path", &file.path())
+                .field("read", &records.as_ref().map_or(0, |r| r.found))
+                .finish(),
+        }
+    }
+}
+
+impl Walk {
+    /// The next change (rolled-back subtransactions left out), `None` after
+    /// the last; a file that cannot be read whole is an error, as for
+    /// `Changes::for_each`. Reads the disk: about 256 KiB at a time, from
+    /// the page cache when the file was just written.
+    pub fn next_change(&mut self) -> Result<Option<Change>, SpillError> {
+        match &mut self.repr {
+            WalkRepr::Memory(rest) => Ok(rest.next()),
+            WalkRepr::Spilled { file, records } => {
+                let records = match records {
+                    Some(open) => open,
+                    None => records.insert(Records::open(file)?),
+                };
+                while let Some((sub, change)) = records.next(file)? {
+                    if !file.aborted.contains(&sub) {
+                        return Ok(Some(change));
+                    }
+                }
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// A spill file's records in order, read one block at a time: what a walk
+/// holds of a spilled transaction is one block, however large the file.
+struct Records {
+    reader: io::BufReader<std::fs::File>,
+    /// The current block's payload, and where its next record starts.
+    payload: Vec<u8>,
+    at: usize,
+    /// Records of the current block not read yet.
+    left: u32,
+    /// Records read so far.
+    found: u64,
+}
+
+impl Records {
+    fn open(file: &SpillFile) -> Result<Records, SpillError> {
+        let path = file.path();
+        let opened = std::fs::File::open(path).map_err(|e| SpillError::io(path, e))?;
+        let mut reader = io::BufReader::with_capacity(BLOCK_BYTES, opened);
+        let mut magic = [0u8; 8];
+        read_full(&mut reader, &mut magic, path)?;
+        if &magic != MAGIC {
+            return Err(SpillError::corrupt(
+                path,
+                "not a spill file of this version",
+            ));
+        }
+        Ok(Records {
+            reader,
+            payload: Vec::new(),
+            at: 0,
+            left: 0,
+            found: 0,
+        })
+    }
+
+    /// The next record (its subtransaction and change), `None` at the end
+    /// of a file whose every record was found.
+    fn next(&mut self, file: &SpillFile) -> Result<Option<(u32, Change)>, SpillError> {
+        let path = file.path();
+        while self.left == 0 {
+            if self.at != self.payload.len() {
+                return Err(SpillError::corrupt(path, "bytes after a block's changes"));
+            }
+            if !self.next_block(file)? {
+                if self.found != file.records {
+                    return Err(file.truncated(self.found));
+                }
+                return Ok(None);
+            }
+        }
+        let ((sub, change), after) =
+            postcard::take_from_bytes::<(u32, Change)>(&self.payload[self.at..])
+                .map_err(|e| SpillError::corrupt(path, e.to_string()))?;
+        self.at = self.payload.len() - after.len();
+        self.left -= 1;
+        self.found += 1;
+        Ok(Some((sub, change)))
+    }
+
+    /// Reads the next block, checked; false at the end of the file.
+    fn next_block(&mut self, file: &SpillFile) -> Result<bool, SpillError> {
+        let path = file.path();
+        let mut header = [0u8; 12];
+        let got = read_some(&mut self.reader, &mut header, path)?;
+        if got == 0 {
+            return Ok(false);
+        }
+        if got < header.len() {
+            return Err(file.truncated(self.found));
+        }
+        let [l0, l1, l2, l3, n0, n1, n2, n3, c0, c1, c2, c3] = header;
+        let len = u32::from_le_bytes([l0, l1, l2, l3]);
+        let count = u32::from_le_bytes([n0, n1, n2, n3]);
+        let crc = u32::from_le_bytes([c0, c1, c2, c3]);
+        if len > MAX_BLOCK_BYTES {
+            return Err(SpillError::corrupt(path, format!("a block of {len} bytes")));
+        }
+        self.payload.resize(len as usize, 0);
+        if read_some(&mut self.reader, &mut self.payload, path)? < self.payload.len() {
+            return Err(file.truncated(self.found));
+        }
+        if crc32c::crc32c(&self.payload) != crc {
+            return Err(SpillError::corrupt(
+                path,
+                "a block's checksum does not match",
+            ));
+        }
+        self.at = 0;
+        self.left = count;
+        Ok(true)
     }
 }
 
@@ -869,6 +987,68 @@ mod tests {
             assert_eq!(changes.len(), expected.len());
             assert_eq!(changes.to_vec().unwrap(), expected, "max {max}");
         }
+    }
+
+    fn walked(changes: Changes) -> Result<Vec<Change>, SpillError> {
+        let mut walk = changes.into_walk();
+        let mut all = Vec::new();
+        while let Some(change) = walk.next_change()? {
+            all.push(change);
+        }
+        assert!(walk.next_change()?.is_none(), "stays at its end");
+        Ok(all)
+    }
+
+    /// A walk takes the changes one at a time, the same ones `for_each`
+    /// gives (rolled-back subtransactions left out), in memory and spilled;
+    /// the file stays while a walk or a clone holds it.
+    #[tokio::test]
+    async fn a_walk_takes_the_changes_one_at_a_time_in_memory_and_spilled() {
+        let dir = tempfile::tempdir().unwrap();
+        for max in [usize::MAX, 4096] {
+            let mut held = HeldChanges::new(HeldBudget::new(max, dir.path().to_path_buf()));
+            for i in 0..20_000 {
+                held.push(if i % 5 == 0 { 9 } else { 2 }, night(i))
+                    .await
+                    .unwrap();
+            }
+            held.abort_sub(9);
+            let changes = held.finish().await.unwrap();
+            let expected = changes.to_vec().unwrap();
+            assert_eq!(expected.len(), 16_000);
+            assert_eq!(walked(changes.clone()).unwrap(), expected, "max {max}");
+            let mut walk = changes.into_walk();
+            assert_eq!(walk.next_change().unwrap().as_ref(), expected.first());
+            assert_eq!(
+                files(dir.path()).len(),
+                usize::from(max == 4096),
+                "the walk keeps the file"
+            );
+            drop(walk);
+            assert!(files(dir.path()).is_empty(), "and removes it with it");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_walk_of_a_damaged_file_is_a_typed_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let (changes, _) = spilled(dir.path(), 30_000).await;
+        let path = files(dir.path()).remove(0);
+        let whole = std::fs::read(&path).unwrap();
+        rewrite(&path, |b| b.truncate(whole.len() - 5));
+        assert!(matches!(
+            walked(changes.clone()).unwrap_err(),
+            SpillError::Truncated { .. }
+        ));
+        rewrite(&path, |b| {
+            b.clear();
+            b.extend_from_slice(&whole);
+            b[100] ^= 0xff;
+        });
+        assert!(matches!(
+            walked(changes).unwrap_err(),
+            SpillError::Corrupt { .. }
+        ));
     }
 
     fn rewrite(path: &Path, edit: impl FnOnce(&mut Vec<u8>)) {
