@@ -540,8 +540,12 @@ pub async fn run_owner_position(
         }
         let Some(connected) = &client else { continue };
         metrics::OWNER_READS.with_label_values(&["lag"]).inc();
-        match tokio::time::timeout(owner.query_timeout(), slot::current_wal_lsn(connected)).await {
-            Ok(Ok(position)) => model.freshness.note_server_wal_end(position),
+        // Against the owner's flushed position, as the projector's and a
+        // standalone node's lag (`stream::slot_watch`): WAL past the flush
+        // holds no commit anyone can see, and an owner whose fsync stalls
+        // would otherwise have its stall counted as this replica's lag.
+        match tokio::time::timeout(owner.query_timeout(), slot::wal_positions(connected)).await {
+            Ok(Ok(positions)) => model.freshness.note_server_wal_end(positions.flushed),
             Ok(Err(error)) => {
                 tracing::debug!(%error, "reading the owner's position failed");
                 client = None;
