@@ -19,7 +19,7 @@
 //! - `fleet`: replicas fed by a projector through NATS JetStream: their
 //!   bootstrap, memory, latency and owner cost beside a standalone's.
 //! - `overload`: guest searches far past capacity with admission control,
-//!   beside the same flood without it and the peak of a few connections.
+//!   beside the same flood without it and the peak of 8 and 64 connections.
 //! - `soak`: the demo's booking site for an hour or more, sampling what
 //!   grows with uptime (RSS less the bounded caches, descriptors, tasks,
 //!   lag and search p99), with a final row-for-row check.
@@ -229,8 +229,8 @@ pub enum BenchCommand {
         bootstrap_only: bool,
     },
     /// Guest searches far past capacity (issue 24): the same flood with
-    /// admission control and without it, beside the peak throughput of a few
-    /// connections, with latency per status, the server's time to shed,
+    /// admission control and without it, beside the peak throughput of 8
+    /// and 64 connections, with latency per status, the server's time to shed,
     /// and /v1/bypass beside the flood. Issue 24's table used --hotels 2000.
     Overload {
         #[command(flatten)]
