@@ -11,11 +11,10 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tokio_postgres::Client;
 use vacancy_lab::http_client::{HttpResponse, http};
 use vacancy_service::{App, Lsn, Settings, slot};
 
-use crate::support::{TestOwner, wait_for};
+use crate::support::{TestOwner, one_hotel, wait_for};
 
 const TOKEN: &str = "test-booking-token-overload-0123456789";
 /// The guest budget under test: small, so two held searches fill it.
@@ -31,19 +30,6 @@ fn day(n: u64) -> chrono::NaiveDate {
 
 fn stay() -> String {
     format!("check_in={}&check_out={}", day(1), day(3))
-}
-
-async fn one_hotel(client: &Client) {
-    client
-        .batch_execute(&format!(
-            "INSERT INTO hotels (id, name, city) VALUES (1, 'Hotel 1', 'Lisbon');
-             INSERT INTO room_types VALUES (1, 1, 'Double', 2);
-             INSERT INTO inventory (hotel_id, room_type_id, night, total, price_cents)
-               SELECT 1, 1, DATE '{}' + n, 9, 10000 FROM generate_series(0, 9) n;",
-            day(0)
-        ))
-        .await
-        .expect("load hotel");
 }
 
 async fn call(
@@ -110,7 +96,7 @@ async fn scrape(app: &App) -> String {
 async fn a_full_guest_budget_sheds_guests_at_once_and_never_the_probes_or_the_booking_service() {
     let owner = TestOwner::start().await;
     let client = owner.client().await;
-    one_hotel(&client).await;
+    one_hotel(&client, "Lisbon").await;
     let mut settings = Settings::defaults();
     settings.owner.url = owner.url.clone();
     settings.stale.booking_tokens = vec![TOKEN.to_string()];

@@ -10,7 +10,7 @@ use serde_json::json;
 use vacancy_lab::http_client::{HttpClient, http};
 use vacancy_service::{Settings, slot};
 
-use crate::support::{TestOwner, wait_for};
+use crate::support::{TestOwner, one_hotel, wait_for};
 
 const TOKEN: &str = "test-booking-token-soak-0123456789abcdef";
 
@@ -45,16 +45,7 @@ fn bytes(scrape: &str, cache: &str) -> f64 {
 async fn metrics_count_each_bounded_cache_and_the_alive_tasks() {
     let owner = TestOwner::start().await;
     let client = owner.client().await;
-    client
-        .batch_execute(&format!(
-            "INSERT INTO hotels (id, name, city) VALUES (1, 'Hotel 1', 'Porto');
-             INSERT INTO room_types VALUES (1, 1, 'Double', 2);
-             INSERT INTO inventory (hotel_id, room_type_id, night, total, price_cents)
-               SELECT 1, 1, DATE '{}' + n, 9, 10000 FROM generate_series(0, 9) n;",
-            day(0)
-        ))
-        .await
-        .expect("load hotel");
+    one_hotel(&client, "Porto").await;
     let mut settings = Settings::defaults();
     settings.owner.url = owner.url.clone();
     settings.stale.booking_tokens = vec![TOKEN.to_string()];
@@ -164,17 +155,11 @@ async fn metrics_count_each_bounded_cache_and_the_alive_tasks() {
 async fn soak_lag_counts_only_wal_the_owner_has_flushed() {
     let owner = TestOwner::start().await;
     let client = owner.client().await;
+    one_hotel(&client, "Porto").await;
     client
-        .batch_execute(&format!(
-            "INSERT INTO hotels (id, name, city) VALUES (1, 'Hotel 1', 'Porto');
-             INSERT INTO room_types VALUES (1, 1, 'Double', 2);
-             INSERT INTO inventory (hotel_id, room_type_id, night, total, price_cents)
-               SELECT 1, 1, DATE '{}' + n, 9, 10000 FROM generate_series(0, 9) n;
-             CREATE TABLE scratch (n int);",
-            day(0)
-        ))
+        .batch_execute("CREATE TABLE scratch (n int)")
         .await
-        .expect("load hotel");
+        .expect("create scratch");
     let mut settings = Settings::defaults();
     settings.owner.url = owner.url.clone();
     // Nothing of vacancy's commits on the owner, so WAL written after the

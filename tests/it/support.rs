@@ -95,3 +95,25 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Loads one hotel in `city` (id 1) with one double room type (id 1) and 9
+/// units on each of the 10 nights from today: the smallest owner a test of
+/// the HTTP surface needs.
+pub async fn one_hotel(client: &Client, city: &str) {
+    let today = chrono::Utc::now().date_naive();
+    client
+        .execute(
+            "INSERT INTO hotels (id, name, city) VALUES (1, 'Hotel 1', $1)",
+            &[&city],
+        )
+        .await
+        .expect("load hotel");
+    client
+        .batch_execute(&format!(
+            "INSERT INTO room_types VALUES (1, 1, 'Double', 2);
+             INSERT INTO inventory (hotel_id, room_type_id, night, total, price_cents)
+               SELECT 1, 1, DATE '{today}' + n, 9, 10000 FROM generate_series(0, 9) n;"
+        ))
+        .await
+        .expect("load room type and nights");
+}
