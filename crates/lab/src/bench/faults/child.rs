@@ -221,6 +221,26 @@ impl Serve {
         }
     }
 
+    /// What the child spilled (`/metrics`), and the files left in `spill_dir`.
+    pub(super) async fn spilled(&self, spill_dir: &Path) -> super::Spilled {
+        let scrape = match http(self.addr, "GET", "/metrics", None, None, HTTP_TIMEOUT).await {
+            Ok(r) => String::from_utf8_lossy(&r.body).into_owned(),
+            Err(_) => String::new(),
+        };
+        let counter = |name: &str| {
+            scrape
+                .lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .map_or(0, |v| v as u64)
+        };
+        super::Spilled {
+            transactions: counter("vacancy_held_spilled_transactions_total"),
+            bytes: counter("vacancy_held_spilled_bytes_total"),
+            files_left: std::fs::read_dir(spill_dir).map_or(0, |d| d.count()),
+        }
+    }
+
     /// `vacancy_resnapshots_total` by reason, from `/metrics`.
     pub(super) async fn snapshots_taken(&self) -> BTreeMap<String, u64> {
         let Ok(r) = http(self.addr, "GET", "/metrics", None, None, HTTP_TIMEOUT).await else {

@@ -15,7 +15,8 @@
 //!
 //! What counts:
 //! - seconds to recover: from the heal (owner accepting connections again,
-//!   process restarted or continued, trigger dropped) until `/v1/status`
+//!   process restarted or continued, trigger dropped; for a huge
+//!   transaction, its commit returning) until `/v1/status`
 //!   shows the copy loaded, streaming, not resnapshotting, and applied past
 //!   the marker;
 //! - seconds to detect (packets dropped): from the first dropped packet
@@ -26,7 +27,10 @@
 //!   copy is of the new timeline and applied past the marker;
 //! - requests failed: load-loop searches that got a connection error, a
 //!   timeout, or a status other than 2xx and 503; a 503 (not ready, lagging
-//!   past the bound: the service refusing on purpose) is counted apart.
+//!   past the bound: the service refusing on purpose) is counted apart;
+//! - spilled (huge transaction): the child's spilled transactions and bytes
+//!   (`/metrics`) and the files left in its spill dir after the comparison,
+//!   listed under the table.
 //!
 //! Here: the faults, the bench's loop over them and its table. One scenario
 //! is `scenario`; the search loop and the hotelier are `load`; the row by
@@ -80,6 +84,10 @@ DROP TRIGGER IF EXISTS vacancy_fault_disk_full ON inventory;
 DROP FUNCTION IF EXISTS vacancy_fault_disk_full();";
 /// Small enough that a few switched segments invalidate a held-back slot.
 const SLOT_WAL_KEEP: &str = "48MB";
+/// The child's `stream.max_held_bytes` for `huge-transaction`: the default
+/// data's repricing holds about 60 B per row (7 MB for 120,000 rows), so
+/// 1 MiB makes it spill, as 256 MiB does for 73M rows.
+const HUGE_HELD_BYTES: u64 = 1024 * 1024;
 
 /// One fault the bench injects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
@@ -114,10 +122,15 @@ pub enum Fault {
     /// the copy applies the primary's writes: the new primary lacks them
     /// and starts below the copy's position.
     OwnerFailoverLagging,
+    /// One owner transaction over every inventory row (a repricing), while
+    /// the child's `stream.max_held_bytes` is `HUGE_HELD_BYTES`: the
+    /// transaction spills to disk, is applied at its commit, and its file
+    /// is removed (issue 24, item 3).
+    HugeTransaction,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 11] = [
+    pub const ALL: [Fault; 12] = [
         Fault::WalsenderTerminated,
         Fault::OwnerRestartFast,
         Fault::OwnerRestartImmediate,
@@ -129,6 +142,7 @@ impl Fault {
         Fault::PacketsDropped,
         Fault::OwnerFailover,
         Fault::OwnerFailoverLagging,
+        Fault::HugeTransaction,
     ];
 
     pub fn label(self) -> &'static str {
@@ -144,6 +158,7 @@ impl Fault {
             Fault::PacketsDropped => "packets dropped (nothing refused)",
             Fault::OwnerFailover => "owner failed over to its standby",
             Fault::OwnerFailoverLagging => "owner failed over to a lagging standby",
+            Fault::HugeTransaction => "one transaction over every row, past the held bound",
         }
     }
 
@@ -285,6 +300,20 @@ pub struct Outcome {
     pub snapshots: BTreeMap<String, u64>,
     /// What the scenario could not do (the fault not injected, a wait that timed out).
     pub problem: Option<String>,
+    /// `huge-transaction`: what spilled, and the files left after.
+    pub spilled: Option<Spilled>,
+}
+
+/// What the child spilled in a `huge-transaction` scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spilled {
+    /// `vacancy_held_spilled_transactions_total` at the end.
+    pub transactions: u64,
+    /// `vacancy_held_spilled_bytes_total` at the end.
+    pub bytes: u64,
+    /// Files in the child's `stream.spill_dir` once the copy caught up and
+    /// was compared.
+    pub files_left: usize,
 }
 
 /// `vacancy bench faults`: an embedded owner, seeded, then every fault in turn.
@@ -385,6 +414,7 @@ fn failed_outcome(fault: Fault, problem: String) -> Outcome {
         hotelier_failed: 0,
         snapshots: BTreeMap::new(),
         problem: Some(problem),
+        spilled: None,
     }
 }
 
@@ -441,7 +471,13 @@ pub fn render(outcomes: &[Outcome]) -> String {
                 .as_ref()
                 .filter(|d| !d.examples.is_empty())
                 .map(|d| format!("divergent rows, first: {}", d.examples.join("; ")));
-            let parts: Vec<String> = [problem, examples, failures]
+            let spilled = o.spilled.map(|sp| {
+                format!(
+                    "spilled {} transaction(s), {} bytes, at a held bound of {} bytes; spill files left after: {}",
+                    sp.transactions, sp.bytes, HUGE_HELD_BYTES, sp.files_left
+                )
+            });
+            let parts: Vec<String> = [spilled, problem, examples, failures]
                 .into_iter()
                 .flatten()
                 .collect();
@@ -481,5 +517,29 @@ mod tests {
             "{table}"
         );
         assert!(table.contains("- slot dropped while disconnected: slot watch timed out"));
+    }
+
+    #[test]
+    fn a_huge_transaction_says_what_spilled_and_what_was_left() {
+        let mut huge = failed_outcome(Fault::HugeTransaction, String::new());
+        huge.problem = None;
+        huge.spilled = Some(Spilled {
+            transactions: 1,
+            bytes: 2_880_000,
+            files_left: 0,
+        });
+        let plain = failed_outcome(Fault::WalsenderTerminated, "x".into());
+        let table = render(&[huge, plain]);
+        assert!(
+            table.contains(&format!(
+                "- one transaction over every row, past the held bound: spilled 1 transaction(s), 2880000 bytes, at a held bound of {HUGE_HELD_BYTES} bytes; spill files left after: 0"
+            )),
+            "{table}"
+        );
+        // Only the huge transaction's line speaks of spilling.
+        assert!(
+            table.lines().any(|l| l == "- walsender terminated: x"),
+            "{table}"
+        );
     }
 }

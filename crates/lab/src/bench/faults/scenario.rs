@@ -19,7 +19,7 @@ use super::compare::{Divergence, measure_divergence};
 use super::load::{hotelier, search_loop};
 use super::{
     BOOKING_TOKEN, CONNECT_TIMEOUT, FAIL_WRITES_SQL, Fault, FaultBenchError, HEAL_WRITES_SQL,
-    HTTP_TIMEOUT, LoadCounts, Outcome, POLL, SLOT, SLOT_WAL_KEEP, ScenarioOptions,
+    HTTP_TIMEOUT, HUGE_HELD_BYTES, LoadCounts, Outcome, POLL, SLOT, SLOT_WAL_KEEP, ScenarioOptions,
 };
 
 /// Runs the workload, injects `fault`, heals it, and measures: see the module doc.
@@ -56,8 +56,27 @@ pub async fn run_scenario(
     let child_url = path
         .as_ref()
         .map_or_else(|| owner_url.clone(), |p| p.url_for(url));
-    let mut serve = Serve::start(&options.exe, &child_url, &options.work_dir, &name)?;
-    let result = scenario(
+    // A huge transaction: the child holds at most HUGE_HELD_BYTES in
+    // memory and spills the rest to a folder of its own, which is checked
+    // for files left at the end.
+    let spill_dir = options.work_dir.join(format!("spill-{name}"));
+    let env = if fault == Fault::HugeTransaction {
+        std::fs::create_dir_all(&spill_dir)?;
+        vec![
+            (
+                "VACANCY_STREAM__MAX_HELD_BYTES".to_string(),
+                HUGE_HELD_BYTES.to_string(),
+            ),
+            (
+                "VACANCY_STREAM__SPILL_DIR".to_string(),
+                spill_dir.display().to_string(),
+            ),
+        ]
+    } else {
+        Vec::new()
+    };
+    let mut serve = Serve::start_with_env(&options.exe, &child_url, &options.work_dir, &name, env)?;
+    let mut result = scenario(
         cluster,
         &owner_url,
         fault,
@@ -67,6 +86,11 @@ pub async fn run_scenario(
         standby.as_mut(),
     )
     .await;
+    if fault == Fault::HugeTransaction
+        && let Ok(outcome) = result.as_mut()
+    {
+        outcome.spilled = Some(serve.spilled(&spill_dir).await);
+    }
     serve.stop().await;
     let cleaned = clean_up(&owner_url, fault).await;
     // The promoted standby is the owner of every later scenario; the old
@@ -229,7 +253,36 @@ async fn scenario(
         hotelier_failed: hotelier_counts.1.load(Ordering::Relaxed),
         snapshots,
         problem,
+        spilled: None,
     })
+}
+
+/// One owner transaction over every inventory row, as a revenue job's
+/// repricing. The workload's guests and hotelier write beside it, so it may
+/// meet one of them in a deadlock, which PostgreSQL breaks by aborting one
+/// side: then it is made again, a few times at most.
+async fn reprice_every_row(client: &Client) -> Result<(), FaultBenchError> {
+    const TRIES: u32 = 5;
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match client
+            .execute(
+                "UPDATE inventory SET price_cents = coalesce(price_cents, 0) + 1",
+                &[],
+            )
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(e)
+                if tries < TRIES
+                    && e.code().is_some_and(|c| {
+                        *c == tokio_postgres::error::SqlState::T_R_DEADLOCK_DETECTED
+                            || *c == tokio_postgres::error::SqlState::T_R_SERIALIZATION_FAILURE
+                    }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
 }
 
 async fn final_divergence(
@@ -345,6 +398,9 @@ async fn inject_and_recover(
                 tokio::time::sleep(options.unreachable.saturating_sub(dropped.elapsed())).await;
                 path.heal();
             }
+        }
+        Fault::HugeTransaction => {
+            reprice_every_row(&client).await?;
         }
         Fault::OwnerFailover | Fault::OwnerFailoverLagging => {
             let Some(standby) = standby else {
