@@ -30,7 +30,7 @@ use super::FleetError;
 use super::log::ChangeLog;
 use super::settings::FleetSettings;
 use super::store::{self, Stored};
-use super::wire::{Assembly, Body, Message, Position};
+use super::wire::{Assembly, Body, Message, Position, WireError};
 use crate::checkpoint::{self, CheckpointName, Identity, Loaded};
 use crate::index::HotelIndex;
 use crate::lsn::Lsn;
@@ -441,9 +441,6 @@ impl Replica {
             metrics::FLEET_MESSAGES_DROPPED.inc();
             return Ok(());
         }
-        if !chunk {
-            cursor.applied = Some(position);
-        }
         match message.body {
             Body::Merge { changes } => {
                 self.model.apply_merge(position.lsn(), &changes)?;
@@ -451,7 +448,22 @@ impl Replica {
             Body::Advance => self.model.advance(position.lsn()),
             Body::Takeover { .. } => {}
             body @ (Body::Chunk { .. } | Body::Commit { .. }) => {
-                if let Some(txn) = assembly.push(position, body).await? {
+                let assembled = match assembly.push(position, body).await {
+                    Ok(assembled) => assembled,
+                    Err(error @ WireError::ChunksMissing { .. }) => {
+                        // The stream holds this transaction only in part
+                        // (its chunks were removed, or a publisher lost
+                        // some): no replay from here can complete it, and
+                        // going on would miss it. Start again from the
+                        // newest checkpoint, which a later one past it
+                        // eventually is.
+                        tracing::warn!(%error, "a chunked transaction is incomplete on the stream; bootstrapping again");
+                        cursor.bootstrap = true;
+                        return Err(error.into());
+                    }
+                    Err(error) => return Err(error.into()),
+                };
+                if let Some(txn) = assembled {
                     self.index.note_transaction(&txn);
                     let applied = self.model.apply(&txn)?;
                     if applied.skipped {
@@ -461,6 +473,11 @@ impl Replica {
                     }
                 }
             }
+        }
+        // Only once applied: a message whose apply failed is delivered
+        // again after the reconnect, and must not be taken for a repeat.
+        if !chunk {
+            cursor.applied = Some(position);
         }
         metrics::FLEET_MESSAGES_APPLIED.inc();
         Ok(())
