@@ -356,53 +356,23 @@ impl Shape {
 
 /// Every message of the change stream, in order, by its shape.
 async fn stream_shapes(nats_url: &str) -> Vec<Shape> {
-    use futures_util::StreamExt;
     use vacancy_service::{FleetBody, FleetMessage};
-    let client = async_nats::connect(nats_url).await.expect("nats");
-    let jetstream = async_nats::jetstream::new(client);
-    let mut stream = jetstream
-        .get_stream("VACANCY_CHANGES")
-        .await
-        .expect("the change stream");
-    let last = stream
-        .info()
-        .await
-        .expect("stream info")
-        .state
-        .last_sequence;
-    let consumer = stream
-        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
-            deliver_policy: async_nats::jetstream::consumer::DeliverPolicy::All,
-            ..Default::default()
-        })
-        .await
-        .expect("a consumer");
-    let mut messages = consumer.messages().await.expect("messages");
-    let mut all = Vec::new();
-    while let Some(next) = tokio::time::timeout(Duration::from_secs(10), messages.next())
-        .await
-        .expect("the stream's messages within 10 s")
-    {
-        let message = next.expect("a message");
-        let sequence = message.info().expect("info").stream_sequence;
-        let decoded = FleetMessage::decode(&message.payload).expect("decodes");
+    crate::fleet::change_stream(nats_url, |payload| {
+        let decoded = FleetMessage::decode(payload).expect("decodes");
         let (kind, chunks) = match decoded.body {
             FleetBody::Chunk { .. } => (Shape::CHUNK, 0),
             FleetBody::Commit { chunks, .. } => (Shape::MARKER, chunks),
             _ => ("other", 0),
         };
-        all.push(Shape {
+        Shape {
             lsn: decoded.position.lsn,
             kind,
             seq: decoded.position.seq,
             chunks,
-            bytes: message.payload.len() as u64,
-        });
-        if sequence >= last {
-            break;
+            bytes: payload.len() as u64,
         }
-    }
-    all
+    })
+    .await
 }
 
 /// A gauge a `vacancy serve` child reports, in bytes.
@@ -414,6 +384,52 @@ async fn gauge_of(addr: std::net::SocketAddr, name: &str) -> u64 {
         .and_then(|v| v.trim().parse::<f64>().ok())
         .map(|v| v as u64)
         .unwrap_or_else(|| panic!("{name} in /metrics"))
+}
+
+/// The fleet tests' owner: 50 hotels x 10 room types x 200 nights
+/// (100,000 rows) in one city, and the one transaction over all of them.
+const FLEET_HOTELS: i64 = 50;
+const FLEET_ROOM_TYPES: i64 = 10;
+const FLEET_NIGHTS: i64 = 200;
+const FLEET_UPDATE: &str =
+    "UPDATE inventory SET price_cents = price_cents + night - DATE '2030-01-01', taken = 2";
+/// The fleet tests' `fleet.max_chunk_bytes` (`Fleet::projector_with`).
+const CHUNK_BYTES: u64 = 4096;
+
+async fn spillville_owner() -> (TestOwner, tokio_postgres::Client) {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    client
+        .batch_execute(&format!(
+            "INSERT INTO hotels (id, name, city) SELECT h, 'Hotel ' || h, 'Spillville'
+               FROM generate_series(1, {FLEET_HOTELS}) h;
+             INSERT INTO room_types (hotel_id, id, name, max_guests)
+               SELECT h, rt, 'Room ' || rt, 2
+               FROM generate_series(1, {FLEET_HOTELS}) h, generate_series(1, {FLEET_ROOM_TYPES}) rt;
+             INSERT INTO inventory (hotel_id, room_type_id, night, total, price_cents)
+               SELECT h, rt, DATE '2030-01-01' + n, 20, 10000
+               FROM generate_series(1, {FLEET_HOTELS}) h, generate_series(1, {FLEET_ROOM_TYPES}) rt,
+                    generate_series(0, {}) n;",
+            FLEET_NIGHTS - 1
+        ))
+        .await
+        .expect("load the owner");
+    (owner, client)
+}
+
+/// A node's settings for a 64 KiB held bound and its own spill dir.
+fn held_in(dir: &Path) -> Vec<(&'static str, String)> {
+    vec![
+        ("VACANCY_STREAM__MAX_HELD_BYTES", "65536".to_string()),
+        (
+            "VACANCY_STREAM__SPILL_DIR",
+            dir.to_string_lossy().into_owned(),
+        ),
+    ]
+}
+
+fn as_env<'a>(vars: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a str)> {
+    vars.iter().map(|(k, v)| (*k, v.as_str())).collect()
 }
 
 /// In a fleet: a projector and a replica, each with a 64 KiB bound and a
@@ -433,51 +449,18 @@ async fn gauge_of(addr: std::net::SocketAddr, name: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_fleet_projector_and_replica_spill_a_large_chunked_transaction() {
     let _alone = ONE_AT_A_TIME.lock().await;
-    const FLEET_HOTELS: i64 = 50;
-    const FLEET_ROOM_TYPES: i64 = 10;
-    const FLEET_NIGHTS: i64 = 200;
     const PUBLISHES_IN_FLIGHT: u64 = 8;
-    /// The fleet tests' `fleet.max_chunk_bytes` (`Fleet::projector_with`).
-    const CHUNK_BYTES: u64 = 4096;
-    let owner = TestOwner::start().await;
-    let client = owner.client().await;
-    client
-        .batch_execute(&format!(
-            "INSERT INTO hotels (id, name, city) SELECT h, 'Hotel ' || h, 'Spillville'
-               FROM generate_series(1, {FLEET_HOTELS}) h;
-             INSERT INTO room_types (hotel_id, id, name, max_guests)
-               SELECT h, rt, 'Room ' || rt, 2
-               FROM generate_series(1, {FLEET_HOTELS}) h, generate_series(1, {FLEET_ROOM_TYPES}) rt;
-             INSERT INTO inventory (hotel_id, room_type_id, night, total, price_cents)
-               SELECT h, rt, DATE '2030-01-01' + n, 20, 10000
-               FROM generate_series(1, {FLEET_HOTELS}) h, generate_series(1, {FLEET_ROOM_TYPES}) rt,
-                    generate_series(0, {}) n;",
-            FLEET_NIGHTS - 1
-        ))
-        .await
-        .expect("load the owner");
+    let (owner, client) = spillville_owner().await;
     let nats = crate::fleet::start_nats().await;
     let fleet = crate::fleet::Fleet::new(&owner, &nats).await;
     let projector_dir = tempfile::tempdir().expect("a spill dir");
     let replica_dir = tempfile::tempdir().expect("a spill dir");
-    let held = |dir: &Path| {
-        vec![
-            ("VACANCY_STREAM__MAX_HELD_BYTES", "65536".to_string()),
-            (
-                "VACANCY_STREAM__SPILL_DIR",
-                dir.to_string_lossy().into_owned(),
-            ),
-        ]
-    };
-    let mut projector_vars = held(projector_dir.path());
+    let mut projector_vars = held_in(projector_dir.path());
     projector_vars.push((
         "VACANCY_FLEET__MAX_PUBLISHES_IN_FLIGHT",
         PUBLISHES_IN_FLIGHT.to_string(),
     ));
-    let projector_env: Vec<(&str, &str)> = projector_vars
-        .iter()
-        .map(|(k, v)| (*k, v.as_str()))
-        .collect();
+    let projector_env = as_env(&projector_vars);
     let projector = fleet.projector_with(
         "projector",
         &fleet.owner_url,
@@ -485,18 +468,15 @@ async fn a_fleet_projector_and_replica_spill_a_large_chunked_transaction() {
         &projector_env,
     );
     crate::fleet::wait_ready(&projector, Duration::from_secs(60)).await;
-    let replica_vars = held(replica_dir.path());
-    let replica_env: Vec<(&str, &str)> =
-        replica_vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let replica_vars = held_in(replica_dir.path());
+    let replica_env = as_env(&replica_vars);
     let replica = fleet.replica_with("replica", &fleet.owner_url, &replica_env);
     crate::fleet::wait_ready(&replica, Duration::from_secs(60)).await;
 
     let projector_watch = Watcher::start(projector_dir.path().to_path_buf());
     let replica_watch = Watcher::start(replica_dir.path().to_path_buf());
     client
-        .batch_execute(
-            "UPDATE inventory SET price_cents = price_cents + night - DATE '2030-01-01', taken = 2",
-        )
+        .batch_execute(FLEET_UPDATE)
         .await
         .expect("the owner transaction");
     crate::process::assert_binary_converged(&replica, &client).await;
@@ -550,6 +530,132 @@ async fn a_fleet_projector_and_replica_spill_a_large_chunked_transaction() {
     assert!(
         gauge_of(projector.addr, "vacancy_fleet_publish_buffered_bytes").await <= bound,
         "and holds no more now"
+    );
+    drop(nats);
+}
+
+/// The projector's link to NATS cut while it publishes a spilled
+/// transaction, some of its chunks stored and not the rest: while cut,
+/// nothing of it is acknowledged to the slot; once the link is back, the
+/// publisher reads where the stream stopped and walks the spill file on
+/// from there, so the stream carries each chunk once, in order, then one
+/// commit marker, and the replica converges row for row. Both leave no
+/// spill file.
+///
+/// The projector reaches NATS through a link that forwards what it sends
+/// at 256 KiB/s, so the transaction's 2.1 MB of messages take about eight
+/// seconds to publish and the cut lands in the middle of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_spilled_transaction_cut_off_from_nats_halfway_is_published_once_whole() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    const SENT_PER_SECOND: u64 = 256 * 1024;
+    /// Chunks stored before the cut: a few, far from all of them (~520).
+    const STORED_BEFORE_CUT: u64 = 20;
+    let (owner, client) = spillville_owner().await;
+    let nats = crate::fleet::start_nats().await;
+    let fleet = crate::fleet::Fleet::new(&owner, &nats).await;
+    let link =
+        crate::fleet::Link::throttled(([127, 0, 0, 1], nats.port()).into(), SENT_PER_SECOND).await;
+    let projector_nats = format!("nats://{}", link.addr);
+    let projector_dir = tempfile::tempdir().expect("a spill dir");
+    let replica_dir = tempfile::tempdir().expect("a spill dir");
+    let projector_vars = held_in(projector_dir.path());
+    let projector = fleet.projector_with(
+        "projector",
+        &fleet.owner_url,
+        &projector_nats,
+        &as_env(&projector_vars),
+    );
+    crate::fleet::wait_ready(&projector, Duration::from_secs(60)).await;
+    let replica_vars = held_in(replica_dir.path());
+    let replica = fleet.replica_with("replica", &fleet.owner_url, &as_env(&replica_vars));
+    crate::fleet::wait_ready(&replica, Duration::from_secs(60)).await;
+
+    let before = crate::fleet::change_stream_last_sequence(&fleet.nats_url).await;
+    let projector_watch = Watcher::start(projector_dir.path().to_path_buf());
+    client
+        .batch_execute(FLEET_UPDATE)
+        .await
+        .expect("the owner transaction");
+    wait_for(
+        "the transaction's first chunks on the stream",
+        Duration::from_secs(60),
+        || async {
+            let last = crate::fleet::change_stream_last_sequence(&fleet.nats_url).await;
+            (last >= before + STORED_BEFORE_CUT).then_some(())
+        },
+    )
+    .await;
+    link.cut();
+
+    // What the stream holds of it at the cut: chunks, and no marker.
+    let at_cut = stream_shapes(&fleet.nats_url).await;
+    let lsn = at_cut
+        .last()
+        .filter(|m| m.kind == Shape::CHUNK)
+        .map(|m| m.lsn)
+        .expect("the stream ends in a chunk of the transaction at the cut");
+    let chunks_at_cut = at_cut
+        .iter()
+        .filter(|m| m.lsn == lsn && m.kind == Shape::CHUNK)
+        .count();
+    assert!(
+        at_cut
+            .iter()
+            .all(|m| m.lsn != lsn || m.kind != Shape::MARKER),
+        "the cut came after the transaction's marker was stored"
+    );
+
+    // While cut: the slot is not acknowledged past what JetStream stored,
+    // so not past the transaction whose marker is missing.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let confirmed = crate::fleet::slot_confirmed(&client).await;
+    assert!(
+        confirmed.0 < lsn,
+        "the slot was acknowledged to {confirmed}, past the transaction at {lsn:#X} whose marker is not stored"
+    );
+    assert_eq!(
+        spill_files(projector_dir.path()),
+        1,
+        "the projector still holds the transaction in its spill file while cut off"
+    );
+
+    link.restore();
+    crate::process::assert_binary_converged(&replica, &client).await;
+    crate::process::assert_binary_converged(&projector, &client).await;
+    assert!(projector_watch.finish() >= 1, "the projector spilled it");
+    no_spill_files_left(projector_dir.path(), "the projector published it").await;
+    no_spill_files_left(replica_dir.path(), "the replica applied it").await;
+
+    // On the stream: each chunk once, in order from 0, then one marker
+    // naming them; the chunks stored before the cut are not sent again.
+    let shapes = stream_shapes(&fleet.nats_url).await;
+    let of_it: Vec<&Shape> = shapes.iter().filter(|m| m.lsn == lsn).collect();
+    let (marker, chunks) = of_it
+        .split_last()
+        .expect("the transaction's messages on the stream");
+    assert_eq!(
+        marker.kind,
+        Shape::MARKER,
+        "the transaction ends in its marker"
+    );
+    assert_eq!(
+        chunks.len(),
+        marker.chunks as usize,
+        "the marker names every chunk stored, and no chunk is stored twice"
+    );
+    for (seq, chunk) in chunks.iter().enumerate() {
+        assert_eq!(chunk.kind, Shape::CHUNK, "message {seq} of the transaction");
+        assert_eq!(chunk.seq as usize, seq, "chunks once each, in order from 0");
+    }
+    assert!(
+        chunks_at_cut < chunks.len(),
+        "the cut came halfway: {chunks_at_cut} of {} chunks stored before it",
+        chunks.len()
+    );
+    println!(
+        "cut after {chunks_at_cut} of {} chunks stored; the rest published after the link came back, each once",
+        chunks.len()
     );
     drop(nats);
 }
