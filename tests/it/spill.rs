@@ -123,6 +123,32 @@ fn reset_peak() -> u64 {
     status_bytes("VmRSS")
 }
 
+/// `hotels` hotels in the city of Spillville, `room_types` room types each
+/// (for two), `nights` nights of 20 units from `first_night` (SQL).
+async fn load_spillville(
+    client: &tokio_postgres::Client,
+    hotels: i64,
+    room_types: i64,
+    nights: i64,
+    first_night: &str,
+) {
+    client
+        .batch_execute(&format!(
+            "INSERT INTO hotels (id, name, city) SELECT h, 'Hotel ' || h, 'Spillville'
+               FROM generate_series(1, {hotels}) h;
+             INSERT INTO room_types (hotel_id, id, name, max_guests)
+               SELECT h, rt, 'Room ' || rt, 2
+               FROM generate_series(1, {hotels}) h, generate_series(1, {room_types}) rt;
+             INSERT INTO inventory (hotel_id, room_type_id, night, total, price_cents)
+               SELECT h, rt, {first_night} + n, 20, 10000
+               FROM generate_series(1, {hotels}) h, generate_series(1, {room_types}) rt,
+                    generate_series(0, {}) n;",
+            nights - 1
+        ))
+        .await
+        .expect("load the owner");
+}
+
 async fn caught_up(app: &App, client: &tokio_postgres::Client, what: &str) {
     let target = slot::current_wal_lsn(client)
         .await
@@ -180,21 +206,7 @@ async fn a_transaction_past_the_held_bound_spills_converges_and_leaves_no_file()
     })
     .await;
     let client = owner.client().await;
-    client
-        .batch_execute(&format!(
-            "INSERT INTO hotels (id, name, city) SELECT h, 'Hotel ' || h, 'Spillville'
-               FROM generate_series(1, {HOTELS}) h;
-             INSERT INTO room_types (hotel_id, id, name, max_guests)
-               SELECT h, rt, 'Room ' || rt, 2
-               FROM generate_series(1, {HOTELS}) h, generate_series(1, {ROOM_TYPES}) rt;
-             INSERT INTO inventory (hotel_id, room_type_id, night, total, price_cents)
-               SELECT h, rt, CURRENT_DATE + n, 20, 10000
-               FROM generate_series(1, {HOTELS}) h, generate_series(1, {ROOM_TYPES}) rt,
-                    generate_series(0, {}) n;",
-            NIGHTS - 1
-        ))
-        .await
-        .expect("load the owner");
+    load_spillville(&client, HOTELS, ROOM_TYPES, NIGHTS, "CURRENT_DATE").await;
 
     let spill_dir = tempfile::tempdir().expect("a spill dir");
     let dir = spill_dir.path();
@@ -399,21 +411,14 @@ const CHUNK_BYTES: u64 = 4096;
 async fn spillville_owner() -> (TestOwner, tokio_postgres::Client) {
     let owner = TestOwner::start().await;
     let client = owner.client().await;
-    client
-        .batch_execute(&format!(
-            "INSERT INTO hotels (id, name, city) SELECT h, 'Hotel ' || h, 'Spillville'
-               FROM generate_series(1, {FLEET_HOTELS}) h;
-             INSERT INTO room_types (hotel_id, id, name, max_guests)
-               SELECT h, rt, 'Room ' || rt, 2
-               FROM generate_series(1, {FLEET_HOTELS}) h, generate_series(1, {FLEET_ROOM_TYPES}) rt;
-             INSERT INTO inventory (hotel_id, room_type_id, night, total, price_cents)
-               SELECT h, rt, DATE '2030-01-01' + n, 20, 10000
-               FROM generate_series(1, {FLEET_HOTELS}) h, generate_series(1, {FLEET_ROOM_TYPES}) rt,
-                    generate_series(0, {}) n;",
-            FLEET_NIGHTS - 1
-        ))
-        .await
-        .expect("load the owner");
+    load_spillville(
+        &client,
+        FLEET_HOTELS,
+        FLEET_ROOM_TYPES,
+        FLEET_NIGHTS,
+        "DATE '2030-01-01'",
+    )
+    .await;
     (owner, client)
 }
 
