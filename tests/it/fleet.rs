@@ -170,7 +170,7 @@ pub(crate) async fn wait_ready(serve: &Serve, within: Duration) {
     assert!(ready.is_ok(), "{what}; log:\n{}", serve.log_tail());
 }
 
-fn fleet_status(status: &Value) -> &Value {
+pub(crate) fn fleet_status(status: &Value) -> &Value {
     &status["fleet"]
 }
 
@@ -207,10 +207,10 @@ impl Link {
         Link::start(target, None).await
     }
 
-    /// As `to`, with what the client sends forwarded at about
-    /// `bytes_per_second` (what it is sent back is not slowed): a
-    /// publisher's messages then take seconds to reach NATS, so a test can
-    /// cut the link in the middle of them.
+    /// As `to`, forwarding each way at about `bytes_per_second`: a
+    /// publisher's messages then take seconds to reach NATS (or a
+    /// consumer's to reach it), so a test can cut the link in the middle
+    /// of them.
     pub(crate) async fn throttled(target: std::net::SocketAddr, bytes_per_second: u64) -> Link {
         Link::start(target, Some(bytes_per_second)).await
     }
@@ -243,7 +243,7 @@ impl Link {
                                 let (mut from_target, mut to_target) = outbound.split();
                                 tokio::select! {
                                     _ = copy_at(&mut from_client, &mut to_target, rate) => {}
-                                    _ = tokio::io::copy(&mut from_target, &mut to_client) => {}
+                                    _ = copy_at(&mut from_target, &mut to_client, rate) => {}
                                 }
                             }
                         }

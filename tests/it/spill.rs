@@ -662,5 +662,114 @@ async fn a_spilled_transaction_cut_off_from_nats_halfway_is_published_once_whole
         "cut after {chunks_at_cut} of {} chunks stored; the rest published after the link came back, each once",
         chunks.len()
     );
+
+    // A replica started now bootstraps from the newest checkpoint, which
+    // the projector (checkpointing every second) likely wrote while the
+    // chunks were going out: its stream sequence is then inside the
+    // transaction, which its copy already holds. The replica reads the
+    // rest of the chunks and the marker as repeats: it is ready, once,
+    // and converged.
+    let late = fleet.replica_with("replica-late", &fleet.owner_url, &[]);
+    crate::fleet::wait_ready(&late, Duration::from_secs(60)).await;
+    crate::process::assert_binary_converged(&late, &client).await;
+    let status = late.status().await.expect("the late replica's status");
+    assert_eq!(
+        crate::fleet::fleet_status(&status)["replica"]["bootstraps"].as_u64(),
+        Some(1),
+        "the late replica bootstrapped once"
+    );
+    drop(nats);
+}
+
+/// A replica's link to NATS cut while it reads the chunks of a large
+/// transaction: its session ends with part of the transaction assembled.
+/// The next session reads the stream again from the transaction's first
+/// chunk (`held_from`), so the replica converges row for row without a
+/// new bootstrap. Before, the new session's assembly met the remaining
+/// chunks without their first ones and refused the marker; the replica
+/// then dropped the marker, delivered again, as a repeat (a missed change),
+/// and later bootstrapped again instead.
+///
+/// The link forwards at 2 MiB/s each way, so the transaction's 2.1 MB of
+/// messages take about a second to reach the replica. (Much slower, the
+/// consumer's heartbeats queue behind the chunks for longer than it waits
+/// for them, and it starts over before it is cut.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_cut_off_from_nats_inside_a_chunked_transaction_reads_it_again_whole() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    const SENT_PER_SECOND: u64 = 2 * 1024 * 1024;
+    let (owner, client) = spillville_owner().await;
+    let nats = crate::fleet::start_nats().await;
+    let fleet = crate::fleet::Fleet::new(&owner, &nats).await;
+    let link =
+        crate::fleet::Link::throttled(([127, 0, 0, 1], nats.port()).into(), SENT_PER_SECOND).await;
+    let replica_nats = format!("nats://{}", link.addr);
+    let projector = fleet.projector_with("projector", &fleet.owner_url, &fleet.nats_url, &[]);
+    crate::fleet::wait_ready(&projector, Duration::from_secs(60)).await;
+    let replica = fleet.replica_with(
+        "replica",
+        &fleet.owner_url,
+        &[
+            ("VACANCY_FLEET__NATS_URL", replica_nats.as_str()),
+            // Through the slow link a stream request waits behind the
+            // chunks the link holds (about a second's worth): the tests' 1 s
+            // would end sessions before the cut does.
+            ("VACANCY_FLEET__REQUEST_TIMEOUT_MS", "5000"),
+        ],
+    );
+    crate::fleet::wait_ready(&replica, Duration::from_secs(60)).await;
+    let progress = |status: serde_json::Value, field: &str| {
+        crate::fleet::fleet_status(&status)["replica"][field]
+            .as_u64()
+            .unwrap_or_else(|| panic!("fleet.replica.{field} in the replica's status"))
+    };
+    let status = replica.status().await.expect("the replica's status");
+    let (bootstraps, before) = (
+        progress(status.clone(), "bootstraps"),
+        progress(status, "next_sequence"),
+    );
+
+    client
+        .batch_execute(FLEET_UPDATE)
+        .await
+        .expect("the owner transaction");
+    // Cut once the replica has read a few dozen of its ~520 chunks.
+    wait_for(
+        "the replica to read the transaction's first chunks",
+        Duration::from_secs(60),
+        || async {
+            let status = replica.status().await?;
+            (progress(status, "next_sequence") >= before + 30).then_some(())
+        },
+    )
+    .await;
+    link.cut();
+    let status = replica.status().await.expect("the replica's status");
+    let read_at_cut = progress(status, "next_sequence") - before;
+    // Past the replica's request timeout (5 s here): its next stream
+    // request fails and the session ends.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    link.restore();
+
+    crate::process::assert_binary_converged(&replica, &client).await;
+    let status = replica.status().await.expect("the replica's status");
+    let messages = progress(status.clone(), "next_sequence") - before;
+    assert!(
+        read_at_cut < messages,
+        "the cut came inside the transaction: {read_at_cut} of {messages} messages read before it"
+    );
+    assert_eq!(
+        progress(status, "bootstraps"),
+        bootstraps,
+        "the replica read the transaction again from its first chunk, without a new bootstrap"
+    );
+    let log = std::fs::read_to_string(&replica.log).expect("the replica's log");
+    assert!(
+        log.contains("replica session ended; reconnecting"),
+        "the cut ended the replica's session"
+    );
+    println!(
+        "replica cut after reading {read_at_cut} of {messages} messages; converged without a new bootstrap"
+    );
     drop(nats);
 }

@@ -111,6 +111,12 @@ struct Cursor {
     /// the stream no longer holds `next_sequence`).
     bootstrap: bool,
     next_sequence: u64,
+    /// The stream sequence of the first chunk of the transaction the
+    /// session's assembly holds, while it holds one. The assembly lives
+    /// only as long as its session: the next session reads the stream again
+    /// from here, so a transaction whose chunks a reconnect cut in two is
+    /// assembled whole, not found incomplete at its marker.
+    held_from: Option<u64>,
     /// The last position applied (or dropped as already held).
     applied: Option<Position>,
     /// An operator's resnapshot ask (`POST /v1/admin/resnapshot`) the next
@@ -268,6 +274,7 @@ impl Replica {
         self.install(loaded, newest).await?;
         cursor.bootstrap = false;
         cursor.next_sequence = newest.sequence + 1;
+        cursor.held_from = None;
         cursor.applied = None;
         if let Some(asked) = cursor.asked.take() {
             self.status.resnapshot_served(asked);
@@ -329,7 +336,7 @@ impl Replica {
             .bounded(stream.create_consumer(pull::OrderedConfig {
                 filter_subject: log.settings.subject.clone(),
                 deliver_policy: DeliverPolicy::ByStartSequence {
-                    start_sequence: cursor.next_sequence.max(1),
+                    start_sequence: cursor.held_from.unwrap_or(cursor.next_sequence).max(1),
                 },
                 ..Default::default()
             }))
@@ -399,11 +406,26 @@ impl Replica {
                     cursor.next_sequence
                 )));
             }
-            if sequence < cursor.next_sequence {
-                continue; // delivered again after a consumer's recreation
+            // Below `next_sequence`: applied before, delivered again after
+            // the consumer's recreation; only the held transaction's chunks
+            // are read again (into this session's new assembly).
+            let again = sequence < cursor.next_sequence;
+            if again && cursor.held_from.is_none_or(|from| sequence < from) {
+                continue;
             }
             let decoded = Message::decode(&message.payload)?;
+            let first_chunk =
+                matches!(decoded.body, Body::Chunk { .. }) && decoded.position.seq == 0;
+            let commit = matches!(decoded.body, Body::Commit { .. });
             self.apply(decoded, &mut assembly, cursor).await?;
+            if first_chunk {
+                cursor.held_from = Some(sequence);
+            } else if commit {
+                cursor.held_from = None;
+            }
+            if again {
+                continue;
+            }
             cursor.next_sequence = sequence + 1;
             self.model.freshness.note_message(Utc::now());
             self.state
@@ -450,13 +472,24 @@ impl Replica {
             body @ (Body::Chunk { .. } | Body::Commit { .. }) => {
                 let assembled = match assembly.push(position, body).await {
                     Ok(assembled) => assembled,
+                    Err(WireError::ChunksMissing { .. })
+                        if position.lsn() <= self.model.freshness.applied() =>
+                    {
+                        // The copy holds this transaction already: a
+                        // bootstrap from a checkpoint written while its
+                        // chunks were being published starts in their
+                        // middle. Its marker is a repeat.
+                        cursor.applied = Some(position);
+                        metrics::FLEET_MESSAGES_DROPPED.inc();
+                        return Ok(());
+                    }
                     Err(error @ WireError::ChunksMissing { .. }) => {
-                        // The stream holds this transaction only in part
-                        // (its chunks were removed, or a publisher lost
-                        // some): no replay from here can complete it, and
-                        // going on would miss it. Start again from the
-                        // newest checkpoint, which a later one past it
-                        // eventually is.
+                        // Chunks the copy never had are missing, though the
+                        // session read the transaction from its first chunk
+                        // (`Cursor::held_from`): the stream holds it only in
+                        // part (a publisher lost some). Going on would miss
+                        // it; start again from the newest checkpoint, which
+                        // a later one past it eventually is.
                         tracing::warn!(%error, "a chunked transaction is incomplete on the stream; bootstrapping again");
                         cursor.bootstrap = true;
                         return Err(error.into());
