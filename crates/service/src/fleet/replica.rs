@@ -104,6 +104,10 @@ pub struct Replica {
     pub stale: Arc<dyn Carried>,
 }
 
+/// How many sessions in a row may start by reading one held chunked
+/// transaction again (`Cursor::held_rereads`) before the replica bootstraps.
+const MAX_HELD_REREADS: u32 = 3;
+
 /// Where a session left off, kept across sessions.
 #[derive(Debug, Default)]
 struct Cursor {
@@ -117,6 +121,13 @@ struct Cursor {
     /// from here, so a transaction whose chunks a reconnect cut in two is
     /// assembled whole, not found incomplete at its marker.
     held_from: Option<u64>,
+    /// Sessions that started by reading the held transaction again from
+    /// `held_from`. Past `MAX_HELD_REREADS` the replica bootstraps instead:
+    /// a link that keeps failing inside one large transaction would
+    /// otherwise read its first chunks again and again without getting past
+    /// it, where the newest checkpoint (the projector applies a transaction
+    /// before publishing it) soon holds it.
+    held_rereads: u32,
     /// The last position applied (or dropped as already held).
     applied: Option<Position>,
     /// An operator's resnapshot ask (`POST /v1/admin/resnapshot`) the next
@@ -193,13 +204,29 @@ impl Replica {
         let log = ChangeLog::connect(&self.settings).await?;
         if !cursor.bootstrap {
             let (first, _) = log.sequences().await?;
-            if cursor.next_sequence < first {
+            let resume_at = cursor.held_from.unwrap_or(cursor.next_sequence);
+            if resume_at < first {
                 tracing::warn!(
-                    next = cursor.next_sequence,
+                    next = resume_at,
                     first,
                     "the stream no longer holds this replica's position; bootstrapping again"
                 );
                 cursor.bootstrap = true;
+            } else if let Some(from) = cursor.held_from {
+                cursor.held_rereads += 1;
+                if cursor.held_rereads > MAX_HELD_REREADS {
+                    tracing::warn!(
+                        from,
+                        sessions = cursor.held_rereads,
+                        "sessions keep ending inside one chunked transaction; bootstrapping again"
+                    );
+                    cursor.bootstrap = true;
+                } else {
+                    tracing::info!(
+                        from,
+                        "reading the chunked transaction a session ended inside again from its first chunk"
+                    );
+                }
             }
         }
         if cursor.bootstrap {
@@ -275,6 +302,7 @@ impl Replica {
         cursor.bootstrap = false;
         cursor.next_sequence = newest.sequence + 1;
         cursor.held_from = None;
+        cursor.held_rereads = 0;
         cursor.applied = None;
         if let Some(asked) = cursor.asked.take() {
             self.status.resnapshot_served(asked);
@@ -422,6 +450,7 @@ impl Replica {
                 cursor.held_from = Some(sequence);
             } else if commit {
                 cursor.held_from = None;
+                cursor.held_rereads = 0;
             }
             if again {
                 continue;
