@@ -302,12 +302,7 @@ async fn stream_messages(nats_url: &str) -> Vec<vacancy_service::FleetMessage> {
 /// shape never holds the stream's payloads).
 pub(crate) async fn change_stream<T>(nats_url: &str, mut each: impl FnMut(&[u8]) -> T) -> Vec<T> {
     use futures_util::StreamExt;
-    let client = async_nats::connect(nats_url).await.expect("nats");
-    let jetstream = async_nats::jetstream::new(client);
-    let mut stream = jetstream
-        .get_stream("VACANCY_CHANGES")
-        .await
-        .expect("the change stream");
+    let mut stream = change_stream_handle(nats_url).await;
     let last = stream
         .info()
         .await
@@ -337,15 +332,18 @@ pub(crate) async fn change_stream<T>(nats_url: &str, mut each: impl FnMut(&[u8])
     all
 }
 
-/// The change stream's last sequence (0 while it is empty).
-pub(crate) async fn change_stream_last_sequence(nats_url: &str) -> u64 {
+async fn change_stream_handle(nats_url: &str) -> async_nats::jetstream::stream::Stream {
     let client = async_nats::connect(nats_url).await.expect("nats");
-    let jetstream = async_nats::jetstream::new(client);
-    let mut stream = jetstream
+    async_nats::jetstream::new(client)
         .get_stream("VACANCY_CHANGES")
         .await
-        .expect("the change stream");
-    stream
+        .expect("the change stream")
+}
+
+/// The change stream's last sequence (0 while it is empty).
+pub(crate) async fn change_stream_last_sequence(nats_url: &str) -> u64 {
+    change_stream_handle(nats_url)
+        .await
         .info()
         .await
         .expect("stream info")

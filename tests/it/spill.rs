@@ -338,14 +338,18 @@ async fn a_transaction_past_the_held_bound_spills_converges_and_leaves_no_file()
     assert_eq!(spill_files(dir), 0);
 }
 
-/// The counter of spilled transactions a `vacancy serve` child reports.
-async fn spilled_by(addr: std::net::SocketAddr) -> u64 {
+/// A metric without labels that a `vacancy serve` child reports, if it does.
+async fn metric_of(addr: std::net::SocketAddr, name: &str) -> Option<u64> {
     let (code, _, text) = crate::api::get(addr, "/metrics").await;
     assert_eq!(code, 200, "{text}");
-    text.lines()
-        .find_map(|l| l.strip_prefix("vacancy_held_spilled_transactions_total "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
+    vacancy_lab::bench::soak::gauge(&text, name, None).map(|v| v as u64)
+}
+
+/// The counter of spilled transactions a `vacancy serve` child reports.
+async fn spilled_by(addr: std::net::SocketAddr) -> u64 {
+    metric_of(addr, "vacancy_held_spilled_transactions_total")
+        .await
+        .unwrap_or(0)
 }
 
 /// What the fleet test checks of one change-stream message: not its
@@ -389,12 +393,8 @@ async fn stream_shapes(nats_url: &str) -> Vec<Shape> {
 
 /// A gauge a `vacancy serve` child reports, in bytes.
 async fn gauge_of(addr: std::net::SocketAddr, name: &str) -> u64 {
-    let (code, _, text) = crate::api::get(addr, "/metrics").await;
-    assert_eq!(code, 200, "{text}");
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map(|v| v as u64)
+    metric_of(addr, name)
+        .await
         .unwrap_or_else(|| panic!("{name} in /metrics"))
 }
 
@@ -739,15 +739,15 @@ async fn a_replica_cut_off_from_nats_inside_a_chunked_transaction_reads_it_again
         ],
     );
     crate::fleet::wait_ready(&replica, Duration::from_secs(60)).await;
-    let progress = |status: serde_json::Value, field: &str| {
-        crate::fleet::fleet_status(&status)["replica"][field]
+    let progress = |status: &serde_json::Value, field: &str| {
+        crate::fleet::fleet_status(status)["replica"][field]
             .as_u64()
             .unwrap_or_else(|| panic!("fleet.replica.{field} in the replica's status"))
     };
     let status = replica.status().await.expect("the replica's status");
     let (bootstraps, before) = (
-        progress(status.clone(), "bootstraps"),
-        progress(status, "next_sequence"),
+        progress(&status, "bootstraps"),
+        progress(&status, "next_sequence"),
     );
 
     client
@@ -760,13 +760,13 @@ async fn a_replica_cut_off_from_nats_inside_a_chunked_transaction_reads_it_again
         Duration::from_secs(60),
         || async {
             let status = replica.status().await?;
-            (progress(status, "next_sequence") >= before + 30).then_some(())
+            (progress(&status, "next_sequence") >= before + 30).then_some(())
         },
     )
     .await;
     link.cut();
     let status = replica.status().await.expect("the replica's status");
-    let read_at_cut = progress(status, "next_sequence") - before;
+    let read_at_cut = progress(&status, "next_sequence") - before;
     // Past the replica's request timeout (5 s here): its next stream
     // request fails and the session ends.
     tokio::time::sleep(Duration::from_secs(7)).await;
@@ -775,7 +775,7 @@ async fn a_replica_cut_off_from_nats_inside_a_chunked_transaction_reads_it_again
     crate::process::assert_binary_converged(&replica, &client).await;
     let status = replica.status().await.expect("the replica's status");
     assert_eq!(
-        progress(status, "bootstraps"),
+        progress(&status, "bootstraps"),
         bootstraps,
         "the replica read the transaction again from its first chunk, without a new bootstrap"
     );

@@ -135,6 +135,14 @@ struct Cursor {
     asked: Option<u64>,
 }
 
+impl Cursor {
+    /// Where the next session reads from: the held transaction's first
+    /// chunk while one is held, else the next message.
+    fn resume_at(&self) -> u64 {
+        self.held_from.unwrap_or(self.next_sequence)
+    }
+}
+
 impl Replica {
     /// Runs sessions until `shutdown`, reconnecting with backoff.
     pub async fn run(self, shutdown: CancellationToken) {
@@ -204,7 +212,7 @@ impl Replica {
         let log = ChangeLog::connect(&self.settings).await?;
         if !cursor.bootstrap {
             let (first, _) = log.sequences().await?;
-            let resume_at = cursor.held_from.unwrap_or(cursor.next_sequence);
+            let resume_at = cursor.resume_at();
             if resume_at < first {
                 tracing::warn!(
                     next = resume_at,
@@ -364,7 +372,7 @@ impl Replica {
             .bounded(stream.create_consumer(pull::OrderedConfig {
                 filter_subject: log.settings.subject.clone(),
                 deliver_policy: DeliverPolicy::ByStartSequence {
-                    start_sequence: cursor.held_from.unwrap_or(cursor.next_sequence).max(1),
+                    start_sequence: cursor.resume_at().max(1),
                 },
                 ..Default::default()
             }))

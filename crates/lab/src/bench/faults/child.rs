@@ -227,13 +227,8 @@ impl Serve {
             Ok(r) => String::from_utf8_lossy(&r.body).into_owned(),
             Err(_) => String::new(),
         };
-        let counter = |name: &str| {
-            scrape
-                .lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-                .and_then(|v| v.trim().parse::<f64>().ok())
-                .map_or(0, |v| v as u64)
-        };
+        let counter =
+            |name: &str| crate::bench::soak::gauge(&scrape, name, None).map_or(0, |v| v as u64);
         super::Spilled {
             transactions: counter("vacancy_held_spilled_transactions_total"),
             bytes: counter("vacancy_held_spilled_bytes_total"),
