@@ -101,6 +101,14 @@ async fn get_json(addr: std::net::SocketAddr, path: &str) -> Value {
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"))
 }
 
+/// Nudges written so far, from `/metrics` (the counter is the process's).
+async fn nudges(addr: std::net::SocketAddr) -> f64 {
+    let (code, _, body) = get(addr, "/metrics").await;
+    assert_eq!(code, 200, "{body}");
+    vacancy_lab::bench::soak::gauge(&body, "vacancy_owner_reads_total{reason=\"nudge\"}", None)
+        .unwrap_or_else(|| panic!("no nudge counter in /metrics"))
+}
+
 fn lsn_of(v: &Value) -> Lsn {
     v.as_str()
         .unwrap_or_else(|| panic!("not an LSN: {v}"))
@@ -246,9 +254,9 @@ async fn a_confirmed_answer_shows_a_write_the_stream_was_holding_back() {
 
 /// An unrelated owner transaction is open, large enough to be streamed in
 /// progress (so no keepalive may move the copy), it wrote WAL after the
-/// last commit, and the heartbeat is off: a bare insert position would not
-/// be reached until some later commit. The confirmed read brings its own
-/// commit, so it answers at once.
+/// last commit, and the heartbeat is off: the insert position the read takes
+/// would not be reached until some later commit. The confirmed read nudges
+/// (its own commit, `search::confirm`), so it answers at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_confirmed_read_does_not_wait_for_a_heartbeat_while_an_unrelated_transaction_is_open() {
     let owner = TestOwner::start_with(ClusterOptions {
@@ -315,9 +323,14 @@ async fn a_confirmed_read_does_not_wait_for_a_heartbeat_while_an_unrelated_trans
         app.model.freshness.applied()
     );
 
+    let nudges_before = nudges(app.addr).await;
     let asked = Instant::now();
     let v = get_json(app.addr, &search_path()).await;
     let took = asked.elapsed();
+    assert!(
+        nudges(app.addr).await > nudges_before,
+        "the copy could not reach the position by itself: the read must have nudged"
+    );
     let t = room_type(&v, 1);
     assert_eq!(t["source"], "confirmed", "{v}");
     assert_eq!(t["free_units"], 1, "{v}");

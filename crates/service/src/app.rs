@@ -121,7 +121,7 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
             hotel_index.clone(),
         )
         .with_stale(stale.clone())
-        .writing_positions_while(match settings.fleet.role {
+        .nudging_while(match settings.fleet.role {
             Role::Standalone => Arc::new(AtomicBool::new(true)),
             Role::Projector => fleet_status.active.clone(),
             Role::Replica => Arc::new(AtomicBool::new(false)),

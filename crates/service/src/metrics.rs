@@ -298,7 +298,7 @@ pub static SEARCH_RESULTS: LazyLock<Histogram> = LazyLock::new(|| {
 pub static OWNER_READS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter_vec(
         "vacancy_owner_reads_total",
-        "Direct reads of the owner database, by reason (few_units, min_lsn, bypass: rows for search; position: a confirmed read's WAL position; ttl, audit; lag: a replica's poll of the owner's WAL position)",
+        "Direct reads of the owner database, by reason (few_units, min_lsn, bypass: rows for search; position: a confirmed read's WAL position; nudge: the logical message a confirmed read writes when the copy is slow to reach its position; ttl, audit; lag: a replica's poll of the owner's WAL position)",
         &["reason"],
     )
 });
@@ -337,6 +337,12 @@ pub static CONFIRMED_READ_WAIT: LazyLock<Histogram> = LazyLock::new(|| {
         vec![
             0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0, 5.0,
         ],
+    )
+});
+pub static CONFIRMED_READ_NUDGED: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "vacancy_confirmed_read_nudged_total",
+        "Confirmed reads whose copy had not reached the owner position within 2 ms, so the node nudged the owner (a logical message; counted in vacancy_owner_reads_total{reason=\"nudge\"} when written) or, when it may not write, kept waiting for the stream",
     )
 });
 pub static CONFIRMED_READ_FALLBACKS: LazyLock<IntCounterVec> = LazyLock::new(|| {
@@ -767,6 +773,7 @@ pub fn init() {
     LazyLock::force(&RUNTIME_ALIVE_TASKS);
     LazyLock::force(&CONFIRMED_READS);
     LazyLock::force(&CONFIRMED_READ_WAIT);
+    LazyLock::force(&CONFIRMED_READ_NUDGED);
     for cause in [
         "position_timeout",
         "position_failed",
@@ -775,7 +782,7 @@ pub fn init() {
     ] {
         CONFIRMED_READ_FALLBACKS.with_label_values(&[cause]);
     }
-    for reason in ["few_units", "min_lsn", "bypass", "position", "lag"] {
+    for reason in ["few_units", "min_lsn", "bypass", "position", "nudge", "lag"] {
         OWNER_READS.with_label_values(&[reason]);
         OWNER_READ_ERRORS.with_label_values(&[reason]);
         OWNER_READ_DURATION.with_label_values(&[reason]);

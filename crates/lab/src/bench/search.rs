@@ -128,8 +128,9 @@ pub struct SearchBenchArgs {
     pub guest_search_threads: Option<usize>,
 }
 
-/// Confirmed reads, their fallbacks, and their waits (sum, count) so far.
-fn confirmed_reads() -> (u64, u64, (f64, u64)) {
+/// Confirmed reads, those that nudged, their fallbacks, and their waits
+/// (sum, count) so far.
+fn confirmed_reads() -> (u64, u64, u64, (f64, u64)) {
     let fallbacks = ["position_timeout", "position_failed", "apply_timeout"]
         .iter()
         .map(|cause| {
@@ -140,6 +141,7 @@ fn confirmed_reads() -> (u64, u64, (f64, u64)) {
         .sum();
     (
         metrics::CONFIRMED_READS.get(),
+        metrics::CONFIRMED_READ_NUDGED.get(),
         fallbacks,
         (
             metrics::CONFIRMED_READ_WAIT.get_sample_sum(),
@@ -166,7 +168,7 @@ impl FreshReadsArg {
 
 /// The owner queries a search makes for its few-unit room types: row reads,
 /// and a confirmed read's position reads (the metric's reasons).
-const FRESH_READ_REASONS: [&str; 2] = ["few_units", "position"];
+const FRESH_READ_REASONS: [&str; 3] = ["few_units", "position", "nudge"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum SearchBenchError {
@@ -771,13 +773,14 @@ async fn drive_vacancy(
     let (reads_after, errors_after, timed_after) = reads();
     let confirmed_after = confirmed_reads();
     if threshold > 0 {
-        let (n, fallbacks, (wait_sum, wait_count)) = confirmed_after;
-        let waits = wait_count - confirmed_before.2.1;
+        let (n, nudged, fallbacks, (wait_sum, wait_count)) = confirmed_after;
+        let waits = wait_count - confirmed_before.3.1;
         eprintln!(
-            "confirmed reads: {} (fallbacks {}), position read to applied: mean {:.2} ms over {waits}",
+            "confirmed reads: {} (nudged {}, fallbacks {}), position read to applied: mean {:.2} ms over {waits}",
             n - confirmed_before.0,
-            fallbacks - confirmed_before.1,
-            (wait_sum - confirmed_before.2.0) * 1e3 / waits.max(1) as f64,
+            nudged - confirmed_before.1,
+            fallbacks - confirmed_before.2,
+            (wait_sum - confirmed_before.3.0) * 1e3 / waits.max(1) as f64,
         );
     }
     let method = if threshold > 0 {

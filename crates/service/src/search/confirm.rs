@@ -10,53 +10,68 @@
 //!
 //! # Which position
 //!
-//! `P` is the end of a *transactional* logical message the position read
-//! writes itself, `pg_logical_emit_message(true, 'vacancy.confirm', '')`,
-//! on a session with `synchronous_commit = local`. Not a bare
-//! `pg_current_wal_insert_lsn()`, and not a non-transactional message,
-//! because of how PostgreSQL 15 moves the copy's applied position:
+//! `P` is `pg_current_wal_insert_lsn()`, read on its own connection after
+//! the search began: a read that writes nothing, needs no xid and costs the
+//! owner one trivial query. It is sound: every commit the guest could have
+//! seen inserted its record below it.
+//!
+//! Whether the copy reaches `P` promptly depends on how PostgreSQL 15 moves
+//! the copy's applied position:
 //!
 //! - The applied position moves at commits, and at keepalives only while no
 //!   transaction is held (`stream::replicate`). A logical walsender decodes
 //!   only WAL that is flushed (`WalSndWaitForWal` waits for the flush
-//!   position), and it pings (a keepalive with its `sentPtr`) only when it
-//!   has caught up with the flush and our reported flush is behind, or once
-//!   per `wal_sender_timeout / 2`.
-//! - So an insert position is reached promptly only if something after it
-//!   is flushed and decoded. WAL of an unrelated transaction still open is
-//!   inserted but not flushed until the WAL writer gets to it
-//!   (`wal_writer_delay`, longer once it hibernates) or some commit flushes
-//!   it; and while a large open transaction is streamed to us in progress,
-//!   no keepalive may advance the copy at all. Either way the copy would
-//!   wait for the next heartbeat.
-//! - A non-transactional message is sent as soon as it is decoded, but in
-//!   PostgreSQL 15 it is not flushed (the `flush` argument came in 17), and
-//!   a transaction without an xid only asks the WAL writer to flush later:
-//!   on an idle 15.20 owner (`wal_writer_delay` 200 ms) its flush position
-//!   passed the message 30 to 155 ms after it was written (8 tries, most
-//!   near 75 ms), against at most 1 ms for a transactional one.
-//! - A transactional message gives its transaction an xid, so its commit
-//!   flushes at once (forced `local`, so a synchronous standby is not
-//!   waited for), which wakes the walsender. Its commit is decoded in WAL
-//!   order, after every earlier commit, and applied like any other commit
-//!   (held in-progress transactions or not), moving the applied position
-//!   past `P`. No heartbeat, no keepalive is needed.
+//!   position), and it pings (a keepalive with its `sentPtr`) when it has
+//!   caught up with the flush and our reported position is behind.
+//! - So on an owner that commits, the next commit decoded after `P` carries
+//!   the copy past it; on an idle owner the copy already stands at the
+//!   walsender's `sentPtr`, which is the flush position, and `P` is there
+//!   too: the wait is nothing. In `vacancy bench search` (an owner idle but
+//!   for the heartbeat), 4 of 104,195 confirmed reads had to nudge; 2,366
+//!   of 90,808 in a run beside autovacuum's WAL (2026-12-06).
+//! - The slow case is WAL inserted but not flushed after the last commit:
+//!   an unrelated transaction still open, a read that pruned a page, an
+//!   asynchronous commit. The walsender cannot see past the flush until the
+//!   WAL writer gets to it (`wal_writer_delay`, longer once it hibernates)
+//!   or some commit flushes it; and while a large open transaction is
+//!   streamed to us in progress, no keepalive may advance the copy at all.
 //!
-//! Cost to the owner: one xid, a ~100-byte WAL record and one local flush
-//! per position read, no row read. Position reads are coalesced: one in
-//! flight at a time serves every search that began before it was sent.
+//! # The nudge, for the slow case
+//!
+//! When the copy has not reached `P` within `NUDGE_AFTER`, a node that may
+//! write to the owner writes a *transactional* logical message,
+//! `pg_logical_emit_message(true, 'vacancy.confirm', '')`, on a session with
+//! `synchronous_commit = local`, and the search keeps waiting for `P`:
+//!
+//! - The message gives its transaction an xid, so its commit flushes at once
+//!   (forced `local`, so a synchronous standby is not waited for), which
+//!   flushes everything below it, `P` included, and wakes the walsender.
+//!   Its commit is decoded in WAL order, after every earlier commit, and
+//!   applied like any other commit (held in-progress transactions or not),
+//!   moving the applied position past `P`. No heartbeat is needed.
+//! - A non-transactional message would not do: in PostgreSQL 15 it is not
+//!   flushed (the `flush` argument came in 17), and a transaction without
+//!   an xid only asks the WAL writer to flush later: on an idle 15.20 owner
+//!   (`wal_writer_delay` 200 ms) its flush position passed the message 30
+//!   to 155 ms after it was written, against at most 1 ms for a
+//!   transactional one.
+//! - Nudges are coalesced like position reads: one serves every waiter
+//!   whose position was read before the nudge was sent (its end is past
+//!   every such position).
+//!
+//! Until 2026-12-07 every position read was such a message. That cost the
+//! owner an xid, a WAL record, a flush and a decode per read, and halved
+//! the default's throughput in `vacancy bench search`; the nudge keeps its
+//! promptness for the case that needs it.
 //!
 //! # On a node that never writes to the owner
 //!
 //! A replica, and a projector standing by, never write to the owner
-//! (`fleet`), so they read `pg_current_wal_insert_lsn()` instead. It is as
-//! sound: every commit the guest could have seen inserted its record below
-//! it. It is prompt only while the owner commits: the copy passes it at the
-//! next published commit (at 1,000 holds/s, within a commit or two) or at a
-//! keepalive advance or heartbeat of the active projector; on an idle owner
-//! the wait may outlast the budget, and the read falls back to the owner's
-//! rows, which is slower but as fresh. Whether this node may write is read
-//! at each position read, since a standby becomes the active projector.
+//! (`fleet`), so they never nudge. Their wait is prompt while the owner
+//! commits (the active projector publishes each commit, and its keepalive
+//! advances and heartbeats); when it is not, the read falls back to the
+//! owner's rows, which is slower but as fresh. Whether this node may write
+//! is read at each nudge, since a standby becomes the active projector.
 //!
 //! # Coalescing
 //!
@@ -73,19 +88,24 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
-use tokio_postgres::Client;
-use tokio_postgres::types::PgLsn;
+use tokio_postgres::{Client, SimpleQueryMessage};
 
 use crate::lsn::Lsn;
 use crate::metrics;
 use crate::owner::{self, OwnerSettings};
 
-/// Written by each position read; its end is the position. The prefix is
-/// ours (`stream::MESSAGE_PREFIX`), so the stream knows it and ignores it.
-const POSITION_SQL: &str = "SELECT pg_logical_emit_message(true, 'vacancy.confirm', '')";
+/// The position: the owner's WAL insert position, read without writing.
+const POSITION_SQL: &str = "SELECT pg_current_wal_insert_lsn()";
 
-/// The read-only position, for a node that never writes to the owner.
-const READ_ONLY_POSITION_SQL: &str = "SELECT pg_current_wal_insert_lsn()";
+/// The nudge, written only when the copy is slow to reach a position (see
+/// the module doc). The prefix is ours (`stream::MESSAGE_PREFIX`), so the
+/// stream knows it and ignores it.
+const NUDGE_SQL: &str = "SELECT pg_logical_emit_message(true, 'vacancy.confirm', '')";
+
+/// How long a search waits for the copy to reach a position before it
+/// nudges. Above a commit's flush and apply on a busy owner (the common
+/// way the copy gets there), far below the WAL writer's 200 ms.
+pub const NUDGE_AFTER: Duration = Duration::from_millis(2);
 
 /// Why a confirmed read gave up (the fallback metric's `cause`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -229,14 +249,17 @@ async fn wait_done<T: Clone>(
     tokio::time::timeout_at(deadline, done).await.ok().flatten()
 }
 
-/// The owner's position for confirmed reads, coalesced, on one connection.
+/// The owner's position for confirmed reads, and the nudge, each coalesced
+/// on a connection of its own (a nudge's flush never delays a position
+/// read queued behind it).
 pub struct Confirmer {
     owner: OwnerSettings,
-    rounds: Coalescer<Result<Lsn, String>>,
-    client: Arc<Mutex<Option<Arc<Client>>>>,
-    /// Whether this node may write the position's logical message: true
-    /// for a standalone node, the active flag for a projector, false for a
-    /// replica.
+    positions: Coalescer<Result<Lsn, String>>,
+    position_client: Arc<Mutex<Option<Arc<Client>>>>,
+    nudges: Coalescer<Result<Lsn, String>>,
+    nudge_client: Arc<Mutex<Option<Arc<Client>>>>,
+    /// Whether this node may write the nudge: true for a standalone node,
+    /// the active flag for a projector, false for a replica.
     writes: Arc<AtomicBool>,
 }
 
@@ -244,14 +267,15 @@ impl Confirmer {
     pub fn new(owner: &OwnerSettings) -> Confirmer {
         Confirmer {
             owner: owner.clone(),
-            rounds: Coalescer::default(),
-            client: Arc::new(Mutex::new(None)),
+            positions: Coalescer::default(),
+            position_client: Arc::new(Mutex::new(None)),
+            nudges: Coalescer::default(),
+            nudge_client: Arc::new(Mutex::new(None)),
             writes: Arc::new(AtomicBool::new(true)),
         }
     }
 
-    /// Writes positions only while `writes` is set, and reads them
-    /// otherwise.
+    /// Nudges only while `writes` is set.
     pub fn writing_while(mut self, writes: Arc<AtomicBool>) -> Confirmer {
         self.writes = writes;
         self
@@ -271,42 +295,78 @@ impl Confirmer {
     ) -> Result<Lsn, ConfirmError> {
         let read = || {
             let owner = self.owner.clone();
-            let client = self.client.clone();
-            let sql = if self.writes.load(Ordering::Acquire) {
-                POSITION_SQL
-            } else {
-                READ_ONLY_POSITION_SQL
-            };
-            async move { read_position(&owner, &client, sql).await }
+            let client = self.position_client.clone();
+            async move { query_owner(&owner, &client, OwnerQuery::Position).await }
         };
-        match self.rounds.get(began, deadline, read).await {
+        match self.positions.get(began, deadline, read).await {
             Some(Ok(lsn)) => Ok(lsn),
             Some(Err(e)) => Err(ConfirmError::PositionFailed(e)),
             None => Err(ConfirmError::PositionTimeout),
         }
     }
+
+    /// Makes the owner flush and the stream carry the copy past every
+    /// position read before `read_at`, if this node may write; `false`
+    /// when it may not, or the nudge failed or did not end by `deadline`
+    /// (the caller keeps waiting for the stream all the same).
+    pub async fn nudge(&self, read_at: Instant, deadline: tokio::time::Instant) -> bool {
+        if !self.writes.load(Ordering::Acquire) {
+            return false;
+        }
+        let write = || {
+            let owner = self.owner.clone();
+            let client = self.nudge_client.clone();
+            async move { query_owner(&owner, &client, OwnerQuery::Nudge).await }
+        };
+        matches!(self.nudges.get(read_at, deadline, write).await, Some(Ok(_)))
+    }
 }
 
-/// One position read, counted like every owner read (`reason="position"`),
-/// bounded by the owner's query timeout so its round always ends.
-async fn read_position(
+/// The two queries a confirmed read sends.
+#[derive(Debug, Clone, Copy)]
+enum OwnerQuery {
+    Position,
+    Nudge,
+}
+
+impl OwnerQuery {
+    fn sql(self) -> &'static str {
+        match self {
+            OwnerQuery::Position => POSITION_SQL,
+            OwnerQuery::Nudge => NUDGE_SQL,
+        }
+    }
+
+    /// The `reason` of the owner-read metrics.
+    fn reason(self) -> &'static str {
+        match self {
+            OwnerQuery::Position => "position",
+            OwnerQuery::Nudge => "nudge",
+        }
+    }
+}
+
+/// One owner query, counted like every owner read, bounded by the owner's
+/// query timeout so its round always ends.
+async fn query_owner(
     owner: &OwnerSettings,
     slot: &Mutex<Option<Arc<Client>>>,
-    sql: &'static str,
+    query: OwnerQuery,
 ) -> Result<Lsn, String> {
-    metrics::OWNER_READS.with_label_values(&["position"]).inc();
+    let reason = query.reason();
+    metrics::OWNER_READS.with_label_values(&[reason]).inc();
     let started = Instant::now();
     let limit = owner.query_timeout();
-    let result = match tokio::time::timeout(limit, query_position(owner, slot, sql)).await {
+    let result = match tokio::time::timeout(limit, query_lsn(owner, slot, query.sql())).await {
         Ok(r) => r,
         Err(_) => Err(format!("no answer within {limit:?}")),
     };
     metrics::OWNER_READ_DURATION
-        .with_label_values(&["position"])
+        .with_label_values(&[reason])
         .observe(started.elapsed().as_secs_f64());
     if result.is_err() {
         metrics::OWNER_READ_ERRORS
-            .with_label_values(&["position"])
+            .with_label_values(&[reason])
             .inc();
         // A connection that failed or hung is not trusted again.
         *slot.lock().unwrap_or_else(|p| p.into_inner()) = None;
@@ -314,7 +374,7 @@ async fn read_position(
     result
 }
 
-async fn query_position(
+async fn query_lsn(
     owner: &OwnerSettings,
     slot: &Mutex<Option<Arc<Client>>>,
     sql: &'static str,
@@ -329,6 +389,7 @@ async fn query_position(
             // Flushed locally at commit whatever the owner's default: an
             // asynchronous commit would leave the walsender waiting for the
             // WAL writer, a synchronous standby would add its round trip.
+            // (Only the nudge commits; the position read writes nothing.)
             c.batch_execute("SET synchronous_commit = local")
                 .await
                 .map_err(|e| e.to_string())?;
@@ -337,12 +398,18 @@ async fn query_position(
             c
         }
     };
-    let row = client
-        .query_one(sql, &[])
-        .await
-        .map_err(|e| e.to_string())?;
-    let lsn: PgLsn = row.try_get(0).map_err(|e| e.to_string())?;
-    Ok(lsn.into())
+    // The simple protocol: one round trip, where an unnamed prepared
+    // statement would take two (parse, then bind and execute).
+    let messages = client.simple_query(sql).await.map_err(|e| e.to_string())?;
+    let text = messages
+        .iter()
+        .find_map(|m| match m {
+            SimpleQueryMessage::Row(row) => row.get(0),
+            _ => None,
+        })
+        .ok_or_else(|| format!("{sql} returned no position"))?;
+    text.parse::<Lsn>()
+        .map_err(|e| format!("{sql} returned {text:?}: {e}"))
 }
 
 /// Time left of a budget that ends at `deadline`.

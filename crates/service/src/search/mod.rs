@@ -337,10 +337,10 @@ impl Search {
         }
     }
 
-    /// Confirmed reads write their position on the owner only while
+    /// Confirmed reads nudge the owner (write a logical message) only while
     /// `writes` is set (`confirm`): a replica's is never set, a projector's
     /// while it is the active one.
-    pub fn writing_positions_while(mut self, writes: Arc<std::sync::atomic::AtomicBool>) -> Search {
+    pub fn nudging_while(mut self, writes: Arc<std::sync::atomic::AtomicBool>) -> Search {
         self.confirmer = self.confirmer.writing_while(writes);
         self
     }
@@ -692,11 +692,24 @@ impl Search {
     ) -> Result<Lsn, ConfirmError> {
         let started = Instant::now();
         let at = self.confirmer.position(asked_at, deadline).await?;
-        self.model
-            .freshness
-            .wait_applied(at, confirm::left(deadline))
+        let read_at = Instant::now();
+        let prompt = deadline.min(tokio::time::Instant::now() + confirm::NUDGE_AFTER);
+        let freshness = &self.model.freshness;
+        if freshness
+            .wait_applied(at, confirm::left(prompt))
             .await
-            .ok_or(ConfirmError::ApplyTimeout(at))?;
+            .is_none()
+        {
+            // Slow to come: WAL unflushed past the last commit, or a held
+            // in-progress transaction. A nudge's commit ends past `at` and
+            // flushes it; a node that may not write waits for the stream.
+            metrics::CONFIRMED_READ_NUDGED.inc();
+            self.confirmer.nudge(read_at, deadline).await;
+            freshness
+                .wait_applied(at, confirm::left(deadline))
+                .await
+                .ok_or(ConfirmError::ApplyTimeout(at))?;
+        }
         // Checked after the wait, which may span a failover's session: an
         // LSN of the new owner's timeline says nothing of an old copy.
         let copy_timeline = self.model.read().timeline;
