@@ -32,7 +32,7 @@ const OWNER_READ_BUDGET: Duration = Duration::from_secs(1);
 const READ_CONNECTIONS: usize = 4;
 /// The hotel the searches find: two units a night, so every shown room
 /// type has few units left and is read from the owner (`fresh_reads =
-/// "rows"`, the default).
+/// "rows"`, set here).
 const HOTEL: i64 = 900;
 const SEARCH_NIGHTS: u64 = 60;
 
@@ -104,6 +104,8 @@ async fn a_path_that_drops_packets_is_noticed_in_bound_and_no_timed_out_connecti
                 "VACANCY_SEARCH__OWNER_READ_TIMEOUT_MS",
                 &OWNER_READ_BUDGET.as_millis().to_string(),
             ),
+            // The row reads' connections are what this test drops.
+            ("VACANCY_SEARCH__FRESH_READS", "rows"),
         ],
     );
     let target = slot::current_wal_lsn(&client)

@@ -332,7 +332,7 @@ async fn ask_copy(app: &App, q: &Question) -> Vec<(i64, Vec<(i64, i64, Option<i6
                 .map(|t| {
                     let free = t["free_units"].as_i64().unwrap();
                     // Few units: confirmed against the owner's position (the default).
-                    let expected_source = if free <= 2 { "owner" } else { "copy" };
+                    let expected_source = if free <= 2 { "confirmed" } else { "copy" };
                     assert_eq!(t["source"], expected_source, "{t}");
                     assert_eq!(t["low_availability"], free <= 2);
                     (

@@ -205,6 +205,9 @@ enum OwnerNights {
     /// The copy's nights, read once it had applied an owner position taken
     /// after the search began.
     Confirmed(Arc<OwnerCalendars>),
+    /// The copy the hotels were read from was already at or past such a
+    /// position: their numbers stand, confirmed. The calendars, sorted.
+    ConfirmedAsCopied(Vec<CalendarKey>),
     /// The read failed; the calendars asked for, sorted.
     Failed(Vec<CalendarKey>),
 }
@@ -425,7 +428,7 @@ impl Search {
         };
         let mut confirmed = None;
         let mut page = self
-            .fill_page(ranked.from_offset, req, asked_at, &mut confirmed)
+            .fill_page(ranked.from_offset, req, asked_at, position, &mut confirmed)
             .await;
         // After the last read that can change what the page shows.
         let owner_position = match position_before {
@@ -534,6 +537,7 @@ impl Search {
         from_offset: Vec<(Rank, HotelNights)>,
         req: &SearchRequest,
         asked_at: Instant,
+        copied: Position,
         confirmed: &mut Option<Lsn>,
     ) -> Page {
         let mut results: Vec<HotelResult> = Vec::with_capacity(req.limit);
@@ -550,7 +554,7 @@ impl Search {
                 break;
             }
             next += taken.len();
-            self.read_few_units(&mut taken, req, asked_at, confirmed)
+            self.read_few_units(&mut taken, req, asked_at, copied, confirmed)
                 .await;
             let before = results.len();
             results.extend(
@@ -576,6 +580,7 @@ impl Search {
         taken: &mut [HotelNights],
         req: &SearchRequest,
         asked_at: Instant,
+        copied: Position,
         confirmed: &mut Option<Lsn>,
     ) {
         let smallest = smallest_room(&req.rooms);
@@ -590,7 +595,7 @@ impl Search {
             .map(|t| t.key)
             .collect();
         for read in self
-            .fresh_nights(few, req.stay, asked_at, confirmed)
+            .fresh_nights(few, req.stay, asked_at, copied, confirmed)
             .await
             .into_iter()
             .flatten()
@@ -605,12 +610,14 @@ impl Search {
     /// rounds, which then need no wait); the owner's rows for hotels the
     /// divergence audit found diverging (a confirmed read trusts the copy),
     /// with `fresh_reads = "rows"`, and as the fallback. The confirmed read
-    /// and its fallback share `owner_read_timeout_ms`.
+    /// and its fallback share `owner_read_timeout_ms`. `copied` is the copy
+    /// the hotels were read from.
     async fn fresh_nights(
         &self,
         keys: Vec<CalendarKey>,
         stay: Stay,
         asked_at: Instant,
+        copied: Position,
         confirmed: &mut Option<Lsn>,
     ) -> [Option<OwnerNights>; 2] {
         if keys.is_empty() {
@@ -629,7 +636,7 @@ impl Search {
             .partition(|k| diverging.contains(&k.hotel_id));
         let (by_rows, by_confirmed) = futures_util::future::join(
             self.owner_nights(rows, stay, Reason::FewUnits, asked_at),
-            self.confirmed_nights(trusted, stay, asked_at, confirmed),
+            self.confirmed_nights(trusted, stay, asked_at, copied, confirmed),
         )
         .await;
         [by_rows, by_confirmed]
@@ -639,11 +646,17 @@ impl Search {
     /// owner's rows within what is left of the one budget: the confirmed
     /// read may take the first half of `owner_read_timeout_ms`, so a
     /// fallback always has the other half.
+    ///
+    /// When the copy the hotels were read from (`copied`) is already at or
+    /// past the confirmed position, its numbers are the confirmed ones and
+    /// are not read again: on an owner that is idle or slow to commit, the
+    /// usual case.
     async fn confirmed_nights(
         &self,
         keys: Vec<CalendarKey>,
         stay: Stay,
         asked_at: Instant,
+        copied: Position,
         confirmed: &mut Option<Lsn>,
     ) -> Option<OwnerNights> {
         if keys.is_empty() {
@@ -660,9 +673,18 @@ impl Search {
             Ok(at) => {
                 *confirmed = Some(at);
                 metrics::CONFIRMED_READS.inc();
-                Some(OwnerNights::Confirmed(Arc::new(
-                    self.copy_nights(&keys, stay),
-                )))
+                // Same timeline as the copy now, which `confirm` checked
+                // against the owner's: an LSN of another says nothing.
+                let timeline = self.model.read().timeline;
+                if copied.lsn >= at && copied == Position::new(timeline, copied.lsn) {
+                    let mut keys = keys;
+                    keys.sort_unstable();
+                    Some(OwnerNights::ConfirmedAsCopied(keys))
+                } else {
+                    Some(OwnerNights::Confirmed(Arc::new(
+                        self.copy_nights(&keys, stay),
+                    )))
+                }
             }
             Err(e) => {
                 metrics::CONFIRMED_READ_FALLBACKS
@@ -940,7 +962,7 @@ impl Search {
                 .map(|t| t.key)
                 .collect();
             for read in self
-                .fresh_nights(few, req.stay, asked_at, &mut confirmed)
+                .fresh_nights(few, req.stay, asked_at, position, &mut confirmed)
                 .await
                 .into_iter()
                 .flatten()
@@ -1081,6 +1103,11 @@ fn apply_owner_nights(hotels: &mut [HotelNights], read: &OwnerNights) {
                         OwnerNights::Confirmed(_) => Source::Confirmed,
                         _ => Source::Owner,
                     };
+                }
+            }
+            OwnerNights::ConfirmedAsCopied(keys) => {
+                if keys.binary_search(&t.key).is_ok() {
+                    t.source = Source::Confirmed;
                 }
             }
             OwnerNights::Failed(keys) => {
