@@ -278,23 +278,51 @@ async fn wait_done<T: Clone>(
 /// read queued behind it).
 pub struct Confirmer {
     owner: OwnerSettings,
-    positions: Coalescer<Result<Lsn, String>>,
-    position_client: Arc<Mutex<Option<Arc<Client>>>>,
-    nudges: Coalescer<Result<Lsn, String>>,
-    nudge_client: Arc<Mutex<Option<Arc<Client>>>>,
+    positions: Lane,
+    nudges: Lane,
     /// Whether this node may write the nudge: true for a standalone node,
     /// the active flag for a projector, false for a replica.
     writes: Arc<AtomicBool>,
+}
+
+/// One owner query, coalesced, on its own connection.
+struct Lane {
+    query: OwnerQuery,
+    rounds: Coalescer<Result<Lsn, String>>,
+    client: Arc<Mutex<Option<Arc<Client>>>>,
+}
+
+impl Lane {
+    fn new(query: OwnerQuery) -> Lane {
+        Lane {
+            query,
+            rounds: Coalescer::default(),
+            client: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    /// The query's answer, sent after `began`; `None` when `deadline`
+    /// passed first.
+    async fn get(
+        &self,
+        owner: &OwnerSettings,
+        began: Instant,
+        deadline: tokio::time::Instant,
+    ) -> Option<Result<Lsn, String>> {
+        let send = || {
+            let (owner, client, query) = (owner.clone(), self.client.clone(), self.query);
+            async move { query_owner(&owner, &client, query).await }
+        };
+        self.rounds.get(began, deadline, send).await
+    }
 }
 
 impl Confirmer {
     pub fn new(owner: &OwnerSettings) -> Confirmer {
         Confirmer {
             owner: owner.clone(),
-            positions: Coalescer::default(),
-            position_client: Arc::new(Mutex::new(None)),
-            nudges: Coalescer::default(),
-            nudge_client: Arc::new(Mutex::new(None)),
+            positions: Lane::new(OwnerQuery::Position),
+            nudges: Lane::new(OwnerQuery::Nudge),
             writes: Arc::new(AtomicBool::new(true)),
         }
     }
@@ -317,12 +345,7 @@ impl Confirmer {
         began: Instant,
         deadline: tokio::time::Instant,
     ) -> Result<Lsn, ConfirmError> {
-        let read = || {
-            let owner = self.owner.clone();
-            let client = self.position_client.clone();
-            async move { query_owner(&owner, &client, OwnerQuery::Position).await }
-        };
-        match self.positions.get(began, deadline, read).await {
+        match self.positions.get(&self.owner, began, deadline).await {
             Some(Ok(lsn)) => Ok(lsn),
             Some(Err(e)) => Err(ConfirmError::PositionFailed(e)),
             None => Err(ConfirmError::PositionTimeout),
@@ -337,12 +360,10 @@ impl Confirmer {
         if !self.writes.load(Ordering::Acquire) {
             return false;
         }
-        let write = || {
-            let owner = self.owner.clone();
-            let client = self.nudge_client.clone();
-            async move { query_owner(&owner, &client, OwnerQuery::Nudge).await }
-        };
-        matches!(self.nudges.get(read_at, deadline, write).await, Some(Ok(_)))
+        matches!(
+            self.nudges.get(&self.owner, read_at, deadline).await,
+            Some(Ok(_))
+        )
     }
 }
 
@@ -476,6 +497,16 @@ mod tests {
         }
     }
 
+    /// A caller that began at `began`, in a task of its own.
+    fn caller(
+        c: &Arc<Coalescer<u64>>,
+        reads: &Arc<Reads>,
+        began: Instant,
+    ) -> tokio::task::JoinHandle<Option<u64>> {
+        let (shared, read) = (c.clone(), reads.read());
+        tokio::spawn(async move { shared.get(began, far(), read).await })
+    }
+
     fn far() -> tokio::time::Instant {
         tokio::time::Instant::now() + Duration::from_secs(10)
     }
@@ -492,18 +523,12 @@ mod tests {
         let c = Arc::new(Coalescer::<u64>::default());
         let reads = Reads::new();
         let began_a = Instant::now();
-        let a = {
-            let (shared, read) = (c.clone(), reads.read());
-            tokio::spawn(async move { shared.get(began_a, far(), read).await })
-        };
+        let a = caller(&c, &reads, began_a);
         settle().await;
         assert_eq!(reads.sent.load(Ordering::SeqCst), 1, "A sent read 1");
         // B begins after read 1 was sent: it must not share it.
         let began_b = Instant::now();
-        let b = {
-            let (shared, read) = (c.clone(), reads.read());
-            tokio::spawn(async move { shared.get(began_b, far(), read).await })
-        };
+        let b = caller(&c, &reads, began_b);
         settle().await;
         assert_eq!(
             reads.sent.load(Ordering::SeqCst),
@@ -530,21 +555,14 @@ mod tests {
     async fn a_caller_that_began_before_the_round_was_sent_joins_it() {
         let c = Arc::new(Coalescer::<u64>::default());
         let reads = Reads::new();
-        let a = {
-            let (shared, read) = (c.clone(), reads.read());
-            let began = Instant::now();
-            tokio::spawn(async move { shared.get(began, far(), read).await })
-        };
+        let a = caller(&c, &reads, Instant::now());
         // A runs: it opens round 1 and hands it to its task, which gives
         // way before sending.
         tokio::task::yield_now().await;
         assert_eq!(reads.sent.load(Ordering::SeqCst), 1);
         // B begins after the round was opened, but before it is sent.
         let began_b = Instant::now();
-        let b = {
-            let (shared, read) = (c.clone(), reads.read());
-            tokio::spawn(async move { shared.get(began_b, far(), read).await })
-        };
+        let b = caller(&c, &reads, began_b);
         settle().await;
         assert_eq!(
             reads.sent.load(Ordering::SeqCst),
@@ -564,10 +582,7 @@ mod tests {
         let began = Instant::now();
         let mut waiters = Vec::new();
         for _ in 0..5 {
-            let (shared, read) = (c.clone(), reads.read());
-            waiters.push(tokio::spawn(
-                async move { shared.get(began, far(), read).await },
-            ));
+            waiters.push(caller(&c, &reads, began));
         }
         settle().await;
         assert_eq!(reads.sent.load(Ordering::SeqCst), 1);
@@ -581,21 +596,12 @@ mod tests {
     async fn a_caller_waiting_out_an_old_read_joins_the_next_one_sent_after_it_began() {
         let c = Arc::new(Coalescer::<u64>::default());
         let reads = Reads::new();
-        let first = {
-            let (shared, read) = (c.clone(), reads.read());
-            let began = Instant::now();
-            tokio::spawn(async move { shared.get(began, far(), read).await })
-        };
+        let first = caller(&c, &reads, Instant::now());
         settle().await;
         // Two callers begin while read 1 is in flight; both outwait it, and
         // the one read sent after that serves them both.
         let began = Instant::now();
-        let late: Vec<_> = (0..2)
-            .map(|_| {
-                let (shared, read) = (c.clone(), reads.read());
-                tokio::spawn(async move { shared.get(began, far(), read).await })
-            })
-            .collect();
+        let late: Vec<_> = (0..2).map(|_| caller(&c, &reads, began)).collect();
         settle().await;
         reads.release.notify_one();
         assert_eq!(first.await.unwrap(), Some(1));
@@ -616,10 +622,7 @@ mod tests {
         // The read it sent is still in flight, sent before the next caller
         // began: that caller outwaits it and takes the read after.
         let began = Instant::now();
-        let next = {
-            let (shared, read) = (c.clone(), reads.read());
-            tokio::spawn(async move { shared.get(began, far(), read).await })
-        };
+        let next = caller(&c, &reads, began);
         settle().await;
         reads.release.notify_one();
         settle().await;
