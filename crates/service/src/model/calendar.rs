@@ -67,6 +67,23 @@ impl Packed {
         })
     }
 
+    /// Whether the night has no owner row.
+    pub(super) fn is_absent(self) -> bool {
+        self.total == ABSENT
+    }
+
+    /// `total - taken`, the units free when no sell limit is set; wrapping,
+    /// since an absent night's is meaningless (its caller checks `is_absent`).
+    pub(super) fn free_without_limit(self) -> i32 {
+        self.total.wrapping_sub(self.taken)
+    }
+
+    /// The price as stored and whether it is null (the stored value is then
+    /// the marker, to be ignored).
+    pub(super) fn price_or_null(self) -> (i32, bool) {
+        (self.price_cents, self.price_cents == NULL)
+    }
+
     pub(super) fn pack(c: NightCounts) -> Option<Packed> {
         c.is_storable().then_some(Packed {
             total: c.total,

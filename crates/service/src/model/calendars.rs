@@ -673,6 +673,53 @@ impl<'a> HotelCalendars<'a> {
         sum
     }
 
+    /// Every column's offer over the `nights` nights from `check_in` on,
+    /// into a caller's vector (cleared first): what `fold_stay_into` with an
+    /// offer accumulator gives, without its generic step. Ranking folds a
+    /// city's every hotel this way, and unpacking each night into a
+    /// `NightCounts` of `Option`s, then matching on them, was a third of
+    /// its time. A row with a sell limit set (rare) takes the full path.
+    /// (Column by column, each accumulator held in registers over the
+    /// stay's rows, measured no better: the fold waits on memory.)
+    pub fn fold_offers_into(&self, check_in: NaiveDate, nights: usize, acc: &mut Vec<StayOffer>) {
+        let b = self.block;
+        acc.clear();
+        acc.resize(b.width(), StayOffer::START);
+        if nights == 0 {
+            acc.iter_mut().for_each(|a| a.absent = true);
+            return;
+        }
+        let start = day(check_in);
+        let mut next_limit = b.first_limit_from(start);
+        for i in 0..nights {
+            let row = start
+                .checked_add(i as i32)
+                .and_then(|d| Some((d, b.row(d)?)));
+            let Some((d, cells)) = row else {
+                acc.iter_mut().for_each(|a| a.absent = true);
+                continue;
+            };
+            while b.limits.get(next_limit).is_some_and(|l| l.0 < d) {
+                next_limit += 1;
+            }
+            if b.limits.get(next_limit).is_some_and(|l| l.0 == d) {
+                // This night's limits, in column order, merged along the row.
+                let mut limits = b.limits[next_limit..]
+                    .iter()
+                    .take_while(|l| l.0 == d)
+                    .peekable();
+                for (col, (a, p)) in acc.iter_mut().zip(cells).enumerate() {
+                    let limit = limits.next_if(|l| l.1 as usize == col).map(|l| l.2);
+                    a.add(p.unpack(limit));
+                }
+            } else {
+                for (a, p) in acc.iter_mut().zip(cells) {
+                    a.add_packed(*p);
+                }
+            }
+        }
+    }
+
     /// `fold_stay` into a caller's vector (cleared first), so a search over
     /// hundreds of hotels reuses one allocation.
     pub fn fold_stay_into<T: Clone>(
@@ -713,6 +760,71 @@ impl<'a> HotelCalendars<'a> {
                 }
                 None => acc.iter_mut().for_each(|a| step(a, None)),
             }
+        }
+    }
+}
+
+/// One room type's stay folded for ranking: the fewest units free and the
+/// stay price, with what rules them out. `HotelCalendars::fold_offers_into`
+/// gives one per column; `offer` is what search ranks by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StayOffer {
+    min_free: i32,
+    price: i64,
+    /// Some night has no row (or the stay has no night).
+    absent: bool,
+    /// Some night has no price: the stay has none.
+    unpriced: bool,
+}
+
+impl StayOffer {
+    const START: StayOffer = StayOffer {
+        min_free: i32::MAX,
+        price: 0,
+        absent: false,
+        unpriced: false,
+    };
+
+    /// The fewest free units and the stay price, or `None` when some night
+    /// has no row or no unit free.
+    pub fn offer(&self) -> Option<(i32, Option<i64>)> {
+        (!self.absent && self.min_free >= 1)
+            .then_some((self.min_free, (!self.unpriced).then_some(self.price)))
+    }
+
+    /// A stay's offer from its nights walked one by one (a stay of no
+    /// night has none).
+    pub fn of_nights(nights: impl Iterator<Item = Option<NightCounts>>) -> StayOffer {
+        let mut acc = StayOffer::START;
+        let mut any = false;
+        for night in nights {
+            acc.add(night);
+            any = true;
+        }
+        acc.absent |= !any;
+        acc
+    }
+
+    /// One night with no sell limit, straight from its stored form, with
+    /// no branch on what it holds.
+    fn add_packed(&mut self, night: Packed) {
+        self.absent |= night.is_absent();
+        self.min_free = self.min_free.min(night.free_without_limit());
+        let (price, unpriced) = night.price_or_null();
+        self.unpriced |= unpriced;
+        self.price = self.price.wrapping_add(i64::from(price));
+    }
+
+    /// One night in full, sell limit included (the rare rows that have one).
+    fn add(&mut self, night: Option<NightCounts>) {
+        let Some(n) = night else {
+            self.absent = true;
+            return;
+        };
+        self.min_free = self.min_free.min(n.free());
+        match n.price_cents {
+            Some(c) => self.price = self.price.wrapping_add(i64::from(c)),
+            None => self.unpriced = true,
         }
     }
 }
@@ -787,6 +899,19 @@ mod tests {
             hotel_id,
             room_type_id,
         }
+    }
+
+    /// The offer of a stay walked night by night, written out plainly:
+    /// the reference `fold_offers_into` is held to.
+    fn offer_of_nights(nights: &[Option<NightCounts>]) -> Option<(i32, Option<i64>)> {
+        let present: Option<Vec<NightCounts>> = nights.iter().copied().collect();
+        let present = present.filter(|p| !p.is_empty())?;
+        let min_free = present.iter().map(|n| n.free()).min()?;
+        let price = present
+            .iter()
+            .map(|n| n.price_cents.map(i64::from))
+            .sum::<Option<i64>>();
+        (min_free >= 1).then_some((min_free, price))
     }
 
     fn counts(total: i32, taken: i32, sell_limit: Option<i32>) -> NightCounts {
@@ -926,7 +1051,12 @@ mod tests {
             for op in ops {
                 match op {
                     Op::Set(h, r, n, t, k, s) => {
-                        let c = counts(t, k, s);
+                        // Some nights unpriced, the others priced apart,
+                        // so a stay's price is a sum that can be wrong.
+                        let c = NightCounts {
+                            price_cents: (k % 5 != 0).then_some(100 + t),
+                            ..counts(t, k, s)
+                        };
                         cals.set(key(h, r), d(n), c).unwrap();
                         map.insert((key(h, r), d(n)), c);
                     }
@@ -970,10 +1100,14 @@ mod tests {
                 prop_assert_eq!(block.base, page_start(block.first));
                 prop_assert_eq!(block.pages.len() as i32, (page_start(block.end - 1) - block.base) / PAGE_ROWS + 1);
                 let hotel = cals.hotel(*h).unwrap();
-                for (from, nights) in [(5, 7), (-3, 5), (0, 1), (18, 3), (36, 10)] {
+                for (from, nights) in [(5, 7), (-3, 5), (0, 1), (18, 3), (36, 10), (5, 0), (-2, 40)] {
                     let folded = hotel.fold_stay(d(from), nights, Vec::new(), |v: &mut Vec<Option<NightCounts>>, n| v.push(n));
-                    for (rt, got) in hotel.room_type_ids().iter().zip(folded) {
+                    let mut offers = Vec::new();
+                    hotel.fold_offers_into(d(from), nights, &mut offers);
+                    prop_assert_eq!(offers.len(), folded.len());
+                    for ((rt, got), offer) in hotel.room_type_ids().iter().zip(folded).zip(&offers) {
                         let walked: Vec<_> = cals.get(&key(*h, *rt)).unwrap().stay(d(from), nights).collect();
+                        prop_assert_eq!(offer.offer(), offer_of_nights(&walked));
                         prop_assert_eq!(got, walked);
                     }
                 }

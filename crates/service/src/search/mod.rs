@@ -35,7 +35,7 @@ use serde::Serialize;
 use crate::index::{HotelIndex, IndexError, Place};
 use crate::lsn::{Lsn, Position};
 use crate::metrics;
-use crate::model::calendars::HotelCalendars;
+use crate::model::calendars::{HotelCalendars, StayOffer};
 use crate::model::room_types::Beds;
 use crate::model::{CalendarKey, Hotel, NightCounts, ReadModel, Tables};
 pub use crate::model::{Source, Stay};
@@ -250,52 +250,7 @@ pub fn offer(nights: &[Option<NightCounts>]) -> Option<(i32, Option<i64>)> {
 
 /// `offer` over any walk of the stay's nights.
 pub fn offer_of(nights: impl Iterator<Item = Option<NightCounts>>) -> Option<(i32, Option<i64>)> {
-    let mut acc = OfferSoFar::default();
-    nights.for_each(|n| acc.add(n));
-    acc.offer()
-}
-
-/// An offer folded night by night, for walks that visit many room types
-/// at once (`HotelCalendars::fold_stay`).
-#[derive(Debug, Clone, Copy)]
-pub struct OfferSoFar {
-    min_free: i32,
-    price: Option<i64>,
-    nights: u32,
-    broken: bool,
-}
-
-impl Default for OfferSoFar {
-    fn default() -> Self {
-        OfferSoFar {
-            min_free: i32::MAX,
-            price: Some(0),
-            nights: 0,
-            broken: false,
-        }
-    }
-}
-
-impl OfferSoFar {
-    pub fn add(&mut self, night: Option<NightCounts>) {
-        self.nights += 1;
-        let Some(n) = night else {
-            self.broken = true;
-            return;
-        };
-        self.min_free = self.min_free.min(n.free());
-        self.price = match (self.price, n.price_cents) {
-            (Some(p), Some(c)) => Some(p + i64::from(c)),
-            _ => None,
-        };
-    }
-
-    /// The fewest free units and the stay price, or `None` when some night
-    /// had no row or no unit free.
-    pub fn offer(&self) -> Option<(i32, Option<i64>)> {
-        (self.nights > 0 && !self.broken && self.min_free >= 1)
-            .then_some((self.min_free, self.price))
-    }
+    StayOffer::of_nights(nights).offer()
 }
 
 /// Whether every room (guests each) fits into the room types, with
@@ -1392,7 +1347,7 @@ fn fold_hotel<'t>(
     t: &'t Tables,
     hotel_id: i64,
     stay: Stay,
-    folded: &mut Vec<OfferSoFar>,
+    folded: &mut Vec<StayOffer>,
 ) -> (Option<HotelCalendars<'t>>, &'t [i64]) {
     let calendars = t.calendars.hotel(hotel_id);
     (calendars, fold_calendars(calendars, stay, folded))
@@ -1403,19 +1358,12 @@ fn fold_hotel<'t>(
 fn fold_calendars<'t>(
     calendars: Option<HotelCalendars<'t>>,
     stay: Stay,
-    folded: &mut Vec<OfferSoFar>,
+    folded: &mut Vec<StayOffer>,
 ) -> &'t [i64] {
     folded.clear();
     match calendars {
         Some(c) => {
-            let nights = stay.len() as usize;
-            c.fold_stay_into(
-                stay.check_in,
-                nights,
-                OfferSoFar::default(),
-                OfferSoFar::add,
-                folded,
-            );
+            c.fold_offers_into(stay.check_in, stay.len() as usize, folded);
             c.room_type_ids()
         }
         None => &[],
@@ -1429,7 +1377,7 @@ fn fold_calendars<'t>(
 fn with_offers<'a>(
     room_types: &'a [Beds],
     columns: &'a [i64],
-    folded: &'a [OfferSoFar],
+    folded: &'a [StayOffer],
     min_guests: i16,
 ) -> impl Iterator<Item = (&'a Beds, Option<(i32, Option<i64>)>)> + Clone + 'a {
     let mut col = 0;
@@ -1459,7 +1407,7 @@ fn rank_in_copy(
     calendars: Option<HotelCalendars<'_>>,
     room_types: &[Beds],
     req: &SearchRequest,
-    folded: &mut Vec<OfferSoFar>,
+    folded: &mut Vec<StayOffer>,
     shown_types: &mut Vec<ShownType>,
 ) -> Option<Rank> {
     let smallest = smallest_room(&req.rooms);
@@ -1488,7 +1436,7 @@ fn read_hotel(
     stay: Stay,
     min_guests: i16,
     offered_only: bool,
-    folded: &mut Vec<OfferSoFar>,
+    folded: &mut Vec<StayOffer>,
 ) -> HotelNights {
     let hotel_id = hotel.id;
     let len = stay.len() as usize;
