@@ -1111,3 +1111,105 @@ async fn a_replica_never_applies_past_a_transaction_the_stream_holds_in_part() {
     );
     drop(nats);
 }
+
+/// A first chunk of an older epoch is dropped, and it must not mark where a
+/// held transaction begins: before, it did, and the next session (after
+/// NATS went away and came back) read the stream again from that chunk,
+/// which after a few such sessions made the replica bootstrap for nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_chunk_of_an_older_epoch_is_not_read_again_after_a_reconnect() {
+    use vacancy_service::{FleetBody, FleetMessage};
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    let mut nats = start_nats().await;
+    let fleet = Fleet::new(&owner, &nats).await;
+    let projector = fleet.projector();
+    wait_ready(&projector, Duration::from_secs(60)).await;
+    let replica = fleet.replica("replica");
+    wait_ready(&replica, Duration::from_secs(60)).await;
+    // Chunked, so the stream holds a chunk to write an older one like.
+    client
+        .batch_execute("UPDATE inventory SET price_cents = price_cents + 1")
+        .await
+        .expect("a large owner transaction");
+    assert_binary_converged(&replica, &client).await;
+    drop(projector); // nothing else publishes from here on
+
+    let published = stream_messages(&fleet.nats_url).await;
+    let chunk = published
+        .iter()
+        .rev()
+        .find(|m| matches!(m.body, FleetBody::Chunk { .. }))
+        .expect("a chunk on the stream")
+        .clone();
+    let older = |seq: u32| -> FleetMessage {
+        let mut m = chunk.clone();
+        m.position.epoch -= 1;
+        m.position.seq = seq;
+        m.body = FleetBody::Chunk {
+            changes: Vec::new(),
+        };
+        m
+    };
+    let first = publish_raw(&fleet.nats_url, older(0)).await;
+    wait_for(
+        "the replica to read the older epoch's first chunk",
+        Duration::from_secs(30),
+        || async { (replica_next_sequence(&replica).await? > first).then_some(()) },
+    )
+    .await;
+
+    // NATS goes away and comes back: the replica's session ends, and the
+    // next one starts where the stream was read to.
+    nats.stop();
+    wait_for(
+        "the replica's session to end",
+        Duration::from_secs(30),
+        || async {
+            let log = std::fs::read_to_string(&replica.log).ok()?;
+            log.contains("replica session ended; reconnecting")
+                .then_some(())
+        },
+    )
+    .await;
+    let nats = tokio::task::spawn_blocking(move || {
+        nats.start_again().expect("nats again");
+        nats
+    })
+    .await
+    .expect("restart task");
+    // Read once the new session is in: a later message of the same epoch.
+    let second = publish_raw(&fleet.nats_url, older(1)).await;
+    wait_for(
+        "the replica's next session to read on",
+        Duration::from_secs(60),
+        || async { (replica_next_sequence(&replica).await? > second).then_some(()) },
+    )
+    .await;
+    let log = std::fs::read_to_string(&replica.log).expect("the replica's log");
+    assert!(
+        !log.contains("reading the chunked transaction a session ended inside again"),
+        "the next session read the stream again from a chunk the replica had dropped"
+    );
+    drop(nats);
+}
+
+/// Stores one message on the change stream as a publisher would; returns
+/// its stream sequence.
+async fn publish_raw(nats_url: &str, message: vacancy_service::FleetMessage) -> u64 {
+    let jetstream = async_nats::jetstream::new(async_nats::connect(nats_url).await.expect("nats"));
+    jetstream
+        .publish("vacancy.changes", message.encode().into())
+        .await
+        .expect("publish")
+        .await
+        .expect("stored")
+        .sequence
+}
+
+/// The change stream's next sequence a replica will apply.
+async fn replica_next_sequence(serve: &Serve) -> Option<u64> {
+    let status = serve.status().await?;
+    fleet_status(&status)["replica"]["next_sequence"].as_u64()
+}

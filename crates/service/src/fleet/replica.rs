@@ -108,6 +108,16 @@ pub struct Replica {
 /// transaction again (`Cursor::held_rereads`) before the replica bootstraps.
 const MAX_HELD_REREADS: u32 = 3;
 
+/// What `Replica::apply` did with a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Applied {
+    /// Applied to the copy, or (a chunk) taken into the assembly.
+    Taken,
+    /// Nothing changed: a repeat, a message of an older epoch, or a
+    /// takeover notice.
+    Dropped,
+}
+
 /// Where a session left off, kept across sessions.
 #[derive(Debug, Default)]
 struct Cursor {
@@ -453,15 +463,24 @@ impl Replica {
             let first_chunk =
                 matches!(decoded.body, Body::Chunk { .. }) && decoded.position.seq == 0;
             let commit = matches!(decoded.body, Body::Commit { .. });
-            self.apply(decoded, &mut assembly, cursor).await?;
-            if first_chunk {
+            let taken = self.apply(decoded, &mut assembly, cursor).await? == Applied::Taken;
+            // Only a first chunk the assembly took marks where a held
+            // transaction begins: one of an older epoch is dropped, and
+            // marking it would have the next session read the stream again
+            // from there for nothing (and, past `MAX_HELD_REREADS`
+            // sessions, bootstrap for nothing).
+            if first_chunk && taken {
                 cursor.held_from = Some(sequence);
             } else if commit {
                 cursor.held_from = None;
                 cursor.held_rereads = 0;
             }
             if again {
+                // Counted when first read.
                 continue;
+            }
+            if taken {
+                metrics::FLEET_MESSAGES_APPLIED.inc();
             }
             cursor.next_sequence = sequence + 1;
             self.model.freshness.note_message(Utc::now());
@@ -475,7 +494,7 @@ impl Replica {
         message: Message,
         assembly: &mut Assembly,
         cursor: &mut Cursor,
-    ) -> Result<(), FleetError> {
+    ) -> Result<Applied, FleetError> {
         let position = message.position;
         if let Body::Takeover { after } = message.body {
             tracing::info!(
@@ -483,7 +502,7 @@ impl Replica {
                 ?after,
                 "a projector took over the change stream"
             );
-            return Ok(());
+            return Ok(Applied::Dropped);
         }
         let epoch = self.model.read().epoch;
         if position.epoch > epoch {
@@ -498,7 +517,7 @@ impl Replica {
         let chunk = matches!(message.body, Body::Chunk { .. });
         if position.epoch < epoch || (!chunk && cursor.applied.is_some_and(|a| position <= a)) {
             metrics::FLEET_MESSAGES_DROPPED.inc();
-            return Ok(());
+            return Ok(Applied::Dropped);
         }
         match message.body {
             Body::Merge { changes } => {
@@ -518,7 +537,7 @@ impl Replica {
                         // middle. Its marker is a repeat.
                         cursor.applied = Some(position);
                         metrics::FLEET_MESSAGES_DROPPED.inc();
-                        return Ok(());
+                        return Ok(Applied::Dropped);
                     }
                     Err(error @ WireError::ChunksMissing { .. }) => {
                         // Chunks the copy never had are missing, though the
@@ -549,8 +568,7 @@ impl Replica {
         if !chunk {
             cursor.applied = Some(position);
         }
-        metrics::FLEET_MESSAGES_APPLIED.inc();
-        Ok(())
+        Ok(Applied::Taken)
     }
 
     /// Who the owner is, as a checkpoint header names it: a replica checks
