@@ -1004,30 +1004,15 @@ async fn a_new_epoch_and_an_operators_ask_bootstrap_a_replica_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_never_applies_past_a_transaction_the_stream_holds_in_part() {
     use vacancy_service::{FleetBody, FleetMessage};
-    let owner = TestOwner::start().await;
-    let client = owner.client().await;
-    load_inventory(&client).await;
-    let nats = start_nats().await;
-    let fleet = Fleet::new(&owner, &nats).await;
-    let projector = fleet.projector();
-    wait_ready(&projector, Duration::from_secs(60)).await;
-    let replica = fleet.replica("replica");
-    wait_ready(&replica, Duration::from_secs(60)).await;
-    // Chunked: the stream then holds a chunk and a marker to write more like.
-    client
-        .batch_execute("UPDATE inventory SET price_cents = price_cents + 1")
-        .await
-        .expect("a large owner transaction");
-    assert_binary_converged(&replica, &client).await;
-    drop(projector); // nothing else publishes from here on
-
-    let published = stream_messages(&fleet.nats_url).await;
-    let chunk = published
-        .iter()
-        .rev()
-        .find(|m| matches!(m.body, FleetBody::Chunk { .. }))
-        .expect("a chunk on the stream")
-        .clone();
+    // The owner is held (not in `..`) so it runs to the end of the test.
+    let ChunkedFleet {
+        _owner,
+        nats,
+        fleet,
+        replica,
+        published,
+        chunk,
+    } = ChunkedFleet::start().await;
     let marker = published
         .iter()
         .rev()
@@ -1119,30 +1104,14 @@ async fn a_replica_never_applies_past_a_transaction_the_stream_holds_in_part() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_chunk_of_an_older_epoch_is_not_read_again_after_a_reconnect() {
     use vacancy_service::{FleetBody, FleetMessage};
-    let owner = TestOwner::start().await;
-    let client = owner.client().await;
-    load_inventory(&client).await;
-    let mut nats = start_nats().await;
-    let fleet = Fleet::new(&owner, &nats).await;
-    let projector = fleet.projector();
-    wait_ready(&projector, Duration::from_secs(60)).await;
-    let replica = fleet.replica("replica");
-    wait_ready(&replica, Duration::from_secs(60)).await;
-    // Chunked, so the stream holds a chunk to write an older one like.
-    client
-        .batch_execute("UPDATE inventory SET price_cents = price_cents + 1")
-        .await
-        .expect("a large owner transaction");
-    assert_binary_converged(&replica, &client).await;
-    drop(projector); // nothing else publishes from here on
-
-    let published = stream_messages(&fleet.nats_url).await;
-    let chunk = published
-        .iter()
-        .rev()
-        .find(|m| matches!(m.body, FleetBody::Chunk { .. }))
-        .expect("a chunk on the stream")
-        .clone();
+    let ChunkedFleet {
+        _owner,
+        mut nats,
+        fleet,
+        replica,
+        chunk,
+        ..
+    } = ChunkedFleet::start().await;
     let older = |seq: u32| -> FleetMessage {
         let mut m = chunk.clone();
         m.position.epoch -= 1;
@@ -1212,4 +1181,54 @@ async fn publish_raw(nats_url: &str, message: vacancy_service::FleetMessage) -> 
 async fn replica_next_sequence(serve: &Serve) -> Option<u64> {
     let status = serve.status().await?;
     fleet_status(&status)["replica"]["next_sequence"].as_u64()
+}
+
+/// A projector and a replica after one chunked owner transaction, the
+/// projector stopped (nothing else publishes from then on), and what the
+/// stream holds: for tests that write more to it as a faulty or older
+/// publisher would.
+struct ChunkedFleet {
+    _owner: TestOwner,
+    nats: NatsServer,
+    fleet: Fleet,
+    replica: Serve,
+    published: Vec<vacancy_service::FleetMessage>,
+    /// The last chunk on the stream, to write more like.
+    chunk: vacancy_service::FleetMessage,
+}
+
+impl ChunkedFleet {
+    async fn start() -> ChunkedFleet {
+        let owner = TestOwner::start().await;
+        let client = owner.client().await;
+        load_inventory(&client).await;
+        let nats = start_nats().await;
+        let fleet = Fleet::new(&owner, &nats).await;
+        let projector = fleet.projector();
+        wait_ready(&projector, Duration::from_secs(60)).await;
+        let replica = fleet.replica("replica");
+        wait_ready(&replica, Duration::from_secs(60)).await;
+        // Large enough to be chunked.
+        client
+            .batch_execute("UPDATE inventory SET price_cents = price_cents + 1")
+            .await
+            .expect("a large owner transaction");
+        assert_binary_converged(&replica, &client).await;
+        drop(projector);
+        let published = stream_messages(&fleet.nats_url).await;
+        let chunk = published
+            .iter()
+            .rev()
+            .find(|m| matches!(m.body, vacancy_service::FleetBody::Chunk { .. }))
+            .expect("a chunk on the stream")
+            .clone();
+        ChunkedFleet {
+            _owner: owner,
+            nats,
+            fleet,
+            replica,
+            published,
+            chunk,
+        }
+    }
 }

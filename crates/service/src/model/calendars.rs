@@ -58,7 +58,7 @@ struct Block {
     pages: Arc<[Arc<[Packed]>]>,
     /// `(day, column, sell_limit)` of the nights whose limit is set, sorted;
     /// shared like the pages, rebuilt when a limit is added or removed.
-    limits: Arc<[(i32, u32, i32)]>,
+    limits: Arc<[SellLimit]>,
 }
 
 impl Default for Block {
@@ -682,39 +682,24 @@ impl<'a> HotelCalendars<'a> {
     /// (Column by column, each accumulator held in registers over the
     /// stay's rows, measured no better: the fold waits on memory.)
     pub fn fold_offers_into(&self, check_in: NaiveDate, nights: usize, acc: &mut Vec<StayOffer>) {
-        let b = self.block;
         acc.clear();
-        acc.resize(b.width(), StayOffer::START);
+        acc.resize(self.block.width(), StayOffer::START);
         if nights == 0 {
             acc.iter_mut().for_each(|a| a.absent = true);
             return;
         }
-        let start = day(check_in);
-        let mut next_limit = b.first_limit_from(start);
-        for i in 0..nights {
-            let row = start
-                .checked_add(i as i32)
-                .and_then(|d| Some((d, b.row(d)?)));
-            let Some((d, cells)) = row else {
-                acc.iter_mut().for_each(|a| a.absent = true);
-                continue;
-            };
-            while b.limits.get(next_limit).is_some_and(|l| l.0 < d) {
-                next_limit += 1;
-            }
-            if b.limits.get(next_limit).is_some_and(|l| l.0 == d) {
-                // This night's limits, in column order, merged along the row.
-                let mut limits = b.limits[next_limit..]
-                    .iter()
-                    .take_while(|l| l.0 == d)
-                    .peekable();
-                for (col, (a, p)) in acc.iter_mut().zip(cells).enumerate() {
-                    let limit = limits.next_if(|l| l.1 as usize == col).map(|l| l.2);
-                    a.add(p.unpack(limit));
+        for row in self.stay_rows(check_in, nights) {
+            match row {
+                None => acc.iter_mut().for_each(|a| a.absent = true),
+                Some((cells, [])) => {
+                    for (a, p) in acc.iter_mut().zip(cells) {
+                        a.add_packed(*p);
+                    }
                 }
-            } else {
-                for (a, p) in acc.iter_mut().zip(cells) {
-                    a.add_packed(*p);
+                Some((cells, limits)) => {
+                    for (a, night) in acc.iter_mut().zip(unpacked(cells, limits)) {
+                        a.add(night);
+                    }
                 }
             }
         }
@@ -730,38 +715,68 @@ impl<'a> HotelCalendars<'a> {
         mut step: impl FnMut(&mut T, Option<NightCounts>),
         acc: &mut Vec<T>,
     ) {
-        let b = self.block;
-        let w = b.width();
         acc.clear();
-        acc.resize(w, init);
-        let start = day(check_in);
-        // The limits are sorted by (day, column) like the rows: one search
-        // for the first night, then a forward walk along with the rows.
-        let mut next_limit = b.first_limit_from(start);
-        for i in 0..nights {
-            let row = start
-                .checked_add(i as i32)
-                .and_then(|d| Some((d, b.row(d)?)));
+        acc.resize(self.block.width(), init);
+        for row in self.stay_rows(check_in, nights) {
             match row {
-                Some((d, cells)) => {
-                    while b.limits.get(next_limit).is_some_and(|l| l.0 < d) {
-                        next_limit += 1;
-                    }
-                    // This night's limits, in column order: merged along
-                    // the row rather than searched for per cell.
-                    let mut limits = b.limits[next_limit..]
-                        .iter()
-                        .take_while(|l| l.0 == d)
-                        .peekable();
-                    for (col, (a, p)) in acc.iter_mut().zip(cells).enumerate() {
-                        let limit = limits.next_if(|l| l.1 as usize == col).map(|l| l.2);
-                        step(a, p.unpack(limit));
+                Some((cells, limits)) => {
+                    for (a, night) in acc.iter_mut().zip(unpacked(cells, limits)) {
+                        step(a, night);
                     }
                 }
                 None => acc.iter_mut().for_each(|a| step(a, None)),
             }
         }
     }
+
+    /// The `nights` rows from `check_in` on, each with the sell limits set
+    /// on its night (sorted by column, usually none), or `None` for a night
+    /// outside the block's span. The limits are sorted by (day, column)
+    /// like the rows: one search for the first night, then a forward walk
+    /// along with the rows.
+    fn stay_rows(
+        &self,
+        check_in: NaiveDate,
+        nights: usize,
+    ) -> impl Iterator<Item = Option<StayRow<'a>>> + use<'a> {
+        let b = self.block;
+        let start = day(check_in);
+        let mut next_limit = b.first_limit_from(start);
+        (0..nights).map(move |i| {
+            let d = start.checked_add(i as i32)?;
+            let cells = b.row(d)?;
+            while b.limits.get(next_limit).is_some_and(|l| l.0 < d) {
+                next_limit += 1;
+            }
+            // A walk, not a search: usually the first limit looked at is
+            // already of a later night.
+            let on_night = b.limits[next_limit..]
+                .iter()
+                .take_while(|l| l.0 == d)
+                .count();
+            Some((cells, &b.limits[next_limit..next_limit + on_night]))
+        })
+    }
+}
+
+/// A sell limit as a block keeps it: `(day, column, sell_limit)`.
+type SellLimit = (i32, u32, i32);
+
+/// One night's row of a stay, with the sell limits set on that night.
+type StayRow<'a> = (&'a [Packed], &'a [SellLimit]);
+
+/// A row's nights in column order, each unpacked with its sell limit
+/// (`limits`: the night's, sorted by column): merged along the row rather
+/// than searched for per cell.
+fn unpacked<'r>(
+    cells: &'r [Packed],
+    limits: &'r [SellLimit],
+) -> impl Iterator<Item = Option<NightCounts>> + 'r {
+    let mut limits = limits.iter().peekable();
+    cells.iter().enumerate().map(move |(col, p)| {
+        let limit = limits.next_if(|l| l.1 as usize == col).map(|l| l.2);
+        p.unpack(limit)
+    })
 }
 
 /// One room type's stay folded for ranking: the fewest units free and the
