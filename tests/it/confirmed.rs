@@ -335,10 +335,11 @@ async fn a_confirmed_read_does_not_wait_for_a_heartbeat_while_an_unrelated_trans
     assert_eq!(t["source"], "confirmed", "{v}");
     assert_eq!(t["free_units"], 1, "{v}");
     assert!(lsn_of(&v["confirmed_lsn"]) >= open_end, "{v}");
-    assert!(
-        took < Duration::from_secs(1),
-        "the confirmed read took {took:?}: it waited for something other than its own commit"
-    );
+    // Nothing but the nudge's own commit could carry the copy past the
+    // position (no heartbeat, the open transaction held): an answer that is
+    // `confirmed`, not a fallback after the 6 s budget, is the proof. How
+    // long it took is printed, not asserted (no timing assertions).
+    println!("the nudged confirmed read took {took:?}");
     unrelated.batch_execute("ROLLBACK").await.unwrap();
     app.stop(Duration::from_secs(5)).await;
 }
