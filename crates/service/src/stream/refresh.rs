@@ -279,8 +279,25 @@ impl Refresh {
         messages: &[OwnMessage],
     ) -> Vec<Vec<Change>> {
         let mut merges: Vec<Vec<Change>> = Vec::new();
+        // The transaction is walked without the windows' lock: a spilled one
+        // is read back from disk (600,000 rows took seconds in a debug
+        // build), and the refresher takes that lock on a runtime thread,
+        // which would stall with every task queued behind it (a checkpoint's
+        // writer takes it too). A window registered during the walk misses
+        // this transaction's nights, which is safe: it registered after the
+        // apply, so its read must see this transaction (the xid mark it
+        // takes after registering includes it; see `run_refresher`).
+        let watched: HashSet<CalendarKey> = self
+            .windows
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .flat_map(|w| w.keys.iter().copied())
+            .collect();
         let mut touched: HashSet<CalendarKey> = HashSet::new();
-        let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
+        // Bounded by the watched calendars' nights, not by the transaction.
+        let mut watched_nights: HashSet<(CalendarKey, NaiveDate)> = HashSet::new();
+        let mut inventory_truncated = false;
         let walked = txn.changes.for_each(|change| {
             let (key, night) = match change {
                 Change::UpsertNight { key, night, .. } | Change::DeleteNight { key, night } => {
@@ -294,31 +311,37 @@ impl Refresh {
                     None,
                 ),
                 Change::Truncate { tables } => {
-                    if tables.contains(&Table::Inventory) {
-                        for w in windows.values_mut() {
-                            w.truncated = true;
-                        }
-                    }
+                    inventory_truncated |= tables.contains(&Table::Inventory);
                     return Ok(());
                 }
                 _ => return Ok(()),
             };
             touched.insert(key);
-            if let Some(night) = night {
-                // From registration, not from the low watermark: see `RereadWindow::changed`.
-                for w in windows.values_mut().filter(|w| w.keys.contains(&key)) {
-                    w.changed.insert((key, night));
-                }
+            if let Some(night) = night
+                && watched.contains(&key)
+            {
+                watched_nights.insert((key, night));
             }
             Ok::<(), crate::model::SpillError>(())
         });
+        let mut windows = self.windows.lock().unwrap_or_else(|p| p.into_inner());
         if let Err(error) = walked {
             // The nights the stream changed are known only in part: no open
             // window may merge over them; they are read again instead.
             tracing::warn!(%error, "cannot read an applied transaction back; open re-read windows are dropped");
-            for w in windows.values_mut() {
-                w.truncated = true;
-            }
+            inventory_truncated = true;
+        }
+        for w in windows.values_mut() {
+            // Windows registered during the walk too: read again, which is
+            // never wrong, only later.
+            w.truncated |= inventory_truncated;
+            // From registration, not from the low watermark: see `RereadWindow::changed`.
+            w.changed.extend(
+                watched_nights
+                    .iter()
+                    .filter(|(key, _)| w.keys.contains(key))
+                    .copied(),
+            );
         }
         for message in messages.iter().filter(|m| m.prefix == WATERMARK_PREFIX) {
             let text = String::from_utf8_lossy(&message.content);
@@ -684,6 +707,24 @@ mod tests {
         );
         let copy = model.read().calendars.get(&key()).unwrap().get(night());
         assert_eq!(copy, Some(taken(2)), "the stream's newer value stays");
+    }
+
+    /// An inventory truncate inside a window: the read may be older than
+    /// every night the stream now holds, so nothing is merged and the
+    /// calendar is queued to be read again.
+    #[test]
+    fn a_truncate_inside_a_window_requeues_it_instead_of_merging() {
+        let truncate = Change::Truncate {
+            tables: vec![Table::Inventory],
+        };
+        let (model, refresh) = window(vec![truncate], 5);
+        assert_eq!(refresh.merged.load(Ordering::Relaxed), 0, "not merged");
+        assert_eq!(refresh.due_len(), 1, "queued again");
+        let calendar = model.read().calendars.get(&key()).map(|c| c.get(night()));
+        assert!(
+            calendar.flatten().is_none(),
+            "the read's row is not put back over the truncate: {calendar:?}"
+        );
     }
 
     /// The safety net still repairs what the stream never delivered.
