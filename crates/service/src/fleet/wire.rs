@@ -475,10 +475,13 @@ impl Assembly {
     }
 
     /// Takes one message; returns a transaction when its commit completes
-    /// one. A first chunk (or a chunk of another LSN) starts over: a
-    /// projector that took over from one that failed mid-transaction sends
-    /// that transaction again from its first chunk. A chunk that is not the
-    /// next one expected is a repeat and is dropped.
+    /// one. Only a first chunk starts over: a projector that took over from
+    /// one that failed mid-transaction sends that transaction again from its
+    /// first chunk. Any other chunk that is not the next one expected of the
+    /// transaction held (a repeat, or a stray of another transaction) is
+    /// dropped and leaves the held one whole: were it to start over, the
+    /// held transaction's marker would find chunks missing and the replica
+    /// would read the stream again for nothing.
     pub async fn push(
         &mut self,
         position: Position,
@@ -486,11 +489,11 @@ impl Assembly {
     ) -> Result<Option<Transaction>, WireError> {
         match body {
             Body::Chunk { changes } => {
-                if self.held_lsn != Some(position.lsn) || position.seq == 0 {
+                if position.seq == 0 {
                     self.reset();
                     self.held_lsn = Some(position.lsn);
                 }
-                if position.seq != self.chunks {
+                if self.held_lsn != Some(position.lsn) || position.seq != self.chunks {
                     return Ok(None);
                 }
                 for change in changes {
@@ -665,6 +668,29 @@ mod tests {
         }
         assert!(chunks > 3);
         assert_eq!(whole, vec![t], "exactly one, complete");
+    }
+
+    /// A stray chunk of another transaction (not its first) between the
+    /// chunks of the one held is dropped; the held one still completes.
+    #[tokio::test]
+    async fn a_stray_chunk_of_another_transaction_leaves_the_held_one_whole() {
+        let t = txn(5_000);
+        let messages = transaction_messages(9, &t, 4096).unwrap();
+        let mut other = txn(5_000);
+        other.end_lsn = Lsn(0x9000);
+        let stray = transaction_messages(9, &other, 4096).unwrap()[2].clone();
+        assert_eq!(stray.position.kind, Kind::Chunk);
+        let mut stream: Vec<Message> = messages[..2].to_vec();
+        stream.push(stray);
+        stream.extend(messages[2..].iter().cloned());
+        let mut assembly = Assembly::new(HeldBudget::unbounded());
+        let mut whole = Vec::new();
+        for m in stream {
+            if let Some(t) = assembly.push(m.position, m.body).await.unwrap() {
+                whole.push(t);
+            }
+        }
+        assert_eq!(whole, vec![t], "the held transaction, complete");
     }
 
     /// A replica with a small bound: the chunks of a large transaction go to
