@@ -193,19 +193,23 @@ impl Refresh {
             })
             .collect();
         let due = self.due.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let reading: Vec<CalendarKey> = self
-            .windows
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .flat_map(|w| w.keys.iter().copied())
-            .collect();
+        let reading: Vec<CalendarKey> = self.keys_being_read();
         for key in due.into_iter().chain(reading) {
             left.insert(key, Duration::ZERO);
         }
         let mut sorted: Vec<(CalendarKey, Duration)> = left.into_iter().collect();
         sorted.sort_unstable_by_key(|(key, _)| *key);
         sorted
+    }
+
+    /// The calendars of every open window (at most a few batches).
+    fn keys_being_read<C: FromIterator<CalendarKey>>(&self) -> C {
+        self.windows
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .flat_map(|w| w.keys.iter().copied())
+            .collect()
     }
 
     /// Calendars waiting for a re-read.
@@ -287,13 +291,7 @@ impl Refresh {
         // this transaction's nights, which is safe: it registered after the
         // apply, so its read must see this transaction (the xid mark it
         // takes after registering includes it; see `run_refresher`).
-        let watched: HashSet<CalendarKey> = self
-            .windows
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .flat_map(|w| w.keys.iter().copied())
-            .collect();
+        let watched: HashSet<CalendarKey> = self.keys_being_read();
         let mut touched: HashSet<CalendarKey> = HashSet::new();
         // Bounded by the watched calendars' nights, not by the transaction.
         let mut watched_nights: HashSet<(CalendarKey, NaiveDate)> = HashSet::new();
