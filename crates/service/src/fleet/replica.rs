@@ -40,10 +40,62 @@ use crate::owner::{self, OwnerSettings};
 use crate::stream::checkpoints::Carried;
 use crate::stream::{StreamStatus, slot};
 
-/// How long a standby taking over may spend applying the rest of the
-/// stream: past it, the projector starts from what the copy holds (the
-/// slot replays the rest, or a copy behind the slot takes a snapshot).
-const HANDOVER_DRAIN: Duration = Duration::from_secs(10);
+/// How long a standby taking over may go without reading a message while
+/// it applies the rest of the stream: past it, the projector starts from
+/// what the copy holds (the slot replays the rest, or a copy behind the
+/// slot takes a snapshot).
+const HANDOVER_DRAIN_IDLE: Duration = Duration::from_secs(10);
+
+/// The longest a standby taking over spends applying the rest of the
+/// stream, however steadily it reads: the replicas wait for the new
+/// projector meanwhile.
+const HANDOVER_DRAIN_MAX: Duration = Duration::from_secs(60);
+
+/// A standby's last stretch of following, once it was handed over: the
+/// stream up to its end as read at the handover, for as long as messages
+/// keep coming (`HANDOVER_DRAIN_IDLE`), within `HANDOVER_DRAIN_MAX`.
+///
+/// Why not one fixed bound: a session that began by reading a chunked
+/// transaction again from its first chunk (`Cursor::held_from`), or a large
+/// transaction's chunks, can take longer than any short bound while
+/// making steady progress, and stopping it then costs the new projector a
+/// snapshot when its copy is behind the slot. Only a stream that stops
+/// delivering, or a drain past the hard bound, ends it early.
+#[derive(Debug, Clone, Copy)]
+struct Drain {
+    /// The stream's last sequence at the handover.
+    end: u64,
+    /// The drain ends here unless a message comes first.
+    idle_until: tokio::time::Instant,
+    /// The drain ends here in any case.
+    until: tokio::time::Instant,
+}
+
+impl Drain {
+    fn new(end: u64, now: tokio::time::Instant) -> Drain {
+        Drain {
+            end,
+            idle_until: now + HANDOVER_DRAIN_IDLE,
+            until: now + HANDOVER_DRAIN_MAX,
+        }
+    }
+
+    /// A message was read (applied, or read again): the stream delivers.
+    fn progressed(&mut self, now: tokio::time::Instant) {
+        self.idle_until = (now + HANDOVER_DRAIN_IDLE).min(self.until);
+    }
+
+    /// When the drain ends if nothing more comes.
+    fn deadline(&self) -> tokio::time::Instant {
+        self.idle_until.min(self.until)
+    }
+
+    /// Whether to stop following: the stream applied past its end as read
+    /// at the handover, or a deadline passed.
+    fn over(&self, next_sequence: u64, now: tokio::time::Instant) -> bool {
+        next_sequence > self.end || now >= self.deadline()
+    }
+}
 
 /// What the replica reports (`/v1/status` `fleet`).
 #[derive(Debug, Default)]
@@ -161,7 +213,7 @@ impl Replica {
 
     /// Follows the stream (bootstrapping first) until `shutdown`, or until
     /// `handover` is cancelled: then it applies the stream up to its end as
-    /// read at that moment (bounded by `HANDOVER_DRAIN`) and returns. A
+    /// read at that moment (while it keeps coming: `Drain`) and returns. A
     /// standby projector follows this way until it takes the slot.
     pub async fn follow(&self, handover: &CancellationToken, shutdown: &CancellationToken) {
         let mut cursor = Cursor {
@@ -397,13 +449,10 @@ impl Replica {
         let mut assembly = Assembly::new(self.held.held_budget());
         let mut stream_end = tokio::time::interval(log.settings.owner_position_interval());
         stream_end.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // Once handed over: the stream's end to apply before returning, and
-        // the latest moment to return anyway.
-        let mut drain: Option<(u64, tokio::time::Instant)> = None;
+        // Once handed over: what is left to apply before returning.
+        let mut drain: Option<Drain> = None;
         loop {
-            if let Some((end, deadline)) = drain
-                && (cursor.next_sequence > end || tokio::time::Instant::now() >= deadline)
-            {
+            if drain.is_some_and(|d| d.over(cursor.next_sequence, tokio::time::Instant::now())) {
                 return Ok(());
             }
             let next = tokio::select! {
@@ -411,10 +460,10 @@ impl Replica {
                 _ = shutdown.cancelled() => return Ok(()),
                 _ = handover.cancelled(), if drain.is_none() => {
                     let (_, end) = log.sequences().await?;
-                    drain = Some((end, tokio::time::Instant::now() + HANDOVER_DRAIN));
+                    drain = Some(Drain::new(end, tokio::time::Instant::now()));
                     continue;
                 }
-                _ = tokio::time::sleep_until(drain.map_or_else(tokio::time::Instant::now, |(_, d)| d)), if drain.is_some() => continue,
+                _ = tokio::time::sleep_until(drain.map_or_else(tokio::time::Instant::now, |d| d.deadline())), if drain.is_some() => continue,
                 _ = stream_end.tick() => {
                     if let Some(asked) = self.status.pending_resnapshot() {
                         return Err(FleetError::BootstrapAsked { asked });
@@ -431,6 +480,9 @@ impl Replica {
                     "the change stream's consumer ended".into(),
                 ));
             };
+            if let Some(d) = drain.as_mut() {
+                d.progressed(tokio::time::Instant::now());
+            }
             let message = next
                 .map_err(|e| FleetError::Nats(format!("consuming {}: {e}", log.settings.stream)))?;
             let sequence = message
@@ -657,5 +709,39 @@ pub async fn run_owner_position(
             }
             Err(_) => client = None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A drain that keeps reading goes on past the idle bound, up to the
+    /// hard one; one that stops reading ends at the idle bound; reaching the
+    /// end read at the handover ends it at once.
+    #[test]
+    fn a_drain_lasts_while_messages_come_within_its_bound() {
+        let start = tokio::time::Instant::now();
+        let second = Duration::from_secs(1);
+        let mut drain = Drain::new(100, start);
+        assert!(!drain.over(90, start));
+        assert!(drain.over(101, start), "past the end read at the handover");
+        assert!(
+            drain.over(90, start + HANDOVER_DRAIN_IDLE),
+            "nothing read for the idle bound"
+        );
+        // A message every second: never idle, so only the hard bound ends it.
+        let mut now = start;
+        while now < start + HANDOVER_DRAIN_MAX - second {
+            now += second;
+            drain.progressed(now);
+            assert!(!drain.over(90, now), "ended at {:?}", now - start);
+        }
+        assert!(
+            now - start > HANDOVER_DRAIN_IDLE,
+            "it went past the idle bound"
+        );
+        assert!(drain.over(90, start + HANDOVER_DRAIN_MAX));
+        assert!(drain.deadline() <= start + HANDOVER_DRAIN_MAX);
     }
 }
