@@ -9,7 +9,7 @@
 //! its changes to a spill file in `stream.spill_dir` and appends there
 //! until its commit. Nothing of it is applied before the commit, and the
 //! committed `Transaction` reads the file as often as it is walked (index,
-//! validation, apply, refresh, feed, the fleet's chunks): `Changes::for_each`
+//! apply, refresh, feed, the fleet's chunks): `Changes::for_each`
 //! opens it again each time, and `Changes::into_walk` takes the changes one
 //! at a time for a walker that awaits between them (the fleet's publisher).
 //!
