@@ -85,9 +85,11 @@ impl Drain {
         self.idle_until = (now + HANDOVER_DRAIN_IDLE).min(self.until);
     }
 
-    /// When the drain ends if nothing more comes.
+    /// When the drain ends if nothing more comes: the idle deadline, which
+    /// `progressed` never moves past the hard one.
     fn deadline(&self) -> tokio::time::Instant {
-        self.idle_until.min(self.until)
+        debug_assert!(self.idle_until <= self.until);
+        self.idle_until
     }
 
     /// Whether to stop following: the stream applied past its end as read
