@@ -35,6 +35,21 @@ pub const RING_NIGHTS: usize = 200_000;
 /// over from a full state" instead of night by night (a bulk load).
 pub const MAX_ITEM_NIGHTS: usize = 20_000;
 
+/// Why `FeedItem::from_transaction`'s walk ended before the last change.
+#[derive(Debug)]
+enum FeedWalkEnd {
+    /// Readers must start over from a full state: nothing more to collect.
+    StartOver,
+    /// The spill file could not be read back.
+    Unreadable(SpillError),
+}
+
+impl From<SpillError> for FeedWalkEnd {
+    fn from(error: SpillError) -> FeedWalkEnd {
+        FeedWalkEnd::Unreadable(error)
+    }
+}
+
 /// One night's new values; `None` when the night was removed (not on sale).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct NightChange {
@@ -77,46 +92,51 @@ impl FeedItem {
     /// nothing a count reader cares about (a heartbeat, a hotel's name).
     pub fn from_transaction(txn: &Transaction) -> Option<FeedItem> {
         let mut resync_hotels = Vec::new();
-        let mut resync_all = false;
         let mut night_changes = 0usize;
-        let counted = txn.changes.for_each(|change| {
+        let mut nights = BTreeMap::new();
+        // One walk, which stops as soon as the item is "start over": a
+        // spilled transaction is read back from disk for each walk, and a
+        // bulk one needs only its first `MAX_ITEM_NIGHTS + 1` nights read
+        // to know it is one. The map is bounded by the same figure.
+        let walked = txn.changes.for_each(|change| {
             match change {
-                Change::UpsertNight { .. } | Change::DeleteNight { .. } => night_changes += 1,
+                Change::UpsertNight { key, night, counts } => {
+                    nights.insert((*key, *night), Some(*counts));
+                    night_changes += 1;
+                }
+                Change::DeleteNight { key, night } => {
+                    nights.insert((*key, *night), None);
+                    night_changes += 1;
+                }
                 Change::UpsertRoomType { room_type, .. } => resync_hotels.push(room_type.hotel_id),
                 Change::DeleteRoomType { hotel_id, .. } => resync_hotels.push(*hotel_id),
                 Change::DeleteHotel { id } => resync_hotels.push(*id),
-                Change::Truncate { tables } => {
-                    resync_all |= tables
+                Change::Truncate { tables }
+                    if tables
                         .iter()
-                        .any(|t| matches!(t, Table::Inventory | Table::RoomTypes));
+                        .any(|t| matches!(t, Table::Inventory | Table::RoomTypes)) =>
+                {
+                    return Err(FeedWalkEnd::StartOver);
                 }
-                Change::UpsertHotel { .. } => {}
+                Change::Truncate { .. } | Change::UpsertHotel { .. } => {}
             }
-            Ok::<(), SpillError>(())
+            if night_changes > MAX_ITEM_NIGHTS {
+                return Err(FeedWalkEnd::StartOver);
+            }
+            Ok(())
         });
-        resync_all |= night_changes > MAX_ITEM_NIGHTS;
-        let mut nights = BTreeMap::new();
-        let listed = if resync_all || counted.is_err() {
-            counted
-        } else {
-            txn.changes.for_each(|change| {
-                match change {
-                    Change::UpsertNight { key, night, counts } => {
-                        nights.insert((*key, *night), Some(*counts));
-                    }
-                    Change::DeleteNight { key, night } => {
-                        nights.insert((*key, *night), None);
-                    }
-                    _ => {}
-                }
-                Ok(())
-            })
+        let resync_all = match walked {
+            Ok(()) => false,
+            Err(FeedWalkEnd::StartOver) => true,
+            Err(FeedWalkEnd::Unreadable(error)) => {
+                // A spill file read in part (the copy has it whole: apply
+                // read it): readers cannot be told which nights, so all
+                // start over.
+                tracing::warn!(%error, "cannot read an applied transaction back for the feed; readers resync");
+                true
+            }
         };
-        if let Err(error) = listed {
-            // A spill file read in part (the copy has it whole: apply read
-            // it): readers cannot be told which nights, so all start over.
-            tracing::warn!(%error, "cannot read an applied transaction back for the feed; readers resync");
-            resync_all = true;
+        if resync_all {
             nights.clear();
         }
         resync_hotels.sort_unstable();
@@ -351,6 +371,37 @@ mod tests {
         let item = FeedItem::from_transaction(&txn(10, bulk)).unwrap();
         assert_eq!(item.resync, Resync::All);
         assert!(item.nights.is_empty());
+        // A truncate of counts or room types ends the walk: start over,
+        // whatever came before it.
+        for table in [Table::Inventory, Table::RoomTypes] {
+            let item = FeedItem::from_transaction(&txn(
+                10,
+                vec![
+                    night(1, 1, 1),
+                    Change::Truncate {
+                        tables: vec![table],
+                    },
+                    night(2, 1, 1),
+                ],
+            ))
+            .unwrap();
+            assert_eq!(item.resync, Resync::All, "{table:?}");
+            assert!(item.nights.is_empty());
+        }
+        // One of hotels alone changes no night a page shows.
+        let item = FeedItem::from_transaction(&txn(
+            10,
+            vec![
+                night(1, 1, 1),
+                Change::Truncate {
+                    tables: vec![Table::Hotels],
+                },
+                night(2, 1, 1),
+            ],
+        ))
+        .unwrap();
+        assert_eq!(item.resync, Resync::None);
+        assert_eq!(item.nights.len(), 2, "the nights after it are listed too");
     }
 
     #[test]
