@@ -214,6 +214,11 @@ impl HotelIndex {
     /// Hotels whose documents must be rewritten because of `txn`. Called
     /// before the transaction is applied (see the module doc).
     pub fn note_transaction(&self, txn: &Transaction) {
+        // Nothing to index in counts alone: a reprice of every night spills
+        // to disk, and this walk would read it all back for nothing.
+        if txn.changes.only_nights() {
+            return;
+        }
         let mut dirty = None;
         let walked = txn.changes.for_each(|change| {
             let id = match change {

@@ -215,6 +215,19 @@ impl Changes {
         }
     }
 
+    /// Whether every change is a night's (an upsert or a removal of one
+    /// inventory row), so a walk that looks only at hotels and room types
+    /// (the index's) need not read a spill file at all. A spilled
+    /// transaction answers from what its writer counted: changes of
+    /// rolled-back subtransactions count too, so it may say no where a walk
+    /// would say yes, never the reverse.
+    pub fn only_nights(&self) -> bool {
+        match &self.repr {
+            Repr::Memory(changes) => changes.iter().all(is_night),
+            Repr::Spilled(file) => file.not_nights == 0,
+        }
+    }
+
     /// Calls `f` with each change in order, reading the spill file again if
     /// there is one; stops at the first error, `f`'s or the file's.
     pub fn for_each<E: From<SpillError>>(
@@ -311,6 +324,9 @@ struct SpillFile {
     /// Subtransactions rolled back after their changes were written.
     aborted: FxHashSet<u32>,
     bytes: u64,
+    /// Records other than nights' (`Changes::only_nights`), rolled back
+    /// ones included.
+    not_nights: u64,
 }
 
 impl SpillFile {
@@ -645,6 +661,13 @@ impl Drop for HeldChanges {
     }
 }
 
+fn is_night(change: &Change) -> bool {
+    matches!(
+        change,
+        Change::UpsertNight { .. } | Change::DeleteNight { .. }
+    )
+}
+
 fn boxed_bytes(change: &Change) -> usize {
     match change {
         Change::UpsertHotel { .. } | Change::UpsertRoomType { .. } => BOXED_ROW_BYTES,
@@ -665,6 +688,7 @@ struct SpillWriter {
     bytes: u64,
     per_sub: HashMap<u32, u64>,
     aborted: FxHashSet<u32>,
+    not_nights: u64,
 }
 
 impl SpillWriter {
@@ -707,6 +731,7 @@ impl SpillWriter {
             bytes: MAGIC.len() as u64,
             per_sub: HashMap::new(),
             aborted: FxHashSet::default(),
+            not_nights: 0,
         })
     }
 
@@ -717,6 +742,7 @@ impl SpillWriter {
         self.block_records += 1;
         self.records += 1;
         self.live += 1;
+        self.not_nights += u64::from(!is_night(change));
         *self.per_sub.entry(sub).or_default() += 1;
         if self.block.len() >= BLOCK_BYTES {
             self.send_block().await?;
@@ -792,6 +818,7 @@ impl SpillWriter {
             live: self.live,
             aborted: self.aborted,
             bytes: self.bytes,
+            not_nights: self.not_nights,
         })
     }
 }
@@ -926,6 +953,36 @@ mod tests {
         assert_eq!(files(dir.path()).len(), 1, "a clone keeps the file");
         drop(copy);
         assert!(files(dir.path()).is_empty(), "the last handle removes it");
+    }
+
+    /// The index skips the walk of a transaction of nights alone; one
+    /// hotel among them, even rolled back, makes it walk.
+    #[tokio::test]
+    async fn only_nights_is_known_without_reading_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mixed, _) = spilled(dir.path(), 3_000).await;
+        assert!(!mixed.only_nights(), "a hotel every 1,000 changes");
+        let budget = HeldBudget::new(4096, dir.path().to_path_buf());
+        let mut nights = HeldChanges::new(budget.clone());
+        let mut rolled_back = HeldChanges::new(budget.clone());
+        for i in 0..3_000 {
+            nights.push(1, night(i)).await.unwrap();
+            rolled_back.push(1, night(i)).await.unwrap();
+        }
+        rolled_back.push(2, hotel(1)).await.unwrap();
+        rolled_back.abort_sub(2);
+        let (nights, rolled_back) = (
+            nights.finish().await.unwrap(),
+            rolled_back.finish().await.unwrap(),
+        );
+        assert!(nights.spilled_bytes().is_some() && rolled_back.spilled_bytes().is_some());
+        assert!(nights.only_nights());
+        assert!(
+            !rolled_back.only_nights(),
+            "counted as written: may say no, never wrongly yes"
+        );
+        assert!(Changes::from(vec![night(1), night(2)]).only_nights());
+        assert!(!Changes::from(vec![night(1), hotel(2)]).only_nights());
     }
 
     #[tokio::test]
