@@ -8,8 +8,9 @@
 //! `HeldBudget`: past `stream.max_held_bytes` the holder that would grow moves
 //! its changes to a spill file in `stream.spill_dir` and appends there
 //! until its commit. Nothing of it is applied before the commit, and the
-//! committed `Transaction` reads the file as often as it is walked (index,
-//! apply, refresh, feed, the fleet's chunks): `Changes::for_each`
+//! committed `Transaction` reads the file as often as it is walked (apply,
+//! refresh, the fleet's chunks; the index only when `Changes::only_nights`
+//! says no; the feed until it knows to start over): `Changes::for_each`
 //! opens it again each time, and `Changes::into_walk` takes the changes one
 //! at a time for a walker that awaits between them (the fleet's publisher).
 //!
