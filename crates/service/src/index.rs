@@ -5,10 +5,14 @@
 //! Only attributes that change rarely live here; nightly counts stay in the
 //! read model and are joined at query time, since updating a document per
 //! hold would make merges fall behind. The projector marks a hotel dirty
-//! *before* it applies a transaction that touches it, and the indexer
-//! re-indexes dirty hotels in batches (one commit per batch, never one per
-//! change) on a blocking thread, so `synced_lsn` is always a position the
-//! index fully reflects.
+//! *before* it applies a transaction that touches it, and again *after*:
+//! the indexer re-indexes dirty hotels in batches (one commit per batch,
+//! never one per change) on a blocking thread, whenever it likes. The mark
+//! before keeps `synced_lsn` a position the index fully reflects (a sync
+//! that reads the applied position past the transaction finds its hotels
+//! marked); the mark after makes sure a sync that took the first mark while
+//! the transaction was still being applied, and so indexed the copy before
+//! it, is followed by one that indexes the copy with it.
 
 use std::collections::HashSet;
 use std::ops::Bound;
@@ -34,6 +38,16 @@ pub enum IndexError {
     Tantivy(#[from] tantivy::TantivyError),
     #[error("the free-text query does not parse: {0}")]
     BadQuery(String),
+}
+
+/// The hotels one transaction changed, as `HotelIndex::note_transaction`
+/// marked them before its apply, to be marked again after it.
+#[derive(Debug, Default)]
+#[must_use = "mark them again once the transaction is applied: HotelIndex::note_applied"]
+pub struct NotedHotels {
+    hotels: HashSet<i64>,
+    /// A truncate of any table, or a transaction that could not be read.
+    rebuild: bool,
 }
 
 /// Where a search looks.
@@ -211,15 +225,16 @@ impl HotelIndex {
         )
     }
 
-    /// Hotels whose documents must be rewritten because of `txn`. Called
-    /// before the transaction is applied (see the module doc).
-    pub fn note_transaction(&self, txn: &Transaction) {
+    /// Marks the hotels whose documents must be rewritten because of `txn`.
+    /// Call it before the transaction is applied, and hand what it returns
+    /// to `note_applied` after (see the module doc for why both).
+    pub fn note_transaction(&self, txn: &Transaction) -> NotedHotels {
+        let mut noted = NotedHotels::default();
         // Nothing to index in counts alone: a reprice of every night spills
         // to disk, and this walk would read it all back for nothing.
         if txn.changes.only_nights() {
-            return;
+            return noted;
         }
-        let mut dirty = None;
         let walked = txn.changes.for_each(|change| {
             let id = match change {
                 Change::UpsertHotel { hotel, .. } => hotel.id,
@@ -227,20 +242,39 @@ impl HotelIndex {
                 Change::UpsertRoomType { room_type, .. } => room_type.hotel_id,
                 Change::DeleteRoomType { hotel_id, .. } => *hotel_id,
                 Change::Truncate { .. } => {
-                    self.rebuild.store(true, Ordering::Release);
+                    noted.rebuild = true;
                     return Ok(());
                 }
                 _ => return Ok(()),
             };
-            dirty
-                .get_or_insert_with(|| self.dirty.lock().unwrap_or_else(|p| p.into_inner()))
-                .insert(id);
+            noted.hotels.insert(id);
             Ok::<(), crate::model::SpillError>(())
         });
         if let Err(error) = walked {
             // A spill file read in part: which hotels changed is unknown, so
             // all are re-indexed (apply, which reads it next, fails alone).
             tracing::warn!(%error, "cannot read a held transaction back; the index is rebuilt");
+            noted.rebuild = true;
+        }
+        self.mark(&noted);
+        noted
+    }
+
+    /// Marks again what `note_transaction` marked, now that the transaction
+    /// is in the copy (or failed to apply, when the marks cost a re-index of
+    /// hotels that did not change).
+    pub fn note_applied(&self, noted: NotedHotels) {
+        self.mark(&noted);
+    }
+
+    fn mark(&self, noted: &NotedHotels) {
+        if !noted.hotels.is_empty() {
+            self.dirty
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .extend(noted.hotels.iter().copied());
+        }
+        if noted.rebuild {
             self.rebuild.store(true, Ordering::Release);
         }
     }
@@ -478,7 +512,7 @@ pub async fn run_indexer(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{Hotel, Unsent};
+    use crate::model::{Hotel, Table, Unsent};
 
     fn hotel(id: i64, city: &str) -> Change {
         Change::UpsertHotel {
@@ -504,8 +538,9 @@ mod tests {
             commit_time: chrono::Utc::now(),
             changes: changes.into(),
         };
-        index.note_transaction(&txn);
+        let noted = index.note_transaction(&txn);
         model.apply(&txn).unwrap();
+        index.note_applied(noted);
         index.sync(model).unwrap();
     }
 
@@ -605,5 +640,59 @@ mod tests {
         index.sync(&model).unwrap();
         let kept = index.candidates(&in_city("porto")).unwrap();
         assert!(Arc::ptr_eq(&after, &kept));
+    }
+
+    /// The indexer runs whenever its tick fires: here between the mark
+    /// before an apply and the apply itself, so that sync indexes the copy
+    /// without the transaction. The mark after the apply must bring it in.
+    #[test]
+    fn a_sync_while_a_transaction_is_applied_loses_none_of_it() {
+        let model = ReadModel::new();
+        let index = HotelIndex::new().unwrap();
+        commit(&model, &index, 10, vec![hotel(1, "Porto")]);
+        let transaction = |lsn: u64, changes: Vec<Change>| Transaction {
+            xid: 2,
+            commit_lsn: Lsn(lsn),
+            end_lsn: Lsn(lsn + 1),
+            commit_time: chrono::Utc::now(),
+            changes: changes.into(),
+        };
+
+        // Hotel 1 moves, hotel 2 opens; the tick lands before the apply.
+        let moved = transaction(20, vec![hotel(1, "Faro"), hotel(2, "Faro")]);
+        let noted = index.note_transaction(&moved);
+        index.sync(&model).unwrap();
+        assert!(
+            index.synced_lsn() < Lsn(21),
+            "a sync before the apply does not claim it"
+        );
+        model.apply(&moved).unwrap();
+        index.note_applied(noted);
+        index.sync(&model).unwrap();
+        assert!(index.synced_lsn() >= Lsn(21));
+        assert_eq!(
+            ids(&index.candidates(&in_city("faro")).unwrap()),
+            vec![1, 2]
+        );
+        assert!(ids(&index.candidates(&in_city("porto")).unwrap()).is_empty());
+
+        // A truncate of hotels and a new one in the same transaction: the
+        // rebuild its mark asks for is asked again after the apply.
+        let truncated = transaction(
+            30,
+            vec![
+                Change::Truncate {
+                    tables: vec![Table::Hotels],
+                },
+                hotel(3, "Porto"),
+            ],
+        );
+        let noted = index.note_transaction(&truncated);
+        index.sync(&model).unwrap();
+        model.apply(&truncated).unwrap();
+        index.note_applied(noted);
+        index.sync(&model).unwrap();
+        assert!(ids(&index.candidates(&in_city("faro")).unwrap()).is_empty());
+        assert_eq!(ids(&index.candidates(&in_city("porto")).unwrap()), vec![3]);
     }
 }

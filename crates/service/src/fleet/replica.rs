@@ -607,8 +607,10 @@ impl Replica {
                     Err(error) => return Err(error.into()),
                 };
                 if let Some(txn) = assembled {
-                    self.index.note_transaction(&txn);
-                    let applied = self.model.apply(&txn)?;
+                    let noted = self.index.note_transaction(&txn);
+                    let applied = self.model.apply(&txn);
+                    self.index.note_applied(noted);
+                    let applied = applied?;
                     if applied.skipped {
                         metrics::TRANSACTIONS_SKIPPED.inc();
                     } else {

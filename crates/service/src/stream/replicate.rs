@@ -922,9 +922,11 @@ impl Projector {
                         return Ok(());
                     };
                     let reserved_at = Instant::now();
-                    self.index.note_transaction(&txn);
+                    let noted = self.index.note_transaction(&txn);
                     let noted_at = Instant::now();
-                    let applied = self.model.apply(&txn)?;
+                    let applied = self.model.apply(&txn);
+                    self.index.note_applied(noted);
+                    let applied = applied?;
                     let applied_at = Instant::now();
                     metrics::APPLY_DURATION.observe((applied_at - noted_at).as_secs_f64());
                     metrics::RECEIVE_TO_APPLY.observe((applied_at - received).as_secs_f64());
