@@ -117,8 +117,15 @@ pub(super) fn day(night: NaiveDate) -> i32 {
     night.num_days_from_ce() - UNIX_EPOCH_DAYS_FROM_CE
 }
 
+/// The date of a day that `day` gave, or that lies between two it gave
+/// (a block's span): a night before 1970 is a negative day, which
+/// `NaiveDate + Days` (unsigned) cannot take.
 pub(super) fn date(day: i32) -> NaiveDate {
-    NaiveDate::default() + chrono::Days::new(day as u64)
+    let date = day
+        .checked_add(UNIX_EPOCH_DAYS_FROM_CE)
+        .and_then(NaiveDate::from_num_days_from_ce_opt);
+    debug_assert!(date.is_some(), "day {day} is no date's");
+    date.unwrap_or(NaiveDate::MIN)
 }
 
 impl Calendar {

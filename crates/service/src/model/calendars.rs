@@ -964,6 +964,32 @@ mod tests {
         );
     }
 
+    /// Nights before 1970 are negative days: stored, and read back by
+    /// every room type of the hotel (a walk of the block's span dates each
+    /// day before it looks at the column).
+    #[test]
+    fn nights_before_1970_read_back() {
+        let mut c = Calendars::default();
+        let old = NaiveDate::from_ymd_opt(1969, 12, 30).unwrap();
+        let older = NaiveDate::from_ymd_opt(1066, 10, 14).unwrap();
+        c.set(key(1, 1), old, counts(5, 1, None)).unwrap();
+        c.set(key(1, 1), older, counts(4, 0, None)).unwrap();
+        c.set(key(1, 2), d(0), counts(3, 0, None)).unwrap();
+        let nights: Vec<_> = c.get(&key(1, 1)).unwrap().iter().collect();
+        assert_eq!(
+            nights,
+            vec![(older, counts(4, 0, None)), (old, counts(5, 1, None))]
+        );
+        assert_eq!(
+            c.get(&key(1, 1)).unwrap().get(old),
+            Some(counts(5, 1, None))
+        );
+        assert_eq!(
+            c.get(&key(1, 2)).unwrap().iter().collect::<Vec<_>>(),
+            vec![(d(0), counts(3, 0, None))]
+        );
+    }
+
     /// A copy shares every page; a write to the copy copies the one page
     /// it changes, so a one-night booking does not copy its hotel's year.
     #[test]
