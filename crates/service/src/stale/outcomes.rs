@@ -513,6 +513,11 @@ impl Ledger {
             attempts: moka::sync::Cache::builder()
                 .max_capacity(s.attempt_capacity)
                 .expire_after(EntryExpiry)
+                // Full, the oldest ids go: moka's default (TinyLFU) admits a
+                // new key only if seen more often than the one it would
+                // evict, so a full cache dropped every new id (each seen
+                // once), the very ones a booking service retries.
+                .eviction_policy(moka::policy::EvictionPolicy::lru())
                 .build(),
             attempt_ttl: s.attempt_ttl,
             attempt_capacity: s.attempt_capacity,
@@ -1282,6 +1287,31 @@ mod tests {
         let mut b = body(key, Source::Copy, 3, outcome);
         b.attempt_id = Some(format!("id-{id}"));
         b.check(key).unwrap()
+    }
+
+    /// Past its capacity the ledger forgets the oldest ids, not the newest:
+    /// a retry of a recent report is still known as one and counted once.
+    #[test]
+    fn a_full_ledger_still_knows_its_newest_ids() {
+        let key = QuoteKey::random();
+        let l = ledger();
+        // Each report is kept to be sent again as it was (its quote was
+        // shown at a time of its own, part of its fingerprint).
+        let reports: Vec<TakeReport> = (0..300)
+            .map(|id| numbered(&key, id, Outcome::Taken))
+            .collect();
+        for report in &reports {
+            assert!(matches!(l.record(report), Ok(Recording::New(_))));
+            l.attempts.run_pending_tasks();
+        }
+        let replayed = reports[250..]
+            .iter()
+            .filter(|report| matches!(l.record(report), Ok(Recording::Replay(_))))
+            .count();
+        assert_eq!(replayed, 50, "the 50 newest ids are remembered");
+        assert_eq!(l.totals().taken, 300, "no retry counted twice");
+        l.attempts.run_pending_tasks();
+        assert!(l.attempts.entry_count() <= 100);
     }
 
     /// A shared ledger counts in stream order: the first report of an id
