@@ -431,7 +431,7 @@ impl Session<'_> {
                     Ok(ack) => {
                         metrics::FLEET_MESSAGES_PUBLISHED.inc();
                         last_id = Some(ready.message_id());
-                        state.note_stored(ready.completes, ack.sequence);
+                        state.note_stored(ready.position.epoch, ready.completes, ack.sequence);
                         state.set_error(None);
                     }
                     Err(error) => {
@@ -536,8 +536,14 @@ impl Stored {
             && position.epoch == stored.epoch
             && position.lsn == stored.lsn;
         if position <= stored && !partly_stored {
-            // Stored by an earlier session (or process): acknowledged.
-            state.note_stored(ready.completes, self.sequence);
+            // Stored by an earlier session (or process): acknowledged. Its
+            // own sequence is not known, only that it is at or below the
+            // stream's end: that end may name a checkpoint ("every message
+            // at or below it is in the copy") only once the copy holds the
+            // last position stored, not while it replays those before it
+            // (a takeover whose drain stopped short of the old holder's end).
+            let sequence = if position == stored { self.sequence } else { 0 };
+            state.note_stored(position.epoch, ready.completes, sequence);
         } else {
             pending.push_back(ready);
         }
@@ -653,6 +659,51 @@ mod tests {
             Some(commit),
             "the file goes once the commit marker is made (one message ahead)"
         );
+    }
+
+    /// A standby that took over replays what the old holder stored: each
+    /// item is acknowledged, but the stream's end names a checkpoint only
+    /// once the copy holds the last position stored.
+    #[test]
+    fn a_replay_of_stored_items_moves_the_sequence_only_at_the_last() {
+        let advance = |lsn| {
+            ItemMessages::new(
+                Outgoing::Advanced {
+                    epoch: 1,
+                    lsn: Lsn(lsn),
+                },
+                4096,
+                1,
+            )
+            .next_ready()
+            .unwrap()
+            .expect("one message")
+        };
+        let stored = Stored {
+            data: Some(wire::advance_message(1, Lsn(0x900)).position),
+            sequence: 100,
+        };
+        let state = OutboxState::default();
+        let mut pending = VecDeque::new();
+        stored
+            .skip_or_keep(advance(0x500), &state, &mut pending)
+            .unwrap();
+        assert!(pending.is_empty(), "stored before: not sent again");
+        assert_eq!(state.stored_lsn(), Lsn(0x500));
+        assert_eq!(state.stored_sequence(), 0, "0x900 is not in the copy yet");
+
+        stored
+            .skip_or_keep(advance(0x900), &state, &mut pending)
+            .unwrap();
+        assert!(pending.is_empty());
+        assert_eq!(state.stored_lsn(), Lsn(0x900));
+        assert_eq!(state.stored_sequence(), 100);
+
+        stored
+            .skip_or_keep(advance(0xa00), &state, &mut pending)
+            .unwrap();
+        assert_eq!(pending.len(), 1, "past the end: sent");
+        assert_eq!(state.stored_sequence(), 100);
     }
 
     #[test]

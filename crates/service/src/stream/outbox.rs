@@ -101,8 +101,9 @@ impl Outbox {
 /// `/v1/status`.
 #[derive(Debug, Default)]
 pub struct OutboxState {
-    /// The LSN of the newest item whose every message is stored.
-    stored_lsn: AtomicU64,
+    /// The LSN of the newest item of the current copy whose every message
+    /// is stored.
+    stored: Mutex<StoredItem>,
     /// The carrier's sequence (JetStream's stream sequence) of the newest
     /// message stored.
     stored_sequence: AtomicU64,
@@ -110,9 +111,36 @@ pub struct OutboxState {
     last_error: Mutex<Option<String>>,
 }
 
+/// The newest item stored, and the copy (epoch) it came from.
+#[derive(Debug, Default, Clone, Copy)]
+struct StoredItem {
+    epoch: u64,
+    lsn: Lsn,
+}
+
 impl OutboxState {
+    /// What the slot may be told, as far as the carrier goes: positions of
+    /// the current copy only. A new copy's positions may lie below the old
+    /// one's (a failover to a standby that lagged starts a timeline lower),
+    /// so an old copy's stored position says nothing of the new one's.
     pub fn stored_lsn(&self) -> Lsn {
-        Lsn(self.stored_lsn.load(Ordering::Acquire))
+        self.stored_item().lsn
+    }
+
+    fn stored_item(&self) -> std::sync::MutexGuard<'_, StoredItem> {
+        self.stored.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The loop swapped in a new copy of `epoch`: nothing of it is stored
+    /// yet. (Epochs only grow, `replicate::next_epoch`.)
+    pub fn copy_replaced(&self, epoch: u64) {
+        let mut stored = self.stored_item();
+        if epoch > stored.epoch {
+            *stored = StoredItem {
+                epoch,
+                lsn: Lsn::ZERO,
+            };
+        }
     }
 
     /// The stream sequence of the newest message stored. Read before a
@@ -122,11 +150,18 @@ impl OutboxState {
         self.stored_sequence.load(Ordering::Acquire)
     }
 
-    /// A message at `sequence` is stored; when it was the last of an item,
-    /// `completes` is that item's LSN.
-    pub fn note_stored(&self, completes: Option<Lsn>, sequence: u64) {
+    /// A message of the copy of `epoch` at `sequence` is stored; when it
+    /// was the last of an item, `completes` is that item's LSN. An older
+    /// copy's items (still in the channel when the copy was replaced) move
+    /// only the sequence.
+    pub fn note_stored(&self, epoch: u64, completes: Option<Lsn>, sequence: u64) {
         if let Some(lsn) = completes {
-            self.stored_lsn.fetch_max(lsn.0, Ordering::AcqRel);
+            let mut stored = self.stored_item();
+            if epoch > stored.epoch {
+                *stored = StoredItem { epoch, lsn };
+            } else if epoch == stored.epoch {
+                stored.lsn = stored.lsn.max(lsn);
+            }
         }
         self.stored_sequence.fetch_max(sequence, Ordering::AcqRel);
     }
@@ -148,5 +183,36 @@ impl OutboxState {
 
     pub fn set_error(&self, error: Option<String>) {
         *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = error;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// After a failover to a standby that lagged, the new copy's positions
+    /// lie below what the old copy had stored: the slot of the new primary
+    /// may be told only what was stored of the new copy.
+    #[tokio::test]
+    async fn a_new_copy_starts_with_nothing_stored_even_below_the_old_position() {
+        let (outbox, _carried) = Outbox::new(4, Duration::from_millis(30));
+        let state = outbox.state();
+        state.note_stored(7, Some(Lsn(0x3_0000_0000)), 42);
+        assert_eq!(outbox.acknowledgeable(), Lsn(0x3_0000_0000));
+
+        state.copy_replaced(8);
+        assert_eq!(outbox.acknowledgeable(), Lsn::ZERO);
+        assert!(!outbox.drained_to(Lsn(0x2_8000_1000)).await);
+        // An old copy's item stored late moves nothing but the sequence.
+        state.note_stored(7, Some(Lsn(0x3_0000_1000)), 43);
+        assert_eq!(outbox.acknowledgeable(), Lsn::ZERO);
+        assert_eq!(state.stored_sequence(), 43);
+
+        state.note_stored(8, Some(Lsn(0x2_8000_1000)), 44);
+        assert_eq!(outbox.acknowledgeable(), Lsn(0x2_8000_1000));
+        assert!(outbox.drained_to(Lsn(0x2_8000_1000)).await);
+        // A replacement by the same or an older epoch changes nothing.
+        state.copy_replaced(8);
+        assert_eq!(outbox.acknowledgeable(), Lsn(0x2_8000_1000));
     }
 }

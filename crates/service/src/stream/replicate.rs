@@ -589,6 +589,9 @@ impl Projector {
             // Until a checkpoint covers the new copy, a restart would take
             // another snapshot and the slot cannot be acknowledged.
             self.checkpoints.copy_replaced();
+            if let Some(outbox) = &self.outbox {
+                outbox.state().copy_replaced(self.model.read().epoch);
+            }
             at
         } else {
             // With checkpoints on, from the newest durable one rather than
