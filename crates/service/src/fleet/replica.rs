@@ -172,6 +172,25 @@ enum Applied {
     Dropped,
 }
 
+/// The checkpoint a bootstrap may load, `newest` in the bucket, or what it
+/// waits for instead: one the stream still continues (its sequence at or
+/// past the stream's `first` kept, less one) and of `epoch_at_least` or
+/// later.
+fn loadable(newest: Option<Stored>, first: u64, epoch_at_least: u64) -> Result<Stored, String> {
+    match newest {
+        None => Err("the projector's first checkpoint".to_string()),
+        Some(stored) if stored.epoch < epoch_at_least => Err(format!(
+            "a checkpoint of the projector's new epoch {epoch_at_least} (the newest, {}, is of an older one)",
+            stored.object_name()
+        )),
+        Some(stored) if stored.sequence + 1 < first => Err(format!(
+            "the newest checkpoint ({}) is older than what the stream keeps (from sequence {first}); waiting for the projector's next one",
+            stored.object_name()
+        )),
+        Some(stored) => Ok(stored),
+    }
+}
+
 /// Where a session left off, kept across sessions.
 #[derive(Debug, Default)]
 struct Cursor {
@@ -197,6 +216,10 @@ struct Cursor {
     /// An operator's resnapshot ask (`POST /v1/admin/resnapshot`) the next
     /// bootstrap answers.
     asked: Option<u64>,
+    /// The oldest epoch a bootstrap may load: the stream's, once it showed
+    /// a newer one than the copy's. An older checkpoint would take the copy
+    /// back and meet the new epoch again, over and over.
+    epoch_at_least: u64,
 }
 
 impl Cursor {
@@ -249,6 +272,7 @@ impl Replica {
                         "the projector started a new epoch; bootstrapping again"
                     );
                     cursor.bootstrap = true;
+                    cursor.epoch_at_least = cursor.epoch_at_least.max(stream);
                     backoff = Duration::from_millis(100);
                     continue;
                 }
@@ -322,13 +346,9 @@ impl Replica {
         let newest = loop {
             let (first, _) = log.sequences().await?;
             let newest = store::list(log).await?.pop();
-            match newest {
-                Some(stored) if stored.sequence + 1 >= first => break stored,
-                Some(stored) => self.waiting(format!(
-                    "the newest checkpoint ({}) is older than what the stream keeps (from sequence {first}); waiting for the projector's next one",
-                    stored.object_name()
-                )),
-                None => self.waiting("the projector's first checkpoint".to_string()),
+            match loadable(newest, first, cursor.epoch_at_least) {
+                Ok(stored) => break stored,
+                Err(waiting_for) => self.waiting(waiting_for),
             }
             tokio::select! {
                 biased;
@@ -719,6 +739,27 @@ pub async fn run_owner_position(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// After the stream showed epoch 9, the newest checkpoint of epoch 8
+    /// is not loaded (it would take the copy back and meet epoch 9 again):
+    /// the replica waits for one of 9, which is newest once written.
+    #[test]
+    fn a_bootstrap_after_a_new_epoch_waits_for_a_checkpoint_of_it() {
+        let stored = |epoch, sequence| Stored {
+            epoch,
+            lsn: Lsn(0x500),
+            sequence,
+        };
+        assert_eq!(loadable(Some(stored(8, 40)), 10, 0), Ok(stored(8, 40)));
+        let waiting = loadable(Some(stored(8, 40)), 10, 9).unwrap_err();
+        assert!(waiting.contains("new epoch 9"), "{waiting}");
+        assert_eq!(loadable(Some(stored(9, 41)), 10, 9), Ok(stored(9, 41)));
+        assert!(
+            loadable(Some(stored(9, 8)), 10, 9).is_err(),
+            "trimmed past it"
+        );
+        assert!(loadable(None, 1, 0).is_err());
+    }
 
     /// A drain that keeps reading goes on past the idle bound, up to the
     /// hard one; one that stops reading ends at the idle bound; reaching the
