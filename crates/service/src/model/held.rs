@@ -184,9 +184,27 @@ impl HeldBudget {
 
 /// A committed transaction's changes: in memory, or in a spill file read
 /// again on every walk. Clones share the file; it is removed with the last.
+/// Changes held in memory stay counted in their budget until the last clone
+/// (or walk) of them goes: a committed transaction may wait in the fleet's
+/// outbox behind a slow publisher, and what it holds there is memory the
+/// bound must see, or the next transactions would not spill.
 #[derive(Clone)]
 pub struct Changes {
     repr: Repr,
+    counted: Option<Arc<CountedBytes>>,
+}
+
+/// Bytes of a committed transaction still in memory, released from the
+/// budget when dropped.
+struct CountedBytes {
+    budget: HeldBudget,
+    bytes: usize,
+}
+
+impl Drop for CountedBytes {
+    fn drop(&mut self) {
+        self.budget.release(self.bytes);
+    }
 }
 
 #[derive(Clone)]
@@ -254,6 +272,7 @@ impl Changes {
     /// walk and every clone are gone.
     pub fn into_walk(self) -> Walk {
         Walk {
+            _counted: self.counted,
             repr: match self.repr {
                 Repr::Memory(changes) => WalkRepr::Memory(changes.into_iter()),
                 Repr::Spilled(file) => WalkRepr::Spilled {
@@ -279,6 +298,7 @@ impl From<Vec<Change>> for Changes {
     fn from(changes: Vec<Change>) -> Changes {
         Changes {
             repr: Repr::Memory(changes),
+            counted: None,
         }
     }
 }
@@ -358,6 +378,8 @@ impl SpillFile {
 /// A committed transaction's changes, one at a time (`Changes::into_walk`).
 pub struct Walk {
     repr: WalkRepr,
+    /// What the changes count in their budget, released with the walk.
+    _counted: Option<Arc<CountedBytes>>,
 }
 
 enum WalkRepr {
@@ -615,15 +637,24 @@ impl HeldChanges {
     pub async fn finish(mut self) -> Result<Changes, SpillError> {
         let state = std::mem::replace(&mut self.state, State::Memory(Vec::new()));
         match state {
-            State::Memory(changes) => Ok(Changes::from(
-                changes.into_iter().map(|(_, c)| c).collect::<Vec<_>>(),
-            )),
+            State::Memory(changes) => {
+                let mut committed =
+                    Changes::from(changes.into_iter().map(|(_, c)| c).collect::<Vec<_>>());
+                // The count moves to the changes: none released by this
+                // holder's drop, all of it by theirs.
+                committed.counted = Some(Arc::new(CountedBytes {
+                    budget: self.budget.clone(),
+                    bytes: std::mem::take(&mut self.counted),
+                }));
+                Ok(committed)
+            }
             State::Spilled(writer) => {
                 let file = writer.finish().await?;
                 metrics::HELD_SPILLED_TRANSACTIONS.inc();
                 metrics::HELD_SPILLED_BYTES.inc_by(file.bytes);
                 Ok(Changes {
                     repr: Repr::Spilled(Arc::new(file)),
+                    counted: None,
                 })
             }
         }
@@ -997,6 +1028,46 @@ mod tests {
         assert_eq!(changes.spilled_bytes(), None);
         assert_eq!(changes.to_vec().unwrap(), vec![night(1)]);
         assert!(files(dir.path()).is_empty());
+        assert!(
+            budget.held_bytes() >= HELD_CHANGE_BYTES,
+            "counted while the committed changes are held"
+        );
+        drop(changes);
+        assert_eq!(budget.held_bytes(), 0);
+    }
+
+    /// Committed transactions waiting to be carried on (the fleet's outbox
+    /// behind a slow publisher) still count: the next one spills once they
+    /// fill the bound, and their count goes with the last clone or walk.
+    #[tokio::test]
+    async fn committed_changes_count_until_their_last_handle_goes() {
+        let dir = tempfile::tempdir().unwrap();
+        let budget = HeldBudget::new(64 * 1024, dir.path().to_path_buf());
+        let mut waiting = Vec::new();
+        for _ in 0..2 {
+            let mut held = HeldChanges::new(budget.clone());
+            for i in 0..300 {
+                held.push(1, night(i)).await.unwrap();
+            }
+            assert!(!held.is_spilled());
+            waiting.push(held.finish().await.unwrap());
+        }
+        let counted = budget.held_bytes();
+        assert!(counted >= 600 * HELD_CHANGE_BYTES, "{counted}");
+        let mut next = HeldChanges::new(budget.clone());
+        for i in 0..300 {
+            next.push(1, night(i)).await.unwrap();
+        }
+        assert!(next.is_spilled(), "the bound sees the committed ones");
+        drop(next);
+
+        let walk = waiting.pop().unwrap().into_walk();
+        let clone = waiting[0].clone();
+        drop(waiting);
+        assert_eq!(budget.held_bytes(), counted, "a walk and a clone hold them");
+        drop(clone);
+        assert!(budget.held_bytes() < counted);
+        drop(walk);
         assert_eq!(budget.held_bytes(), 0);
     }
 
