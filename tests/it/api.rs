@@ -121,6 +121,30 @@ async fn status_calendar_health_and_problems() {
             "/problems/hotel-not-found",
             None,
         ),
+        (
+            "/v1/hotels/%FF/calendar?from=2030-01-01&to=2030-01-02",
+            400,
+            "/problems/invalid-parameter",
+            Some("hotel_id"),
+        ),
+        (
+            "/v1/hotels/%FF/availability?check_in=2030-01-01&check_out=2030-01-02&room=1",
+            400,
+            "/problems/invalid-parameter",
+            Some("hotel_id"),
+        ),
+        (
+            "/v1/hotels/7/calendar?from=2030-01-01&from=2030-01-02&to=2030-01-03",
+            400,
+            "/problems/invalid-parameter",
+            Some("query"),
+        ),
+        (
+            "/v1/hotels/7/events?from=2030-01-01&from=2030-01-02",
+            400,
+            "/problems/invalid-parameter",
+            Some("query"),
+        ),
         ("/nowhere", 404, "/problems/not-found", None),
     ] {
         let (got, headers, body) = get(addr, path).await;
@@ -137,6 +161,36 @@ async fn status_calendar_health_and_problems() {
             assert_eq!(problem["field"], field, "{path}");
         }
     }
+
+    // A path that exists, with a method it does not take.
+    let client = vacancy_lab::http_client::HttpClient::new(addr, Duration::from_secs(10)).unwrap();
+    let wrong_method = client
+        .send(client.request(reqwest::Method::POST, "/v1/search"))
+        .await
+        .unwrap();
+    assert_eq!(wrong_method.status, 405);
+    assert_eq!(
+        wrong_method.header("content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(wrong_method.json()["type"], "/problems/method-not-allowed");
+
+    // Every event stream a node keeps is open: overloaded, not "not ready"
+    // (the copy is ready; a balancer must not take the node out for it).
+    let open = app
+        .model
+        .feed
+        .open_streams
+        .swap(1 << 20, std::sync::atomic::Ordering::AcqRel);
+    let (code, headers, body) = get(addr, "/v1/hotels/7/events").await;
+    app.model
+        .feed
+        .open_streams
+        .store(open, std::sync::atomic::Ordering::Release);
+    assert_eq!(code, 503, "{body}");
+    assert!(header(&headers, "retry-after").is_some());
+    let problem: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(problem["type"], "/problems/overloaded");
 
     let (code, _, doc) = get(addr, "/openapi.json").await;
     assert_eq!(code, 200);

@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -27,7 +28,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast::error::RecvError;
 
-use super::{ApiState, Problem};
+use super::{ApiState, Problem, problem};
 use crate::lsn::{Lsn, Position};
 use crate::model::feed::{FeedItem, NightChange};
 use crate::model::{CalendarKey, NightCounts, ReadModel};
@@ -194,14 +195,12 @@ impl Drop for StreamSlot {
     ))]
 pub async fn hotel_events(
     State(state): State<ApiState>,
-    Path(hotel_id): Path<String>,
-    Query(q): Query<NightRangeQuery>,
+    hotel_id: Result<Path<String>, PathRejection>,
+    q: Result<Query<NightRangeQuery>, QueryRejection>,
     headers: HeaderMap,
 ) -> Result<Response, Problem> {
-    let hotel_id: i64 = hotel_id.parse().map_err(|_| Problem::InvalidParameter {
-        field: "hotel_id",
-        detail: "must be an integer".into(),
-    })?;
+    let hotel_id = problem::hotel_id(hotel_id)?;
+    let q = problem::query(q)?;
     let window = NightRange::parse(&q)?;
     let model = state.model.clone();
     if !model.freshness.is_loaded() {
@@ -214,8 +213,9 @@ pub async fn hotel_events(
     }
     if model.feed.open_streams.fetch_add(1, Ordering::AcqRel) >= MAX_STREAMS {
         model.feed.open_streams.fetch_sub(1, Ordering::AcqRel);
-        return Err(Problem::NotReady {
-            reason: format!("{MAX_STREAMS} event streams are open; try again later"),
+        return Err(Problem::Overloaded {
+            setting: "the event streams a node keeps open (fixed)",
+            max_in_flight: MAX_STREAMS,
         });
     }
     let slot = StreamSlot(model.clone());

@@ -2,6 +2,7 @@
 //! answered from the copy with the LSN and lag they reflect.
 
 use axum::Json;
+use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderValue, header};
 use axum::response::{IntoResponse, Response};
@@ -9,7 +10,7 @@ use chrono::Utc;
 use serde::Serialize;
 
 use super::problem::ProblemBody;
-use super::{ApiSettings, ApiState, Problem};
+use super::{ApiSettings, ApiState, Problem, problem};
 use crate::lsn::Lsn;
 use crate::metrics;
 use crate::search::WhenLagging;
@@ -125,13 +126,10 @@ pub(super) async fn search(
     ))]
 pub(super) async fn availability(
     State(state): State<ApiState>,
-    Path(hotel_id): Path<String>,
+    hotel_id: Result<Path<String>, PathRejection>,
     RawQuery(query): RawQuery,
 ) -> Result<Response, Problem> {
-    let hotel_id: i64 = hotel_id.parse().map_err(|_| Problem::InvalidParameter {
-        field: "hotel_id",
-        detail: "must be an integer".into(),
-    })?;
+    let hotel_id = problem::hotel_id(hotel_id)?;
     let req =
         params::parse_availability(query.as_deref().unwrap_or(""), stay_rules(&state.settings))?;
     let lagging = search_ready(&state)?;

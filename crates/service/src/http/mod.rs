@@ -168,6 +168,7 @@ pub fn router(
         .merge(booking_routes)
         .merge(page::router())
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         // Every route: no body read past this (take-outcomes sets its own
         // above, which wins), no query string past max_query_bytes.
         .layer(DefaultBodyLimit::max(http.max_body_bytes))
@@ -184,6 +185,10 @@ pub fn router(
         None => router,
     };
     Ok(router.with_state(state))
+}
+
+async fn method_not_allowed() -> Problem {
+    Problem::MethodNotAllowed
 }
 
 async fn not_found() -> Problem {

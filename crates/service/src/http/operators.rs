@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use axum::Json;
+use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -12,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::access::ClientLimiter;
 use super::problem::ProblemBody;
-use super::{ApiState, Problem};
+use super::{ApiState, Problem, problem};
 use crate::lsn::Lsn;
 use crate::metrics;
 use crate::model::{NightCounts, ReadModel};
@@ -401,13 +402,11 @@ const MAX_CALENDAR_DAYS: i64 = 800;
     ))]
 pub(super) async fn calendar(
     State(state): State<ApiState>,
-    Path(hotel_id): Path<String>,
-    Query(q): Query<CalendarQuery>,
+    hotel_id: Result<Path<String>, PathRejection>,
+    q: Result<Query<CalendarQuery>, QueryRejection>,
 ) -> Result<Response, Problem> {
-    let hotel_id: i64 = hotel_id.parse().map_err(|_| Problem::InvalidParameter {
-        field: "hotel_id",
-        detail: "must be an integer".into(),
-    })?;
+    let hotel_id = problem::hotel_id(hotel_id)?;
+    let q = problem::query(q)?;
     let from = date_param("from", q.from.as_deref())?;
     let to = date_param("to", q.to.as_deref())?;
     if to <= from {

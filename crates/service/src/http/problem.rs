@@ -7,7 +7,12 @@ use axum::response::{IntoResponse, Response};
 use problem_details::ProblemDetails;
 use serde::Serialize;
 
+use axum::extract::Path;
+use axum::extract::Query;
+use axum::extract::rejection::{PathRejection, QueryRejection};
+
 use crate::fleet::outcomes::OutcomeError;
+use crate::index::IndexError;
 use crate::search::SearchError;
 use crate::search::params::ParamError;
 use crate::stale::outcomes::ReportError;
@@ -71,6 +76,32 @@ pub enum Problem {
     TimelineChanged {
         detail: String,
     },
+    /// The path exists, not for this method (`POST /v1/search`).
+    MethodNotAllowed,
+}
+
+/// The `{hotel_id}` of a route's path, an integer, or the problem: a path
+/// segment that is not UTF-8 is refused by axum before any handler, with a
+/// plain-text answer unless mapped here.
+pub(super) fn hotel_id(path: Result<Path<String>, PathRejection>) -> Result<i64, Problem> {
+    let invalid = |detail: String| Problem::InvalidParameter {
+        field: "hotel_id",
+        detail,
+    };
+    let Path(text) = path.map_err(|rejection| invalid(rejection.body_text()))?;
+    text.parse()
+        .map_err(|_| invalid("must be an integer".to_string()))
+}
+
+/// A route's query string as its fields, or the problem (a field given
+/// twice, one of the wrong kind): axum's own answer is plain text.
+pub(super) fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, Problem> {
+    query
+        .map(|Query(fields)| fields)
+        .map_err(|rejection| Problem::InvalidParameter {
+            field: "query",
+            detail: rejection.body_text(),
+        })
 }
 
 impl Problem {
@@ -177,6 +208,12 @@ impl Problem {
                 "The fleet's take-outcome stream is unavailable; the report was not counted here",
                 format!("{detail}; send the same report again"),
             ),
+            Problem::MethodNotAllowed => (
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "This path does not take this method",
+                "see /openapi.json for the methods each path takes".to_string(),
+            ),
             Problem::TimelineChanged { detail } => (
                 StatusCode::CONFLICT,
                 "timeline-changed",
@@ -248,10 +285,14 @@ impl From<SearchError> for Problem {
     fn from(e: SearchError) -> Problem {
         match e {
             SearchError::HotelNotFound(id) => Problem::HotelNotFound(id),
-            SearchError::Index(e) => Problem::InvalidParameter {
-                field: "q",
-                detail: e.to_string(),
-            },
+            SearchError::Index(IndexError::BadQuery(detail)) => {
+                Problem::InvalidParameter { field: "q", detail }
+            }
+            // The index itself failed: nothing the client sent explains it.
+            SearchError::Index(error @ IndexError::Tantivy(_)) => {
+                tracing::error!(%error, "search index failed");
+                Problem::Internal
+            }
             old @ SearchError::OldTimeline { .. } => Problem::TimelineChanged {
                 detail: old.to_string(),
             },
@@ -295,4 +336,24 @@ pub(super) struct ProblemBody {
     detail: String,
     /// The offending parameter, for `/problems/invalid-parameter`.
     field: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A free-text query the index refuses is the client's; the index
+    /// failing is not, and is never blamed on `q`.
+    #[test]
+    fn an_index_failure_is_internal_and_a_bad_query_is_the_clients() {
+        let failed = Problem::from(SearchError::Index(IndexError::Tantivy(
+            tantivy::TantivyError::InternalError("segment gone".into()),
+        )));
+        assert_eq!(
+            failed.into_response().status(),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+        let bad = Problem::from(SearchError::Index(IndexError::BadQuery("blank".into())));
+        assert!(matches!(bad, Problem::InvalidParameter { field: "q", .. }));
+    }
 }
