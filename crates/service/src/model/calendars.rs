@@ -196,10 +196,15 @@ impl Block {
     fn relayout(&mut self, new_width: usize, keep: impl Fn(usize) -> Option<usize>) {
         let old_width = self.width();
         let rows = PAGE_ROWS as usize;
+        let empty = Block::empty_page(new_width);
         self.pages = self
             .pages
             .iter()
             .map(|page| {
+                // Empty pages stay one shared page (see `ensure_day`).
+                if page.iter().all(|p| p.total == ABSENT) {
+                    return empty.clone();
+                }
                 let mut cells = Vec::with_capacity(rows * new_width);
                 for r in 0..rows {
                     cells.extend((0..new_width).map(|col| {
@@ -265,12 +270,14 @@ impl Block {
             .unwrap_or(0)
             .saturating_sub(self.pages.len());
         if before > 0 || after > 0 {
+            // The pages between the old span and `d` are one shared empty
+            // page, copied only when written (`row_mut`): one night far from
+            // the rest (an owner's 9999-12-31) costs a pointer per page of
+            // the gap, not a page per 16 days of it for every room type.
+            let empty = Block::empty_page(w);
             self.pages = rebuilt(&self.pages, |pages| {
-                pages.splice(
-                    0..0,
-                    std::iter::repeat_with(|| Block::empty_page(w)).take(before),
-                );
-                pages.extend(std::iter::repeat_with(|| Block::empty_page(w)).take(after));
+                pages.splice(0..0, std::iter::repeat_n(empty.clone(), before));
+                pages.extend(std::iter::repeat_n(empty, after));
             });
             self.base = self.base.min(page_start(d));
         }
@@ -351,7 +358,14 @@ impl Block {
     }
 
     fn heap_bytes(&self) -> usize {
-        self.pages.len() * PAGE_ROWS as usize * self.width() * std::mem::size_of::<Packed>()
+        // A run of one shared (empty) page counts once.
+        let distinct_pages = self
+            .pages
+            .iter()
+            .enumerate()
+            .filter(|(i, page)| *i == 0 || !Arc::ptr_eq(page, &self.pages[i - 1]))
+            .count();
+        distinct_pages * PAGE_ROWS as usize * self.width() * std::mem::size_of::<Packed>()
             + self.pages.len() * std::mem::size_of::<Arc<[Packed]>>()
             + self.limits.len() * std::mem::size_of::<(i32, u32, i32)>()
             + self.types.len() * std::mem::size_of::<i64>()
@@ -372,24 +386,36 @@ impl Block {
         let w = kept.len();
         let base = page_start(first);
         let page_count = ((page_start(end - 1) - base) / PAGE_ROWS + 1) as usize;
-        let page_cells = PAGE_ROWS as usize * w;
-        let mut cells = vec![Packed::EMPTY; page_count * page_cells];
+        let rows = PAGE_ROWS as usize;
+        let page_cells = rows * w;
+        // Pages are made as a night lands in them; those none lands in are
+        // one shared empty page (see `ensure_day`).
+        let mut pages: Vec<Option<Vec<Packed>>> = vec![None; page_count];
         let mut limits = Vec::new();
         for (col, (_, c)) in kept.iter().enumerate() {
             let offset = (c.first_day() - base) as usize;
             for (i, p) in c.nights().iter().enumerate() {
-                cells[(offset + i) * w + col] = *p;
+                if p.total == ABSENT {
+                    continue;
+                }
+                let row = offset + i;
+                let page = pages[row / rows].get_or_insert_with(|| vec![Packed::EMPTY; page_cells]);
+                page[(row % rows) * w + col] = *p;
             }
             limits.extend(c.limits().iter().map(|&(d, l)| (d, col as u32, l)));
         }
         limits.sort_unstable();
+        let empty = Block::empty_page(w);
         Block {
             types: kept.iter().map(|(id, _)| *id).collect(),
             present: kept.iter().map(|(_, c)| c.len() as u32).collect(),
             base,
             first,
             end,
-            pages: cells.chunks_exact(page_cells).map(Arc::from).collect(),
+            pages: pages
+                .into_iter()
+                .map(|page| page.map_or_else(|| empty.clone(), Arc::from))
+                .collect(),
             limits: limits.into(),
         }
     }
@@ -961,6 +987,57 @@ mod tests {
         assert_eq!(
             stay,
             vec![Some(counts(2, 0, None)), Some(counts(2, 0, None)), None]
+        );
+    }
+
+    /// One night far from the rest (an owner's open-ended 9999-12-31) does
+    /// not lay out the years between, by the stream, after a new room
+    /// type, or by a snapshot's layout; and the gap's pages are written
+    /// one at a time without touching their neighbours.
+    #[test]
+    fn one_far_night_does_not_lay_out_the_gap() {
+        let far = NaiveDate::from_ymd_opt(9999, 12, 31).unwrap();
+        let mut c = Calendars::default();
+        for rt in 1..=20 {
+            c.set(key(1, rt), d(0), counts(5, 0, None)).unwrap();
+        }
+        c.set(key(1, 1), far, counts(5, 0, None)).unwrap();
+        assert!(c.heap_bytes() < 4 << 20, "{} bytes", c.heap_bytes());
+        c.set(key(1, 21), d(1), counts(2, 0, None)).unwrap();
+        assert!(
+            c.heap_bytes() < 4 << 20,
+            "after a new room type: {}",
+            c.heap_bytes()
+        );
+        let published = c.clone();
+        let middle = NaiveDate::from_ymd_opt(5000, 6, 1).unwrap();
+        c.set(key(1, 2), middle, counts(7, 1, None)).unwrap();
+        assert_eq!(
+            c.get(&key(1, 2)).unwrap().get(middle),
+            Some(counts(7, 1, None))
+        );
+        assert_eq!(c.get(&key(1, 3)).unwrap().get(middle), None);
+        assert_eq!(published.get(&key(1, 2)).unwrap().get(middle), None);
+        assert_eq!(
+            c.get(&key(1, 1)).unwrap().get(far),
+            Some(counts(5, 0, None))
+        );
+        let nights: Vec<_> = c.get(&key(1, 2)).unwrap().iter().collect();
+        assert_eq!(
+            nights,
+            vec![(d(0), counts(5, 0, None)), (middle, counts(7, 1, None))]
+        );
+
+        let mut laid_out = Calendars::default();
+        let mut near = Calendar::default();
+        near.set(d(0), counts(5, 0, None)).unwrap();
+        let mut far_too = near.clone();
+        far_too.set(far, counts(5, 0, None)).unwrap();
+        laid_out.insert_hotel(1, &mut [(1, far_too), (2, near)]);
+        assert!(laid_out.heap_bytes() < 4 << 20, "{}", laid_out.heap_bytes());
+        assert_eq!(
+            laid_out.get(&key(1, 1)).unwrap().get(far),
+            Some(counts(5, 0, None))
         );
     }
 
