@@ -16,7 +16,7 @@
 //! new one replaces it whole).
 
 use std::path::PathBuf;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -188,6 +188,32 @@ fn loadable(newest: Option<Stored>, first: u64, epoch_at_least: u64) -> Result<S
             stored.object_name()
         )),
         Some(stored) => Ok(stored),
+    }
+}
+
+/// How long an abandoned checkpoint loader may take to stop: its next read
+/// fails at once, and a read stalled on the network ends at the download's
+/// stall timeout (`store::open`), well within this.
+const LOADER_STOP_LIMIT: Duration = Duration::from_secs(120);
+
+/// A blocking reader that fails once `abandoned` is set: a bootstrap that
+/// gave up on a download past its deadline stops the loader's thread at
+/// its next read, where dropping the task's handle would leave it fetching
+/// and decoding a whole copy beside every retry.
+struct Abandonable<R> {
+    inner: R,
+    abandoned: Arc<AtomicBool>,
+}
+
+impl<R: std::io::Read> std::io::Read for Abandonable<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.abandoned.load(Ordering::Acquire) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the bootstrap gave up on this download",
+            ));
+        }
+        self.inner.read(buf)
     }
 }
 
@@ -372,18 +398,39 @@ impl Replica {
         let (bytes, deadline) = (download.bytes, download.deadline);
         // Decoded as it arrives: the transfer and the decode overlap, and
         // nothing touches the disk.
-        let reader = SyncIoBridge::new(download.reader);
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let reader = Abandonable {
+            inner: SyncIoBridge::new(download.reader),
+            abandoned: abandoned.clone(),
+        };
         let expected = identity.clone();
         let started = std::time::Instant::now();
-        let loading = tokio::task::spawn_blocking(move || {
+        let mut loading = tokio::task::spawn_blocking(move || {
             checkpoint::load_from(reader, bytes, &label, &expected)
         });
-        let loaded = tokio::time::timeout(deadline, loading)
-            .await
-            .map_err(|_| {
-                FleetError::Nats(format!("downloading {} timed out", newest.object_name()))
-            })?
-            .map_err(|e| FleetError::Nats(format!("the checkpoint loader failed: {e}")))??;
+        let loaded = match tokio::time::timeout(deadline, &mut loading).await {
+            Ok(joined) => joined
+                .map_err(|e| FleetError::Nats(format!("the checkpoint loader failed: {e}")))??,
+            Err(_) => {
+                // Stop the loader at its next read, and wait for it (a read
+                // stalled on the network ends at the download's own stall
+                // timeout), so a retry never runs beside it.
+                abandoned.store(true, Ordering::Release);
+                if tokio::time::timeout(LOADER_STOP_LIMIT, loading)
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!(
+                        checkpoint = newest.object_name(),
+                        "the abandoned checkpoint loader did not stop in time"
+                    );
+                }
+                return Err(FleetError::Nats(format!(
+                    "downloading {} timed out",
+                    newest.object_name()
+                )));
+            }
+        };
         tracing::info!(
             checkpoint = newest.object_name(),
             bytes,
@@ -739,6 +786,22 @@ pub async fn run_owner_position(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_abandoned_download_fails_its_next_read() {
+        use std::io::Read;
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let mut reader = Abandonable {
+            inner: &b"checkpoint bytes"[..],
+            abandoned: abandoned.clone(),
+        };
+        let mut first = [0u8; 10];
+        reader.read_exact(&mut first).unwrap();
+        assert_eq!(&first, b"checkpoint");
+        abandoned.store(true, Ordering::Release);
+        let error = reader.read(&mut first).unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::TimedOut);
+    }
 
     /// After the stream showed epoch 9, the newest checkpoint of epoch 8
     /// is not loaded (it would take the copy back and meet epoch 9 again):
