@@ -41,10 +41,11 @@ use crate::metrics;
 use crate::model::{Change, SpillError};
 use crate::stream::outbox::{OutboxState, Outgoing};
 
-/// One message ready to send: its position (its id), its encoding, and the
-/// LSN it completes when it is the last of its item.
+/// One message ready to send: its position and holder (its id), its
+/// encoding, and the LSN it completes when it is the last of its item.
 struct Ready {
     position: Position,
+    holder: u64,
     payload: Bytes,
     completes: Option<Lsn>,
     _counted: Buffered,
@@ -52,7 +53,7 @@ struct Ready {
 
 impl Ready {
     fn message_id(&self) -> String {
-        self.position.message_id()
+        wire::data_message_id(self.position, self.holder)
     }
 }
 
@@ -206,6 +207,7 @@ impl ItemMessages {
         let payload = Bytes::from(message.encode());
         Ok(Some(Ready {
             position: message.position,
+            holder: message.holder,
             _counted: Buffered::new(payload.len()),
             payload,
             completes: None,

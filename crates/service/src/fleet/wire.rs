@@ -104,6 +104,20 @@ pub enum Body {
     Takeover { after: Option<Position> },
 }
 
+/// The `Nats-Msg-Id` of a data message: its position and the process that
+/// published it. A process that sends a message again (a lost
+/// acknowledgement) gets JetStream's duplicate answer; another process
+/// never does. That matters when a new holder sends again, after its
+/// takeover marker, the first chunks of a transaction the old holder left
+/// unfinished: with the position's id alone they were duplicates within
+/// JetStream's window (two minutes), answered as stored but not stored
+/// after the marker, and the next chunk was refused until the window
+/// passed. (What an earlier holder stored is never sent again whole: a
+/// publisher reads the stream's last message and skips up to it.)
+pub fn data_message_id(position: Position, holder: u64) -> String {
+    format!("{}-{holder:x}", position.message_id())
+}
+
 /// One message on the change stream.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Message {
@@ -127,12 +141,13 @@ pub enum WireError {
 }
 
 impl Message {
-    /// The message id: the position's, or for a takeover marker one of
-    /// its own holder (a marker has no data position).
+    /// The message id: the position's and its holder's
+    /// (`data_message_id`), or for a takeover marker its holder's alone (a
+    /// marker has no data position).
     pub fn message_id(&self) -> String {
         match self.body {
             Body::Takeover { .. } => format!("takeover-{:x}", self.holder),
-            _ => self.position.message_id(),
+            _ => data_message_id(self.position, self.holder),
         }
     }
 
@@ -847,6 +862,25 @@ mod tests {
         assert_eq!(marker.data_position(), Some(before));
         assert_eq!(marker.message_id(), "takeover-abc");
         assert_eq!(Message::takeover(1, None).data_position(), None);
+    }
+
+    /// The same message sent again by its process has the same id (a lost
+    /// acknowledgement is answered as a duplicate); sent by another process
+    /// it has another (a new holder's resend is stored after its marker).
+    #[test]
+    fn a_data_message_id_names_its_position_and_its_holder() {
+        let mut first = advance_message(3, Lsn(0x500));
+        first.holder = 0xa;
+        let again = Message::decode(&first.encode()).unwrap();
+        assert_eq!(again.message_id(), first.message_id());
+        assert_eq!(first.message_id(), "3-500-a0-a");
+        let mut other_holder = first.clone();
+        other_holder.holder = 0xb;
+        assert_ne!(other_holder.message_id(), first.message_id());
+        assert_eq!(
+            first.message_id(),
+            data_message_id(first.position, first.holder)
+        );
     }
 
     #[test]
