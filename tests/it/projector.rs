@@ -315,6 +315,48 @@ async fn converges_after_random_concurrent_operations() {
     app.stop(Duration::from_secs(5)).await;
 }
 
+/// The owner's role prints dates day first and floats rounded (its own
+/// `ALTER ROLE ... SET`): the replication session sets the formats decode
+/// reads (`owner::endpoint`), so nights still decode through the stream and
+/// a coordinate keeps every bit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn converges_when_the_owner_role_prints_values_its_own_way() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    client
+        .batch_execute(
+            "ALTER ROLE CURRENT_USER SET datestyle = 'SQL, DMY';
+             ALTER ROLE CURRENT_USER SET extra_float_digits = 0;",
+        )
+        .await
+        .unwrap();
+    load_inventory(&client).await;
+    let app = start_app(settings_for(&owner)).await;
+    assert_converged(&app.model, &client).await;
+    client
+        .batch_execute(
+            "UPDATE inventory SET taken = 1 WHERE night = DATE '2030-01-13';
+             INSERT INTO hotels (id, name, city, latitude, longitude)
+               VALUES (900, 'Far', 'Faro', 0.1::float8 + 0.2::float8, -7.930440466393123);",
+        )
+        .await
+        .unwrap();
+    assert_converged(&app.model, &client).await;
+    let row = client
+        .query_one("SELECT latitude, longitude FROM hotels WHERE id = 900", &[])
+        .await
+        .unwrap();
+    let owner_coordinates: (Option<f64>, Option<f64>) = (row.get(0), row.get(1));
+    let copy = app
+        .model
+        .read()
+        .hotels
+        .get(&900)
+        .map(|h| (h.latitude, h.longitude));
+    assert_eq!(copy, Some(owner_coordinates), "bit for bit");
+    app.stop(Duration::from_secs(5)).await;
+}
+
 /// Injects `fault` in the middle of a workload and checks convergence after.
 async fn converges_through(fault: &str) {
     let mut owner = TestOwner::start().await;

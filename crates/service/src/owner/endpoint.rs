@@ -218,7 +218,18 @@ pub struct UrlParts {
     pub root_cert: Option<PathBuf>,
     /// The URL sets a password (in the user info or as `password=`).
     pub has_password: bool,
+    /// The URL's own `options` (server settings for the session), decoded.
+    pub options: Option<String>,
 }
+
+/// Server settings the replication session always runs with, after the
+/// URL's own `options`: pgoutput sends values as text in the session's
+/// formats, and decode reads dates as ISO and floats at full precision. A
+/// role or database with another `DateStyle` (`ALTER ROLE ... SET datestyle
+/// = 'SQL, DMY'`) would otherwise stop the copy at its first night, and a
+/// lower `extra_float_digits` round coordinates. PostgreSQL's own
+/// subscriber sets the same (`libpqwalreceiver`).
+const REPLICATION_SESSION_OPTIONS: &str = "-c datestyle=ISO -c extra_float_digits=3";
 
 /// Characters a query value keeps as they are; libpq decodes `%XX` only.
 const QUERY_VALUE: &AsciiSet = &NON_ALPHANUMERIC
@@ -236,6 +247,7 @@ impl UrlParts {
         };
         let mut ssl_mode = SslMode::Prefer;
         let mut root_cert = None;
+        let mut options = None;
         let mut kept = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -255,6 +267,10 @@ impl UrlParts {
                 // Later wins, as in libpq.
                 "sslmode" => ssl_mode = SslMode::parse(&decoded()?)?,
                 "sslrootcert" => root_cert = Some(decoded()?),
+                "options" => {
+                    options = Some(decoded()?);
+                    kept.push(pair);
+                }
                 "sslcert" | "sslkey" | "sslpassword" | "sslcrl" | "sslcrldir" => {
                     return Err(EndpointError::Url(format!(
                         "{key}: client certificates and revocation lists are not supported"
@@ -285,6 +301,7 @@ impl UrlParts {
             ssl_mode,
             root_cert,
             has_password: config.get_password().is_some(),
+            options,
         })
     }
 }
@@ -405,6 +422,15 @@ impl Endpoint {
         // Explicit, so libpq's PGSSLMODE cannot differ from what rustls does.
         extra.push(format!("sslmode={}", parts.ssl_mode));
         extra.push("replication=database".to_string());
+        // Last, so it is the `options` libpq takes (a later key wins).
+        let options = match &parts.options {
+            Some(own) => format!("{own} {REPLICATION_SESSION_OPTIONS}"),
+            None => REPLICATION_SESSION_OPTIONS.to_string(),
+        };
+        extra.push(format!(
+            "options={}",
+            utf8_percent_encode(&options, QUERY_VALUE)
+        ));
         let replication_conninfo = append_query(url, &extra.join("&"));
         let tls =
             MakeRustlsConnect::new(client_config(parts.ssl_mode, parts.root_cert.as_deref())?);
@@ -670,7 +696,21 @@ mod tests {
         assert_eq!(e.ssl_mode(), SslMode::Prefer);
         assert_eq!(
             e.replication_conninfo(),
-            "postgresql://u@h:5/db?sslmode=prefer&replication=database"
+            "postgresql://u@h:5/db?sslmode=prefer&replication=database\
+             &options=-c%20datestyle%3DISO%20-c%20extra_float_digits%3D3"
+        );
+        // The URL's own options are kept, ours after them (later wins).
+        let own = Endpoint::resolve(
+            "postgresql://u@h:5/db?options=-c%20search_path%3Dbooking",
+            &sources("", "", None),
+        )
+        .unwrap();
+        assert!(
+            own.replication_conninfo().ends_with(
+                "&options=-c%20search_path%3Dbooking%20-c%20datestyle%3DISO%20-c%20extra_float_digits%3D3"
+            ),
+            "{}",
+            own.replication_conninfo()
         );
     }
 
@@ -795,7 +835,7 @@ mod tests {
         // libpq: milliseconds for the user timeout, seconds for keepalives.
         assert!(
             e.replication_conninfo().ends_with(
-                "replication=database&keepalives=1&keepalives_idle=15&keepalives_interval=5&tcp_user_timeout=10500"
+                "keepalives=1&keepalives_idle=15&keepalives_interval=5&tcp_user_timeout=10500"
             ),
             "{}",
             e.replication_conninfo()
