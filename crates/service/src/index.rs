@@ -115,6 +115,23 @@ impl CandidateKey {
             amenities: q.amenities.clone(),
         }
     }
+
+    /// Bytes the key holds in its own allocations (rounded to malloc's 16).
+    fn heap_bytes(&self) -> u64 {
+        let allocation = |bytes: usize| bytes.next_multiple_of(16) as u64;
+        let place = match &self.place {
+            PlaceKey::City(text) | PlaceKey::Text(text) => allocation(text.len()),
+            PlaceKey::BBox(_) => 0,
+            PlaceKey::Ids(ids) => allocation(ids.len() * size_of::<i64>()),
+        };
+        let amenities = allocation(self.amenities.len() * size_of::<String>())
+            + self
+                .amenities
+                .iter()
+                .map(|a| allocation(a.len()))
+                .sum::<u64>();
+        place + amenities
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -155,23 +172,35 @@ pub struct HotelIndex {
 /// Hotel ids with a relevance score, shared between cache and searches.
 pub type Candidates = Arc<Vec<(i64, f32)>>;
 
-/// Most candidates the cache holds in all (16 bytes each with their key's share).
-const CACHED_CANDIDATES: u64 = 1_000_000;
+/// The most the candidate cache holds, in bytes as `cached_bytes` counts
+/// them. Keys count too: a key may be a query string of up to 4 KiB, and a
+/// client asking one unknown city after another would otherwise fill a
+/// bound counted in candidates with empty lists under large keys.
+const CACHED_CANDIDATES_BYTES: u64 = 32 << 20;
 
-/// One cached candidate list, without its candidates, in bytes, for the
-/// soak's accounting (`vacancy_cache_estimated_bytes`): the key (a city's
-/// name of up to 24 bytes in its own allocation, no amenities), the
-/// `Arc<Vec>` (8) and its allocation (two counts and the `Vec`), and moka's
-/// own per-entry cost. Each candidate adds `CANDIDATE_BYTES`.
+/// One cached candidate list, without its key's heap and its candidates,
+/// in bytes: the key itself, the `Arc<Vec>` (8) and its allocation (two
+/// counts and the `Vec`), and moka's own per-entry cost.
 pub const CANDIDATES_ENTRY_BYTES: u64 =
-    (size_of::<CandidateKey>() + 32 + size_of::<Candidates>() + 16 + size_of::<Vec<(i64, f32)>>())
+    (size_of::<CandidateKey>() + size_of::<Candidates>() + 16 + size_of::<Vec<(i64, f32)>>())
         as u64
         + crate::metrics::MOKA_ENTRY_OVERHEAD_BYTES;
 /// One candidate in a cached list: a hotel id and its score, padded.
 pub const CANDIDATE_BYTES: u64 = size_of::<(i64, f32)>() as u64;
 
+/// What one cached list costs: the cache's weight, and the soak's
+/// accounting (`vacancy_cache_estimated_bytes`).
+fn cached_bytes(key: &CandidateKey, candidates: &Candidates) -> u64 {
+    CANDIDATES_ENTRY_BYTES + key.heap_bytes() + candidates.len() as u64 * CANDIDATE_BYTES
+}
+
 impl HotelIndex {
     pub fn new() -> Result<Arc<HotelIndex>, IndexError> {
+        HotelIndex::with_cache_bytes(CACHED_CANDIDATES_BYTES)
+    }
+
+    /// As `new`, with the candidate cache bounded at `cache_bytes`.
+    fn with_cache_bytes(cache_bytes: u64) -> Result<Arc<HotelIndex>, IndexError> {
         let mut b = Schema::builder();
         let fields = Fields {
             hotel_id: b.add_u64_field("hotel_id", INDEXED | FAST | STORED),
@@ -204,25 +233,21 @@ impl HotelIndex {
             synced: AtomicU64::new(0),
             generation: AtomicU64::new(0),
             answers: moka::sync::Cache::builder()
-                .max_capacity(CACHED_CANDIDATES)
-                .weigher(|_, v: &Candidates| u32::try_from(v.len()).unwrap_or(u32::MAX).max(1))
+                .max_capacity(cache_bytes)
+                .weigher(|k, v| u32::try_from(cached_bytes(k, v)).unwrap_or(u32::MAX))
                 // Stale generations are never asked for again; let them go.
                 .time_to_idle(Duration::from_secs(60))
                 .build(),
         }))
     }
 
-    /// Cached candidate lists and their estimated bytes (the lists' fixed
-    /// part plus every candidate they hold). moka's counts trail inserts and
-    /// evictions until its pending maintenance runs, so that runs first.
+    /// Cached candidate lists and their estimated bytes (`cached_bytes`:
+    /// each list's fixed part, its key and its candidates, the cache's own
+    /// weight). moka's counts trail inserts and evictions until its pending
+    /// maintenance runs, so that runs first.
     pub fn cached_answers(&self) -> (u64, u64) {
         self.answers.run_pending_tasks();
-        let entries = self.answers.entry_count();
-        let candidates = self.answers.weighted_size();
-        (
-            entries,
-            entries * CANDIDATES_ENTRY_BYTES + candidates * CANDIDATE_BYTES,
-        )
+        (self.answers.entry_count(), self.answers.weighted_size())
     }
 
     /// Marks the hotels whose documents must be rewritten because of `txn`.
@@ -694,5 +719,25 @@ mod tests {
         index.sync(&model).unwrap();
         assert!(ids(&index.candidates(&in_city("faro")).unwrap()).is_empty());
         assert_eq!(ids(&index.candidates(&in_city("porto")).unwrap()), vec![3]);
+    }
+
+    /// A client asking one unknown, 4 KiB city after another fills the
+    /// cache with empty lists under large keys: the bound counts the keys.
+    #[test]
+    fn the_candidate_cache_is_bounded_in_bytes_keys_included() {
+        let index = HotelIndex::with_cache_bytes(1 << 20).unwrap();
+        let model = ReadModel::new();
+        commit(&model, &index, 10, vec![hotel(1, "Porto")]);
+        for i in 0..1_000 {
+            let city = format!("{i:04}{}", "x".repeat(4_000));
+            assert!(index.candidates(&in_city(&city)).unwrap().is_empty());
+        }
+        let (entries, bytes) = index.cached_answers();
+        assert!(bytes <= 1 << 20, "{bytes} bytes in {entries} entries");
+        assert!(entries < 1_000 / 3, "{entries} entries of over 4 KiB each");
+        let porto = index.candidates(&in_city("porto")).unwrap();
+        let (_, with_porto) = index.cached_answers();
+        assert!(with_porto <= 1 << 20);
+        assert_eq!(ids(&porto), vec![1]);
     }
 }
