@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use serde::Deserialize;
 
 use super::access::check_origin;
+use crate::search::params::MAX_QUERY_BYTES;
 use crate::setting::{InvalidSetting, check_bearer_tokens};
 
 #[derive(Debug, Clone, Deserialize)]
@@ -72,7 +73,7 @@ impl HttpSettings {
         if self.request_timeout_ms == 0 {
             return Err(invalid("http.request_timeout_ms", "must be above 0"));
         }
-        if !(256..=65_536).contains(&self.max_query_bytes) {
+        if !(256..=MAX_QUERY_BYTES).contains(&self.max_query_bytes) {
             return Err(invalid(
                 "http.max_query_bytes",
                 "must be between 256 and 65536",
