@@ -400,8 +400,11 @@ impl HotelStream {
                 nights,
             }
         };
-        // Everything at or below the state's LSN is in it.
-        self.last = self.last.max(body.lsn);
+        // Everything at or below the state's LSN is in it, and nothing
+        // above: set, not maxed, since the copy may stand below what was
+        // sent (a reset lost in a lag, `next_event`), and its changes past
+        // the state must go out.
+        self.last = body.lsn;
         let id = Position::new(timeline, body.lsn);
         let event = json_event("state", id, &body).retry(RETRY);
         self.pending.push_back(event);
@@ -454,5 +457,78 @@ mod tests {
         assert_eq!(v["free"], 4);
         assert_eq!(v["taken"], 1);
         assert!(v.get("removed").is_none());
+    }
+
+    /// A copy replaced by one below what a stream sent (a replica's
+    /// bootstrap from an older checkpoint, a failover), its reset item lost
+    /// in a lag: the lagged state says where the stream stands now, and
+    /// the changes after it go out.
+    #[tokio::test]
+    async fn a_reset_lost_in_a_lag_does_not_hide_the_changes_after_it() {
+        use crate::model::{CalendarKey, Change, Tables, Transaction};
+        let night = NaiveDate::from_ymd_opt(2030, 1, 2).unwrap();
+        let counts = |taken| NightCounts {
+            total: 5,
+            taken,
+            sell_limit: None,
+            price_cents: Some(100),
+        };
+        let key = |hotel_id| CalendarKey {
+            hotel_id,
+            room_type_id: 1,
+        };
+        let copy_at = |applied: u64| {
+            let mut t = Tables::default();
+            t.apply_change(&Change::UpsertNight {
+                key: key(1),
+                night,
+                counts: counts(0),
+            })
+            .unwrap();
+            t.applied = Lsn(applied);
+            t
+        };
+        let transaction = |lsn: u64, hotel_id: i64| Transaction {
+            xid: 7,
+            commit_lsn: Lsn(lsn),
+            end_lsn: Lsn(lsn + 1),
+            commit_time: chrono::Utc::now(),
+            changes: vec![Change::UpsertNight {
+                key: key(hotel_id),
+                night,
+                counts: counts(1),
+            }]
+            .into(),
+        };
+        let model = ReadModel::new();
+        model.replace(copy_at(1_000_000));
+        let window = NightRange::parse(&NightRangeQuery {
+            from: Some("2030-01-01".into()),
+            to: Some("2030-01-10".into()),
+        })
+        .unwrap();
+        let mut stream = HotelStream {
+            model: model.clone(),
+            hotel_id: 1,
+            window,
+            rx: model.feed.subscribe(),
+            last: Lsn::ZERO,
+            pending: VecDeque::new(),
+            _slot: StreamSlot(model.clone()),
+        };
+        stream.start(None);
+        assert!(stream.next_event().await.is_some(), "the first state");
+        assert_eq!(stream.last, Lsn(1_000_000));
+
+        model.replace(copy_at(500));
+        for i in 0..(crate::model::feed::CHANNEL_CAPACITY as u64 + 100) {
+            model.apply(&transaction(600 + i, 2)).unwrap();
+        }
+        assert!(stream.next_event().await.is_some(), "the lagged state");
+        assert!(stream.last < Lsn(5_000), "{}", stream.last);
+        model.apply(&transaction(5_000, 1)).unwrap();
+        let change = tokio::time::timeout(Duration::from_secs(1), stream.next_event()).await;
+        assert!(matches!(change, Ok(Some(_))), "the change at 5000 goes out");
+        assert_eq!(stream.last, Lsn(5_001));
     }
 }
