@@ -348,7 +348,7 @@ pub static CONFIRMED_READ_NUDGED: LazyLock<IntCounter> = LazyLock::new(|| {
 pub static CONFIRMED_READ_FALLBACKS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter_vec(
         "vacancy_confirmed_read_fallbacks_total",
-        "Confirmed reads that fell back to reading the owner's rows, by cause (position_timeout, position_failed, apply_timeout)",
+        "Confirmed reads that fell back to reading the owner's rows, by cause (position_timeout, position_failed, apply_timeout, other_timeline, copy_behind)",
         &["cause"],
     )
 });
@@ -779,6 +779,7 @@ pub fn init() {
         "position_failed",
         "apply_timeout",
         "other_timeline",
+        "copy_behind",
     ] {
         CONFIRMED_READ_FALLBACKS.with_label_values(&[cause]);
     }

@@ -131,14 +131,20 @@ pub struct SearchBenchArgs {
 /// Confirmed reads, those that nudged, their fallbacks, and their waits
 /// (sum, count) so far.
 fn confirmed_reads() -> (u64, u64, u64, (f64, u64)) {
-    let fallbacks = ["position_timeout", "position_failed", "apply_timeout"]
-        .iter()
-        .map(|cause| {
-            metrics::CONFIRMED_READ_FALLBACKS
-                .with_label_values(&[cause])
-                .get()
-        })
-        .sum();
+    let fallbacks = [
+        "position_timeout",
+        "position_failed",
+        "apply_timeout",
+        "other_timeline",
+        "copy_behind",
+    ]
+    .iter()
+    .map(|cause| {
+        metrics::CONFIRMED_READ_FALLBACKS
+            .with_label_values(&[cause])
+            .get()
+    })
+    .sum();
     (
         metrics::CONFIRMED_READS.get(),
         metrics::CONFIRMED_READ_NUDGED.get(),

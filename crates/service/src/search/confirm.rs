@@ -94,12 +94,17 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tokio_postgres::{Client, SimpleQueryMessage};
 
-use crate::lsn::Lsn;
+use crate::lsn::{Lsn, Position};
 use crate::metrics;
 use crate::owner::{self, OwnerSettings};
 
-/// The position: the owner's WAL insert position, read without writing.
-const POSITION_SQL: &str = "SELECT pg_current_wal_insert_lsn()";
+/// The position: the owner's WAL insert position, read without writing,
+/// and the timeline it is on (the WAL file name's first eight hex digits,
+/// as `owner::identity` reads it). A node whose owner pin is unset (a fleet
+/// replica runs no replication session) has no other way to tell a
+/// position of a promoted standby's new timeline from one of its copy's.
+const POSITION_SQL: &str =
+    "SELECT p, substr(pg_walfile_name(p), 1, 8) FROM pg_current_wal_insert_lsn() p";
 
 /// The nudge, written only when the copy is slow to reach a position (see
 /// the module doc). The prefix is ours (`stream::MESSAGE_PREFIX`), so the
@@ -124,6 +129,10 @@ pub enum ConfirmError {
     /// (a failover's new snapshot is not in yet): the two do not compare.
     #[error("the owner is on another timeline than the copy")]
     OtherTimeline,
+    /// The copy was replaced, since the position was reached, by one that
+    /// does not hold it (a replica's bootstrap from an older checkpoint).
+    #[error("the copy now read does not hold {0}")]
+    CopyBehind(Position),
 }
 
 impl ConfirmError {
@@ -133,6 +142,7 @@ impl ConfirmError {
             ConfirmError::PositionFailed(_) => "position_failed",
             ConfirmError::ApplyTimeout(_) => "apply_timeout",
             ConfirmError::OtherTimeline => "other_timeline",
+            ConfirmError::CopyBehind(_) => "copy_behind",
         }
     }
 }
@@ -288,7 +298,7 @@ pub struct Confirmer {
 /// One owner query, coalesced, on its own connection.
 struct Lane {
     query: OwnerQuery,
-    rounds: Coalescer<Result<Lsn, String>>,
+    rounds: Coalescer<Result<Position, String>>,
     client: Arc<Mutex<Option<Arc<Client>>>>,
 }
 
@@ -308,7 +318,7 @@ impl Lane {
         owner: &OwnerSettings,
         began: Instant,
         deadline: tokio::time::Instant,
-    ) -> Option<Result<Lsn, String>> {
+    ) -> Option<Result<Position, String>> {
         let send = || {
             let (owner, client, query) = (owner.clone(), self.client.clone(), self.query);
             async move { query_owner(&owner, &client, query).await }
@@ -339,14 +349,15 @@ impl Confirmer {
         self.owner.pin.current().map(|i| i.timeline)
     }
 
-    /// An owner position taken after `began`, by `deadline`.
+    /// An owner position taken after `began`, by `deadline`, with the
+    /// timeline it was read on (`None` only if the owner did not say).
     pub async fn position(
         &self,
         began: Instant,
         deadline: tokio::time::Instant,
-    ) -> Result<Lsn, ConfirmError> {
+    ) -> Result<Position, ConfirmError> {
         match self.positions.get(&self.owner, began, deadline).await {
-            Some(Ok(lsn)) => Ok(lsn),
+            Some(Ok(position)) => Ok(position),
             Some(Err(e)) => Err(ConfirmError::PositionFailed(e)),
             None => Err(ConfirmError::PositionTimeout),
         }
@@ -397,12 +408,12 @@ async fn query_owner(
     owner: &OwnerSettings,
     slot: &Mutex<Option<Arc<Client>>>,
     query: OwnerQuery,
-) -> Result<Lsn, String> {
+) -> Result<Position, String> {
     let reason = query.reason();
     metrics::OWNER_READS.with_label_values(&[reason]).inc();
     let started = Instant::now();
     let limit = owner.query_timeout();
-    let result = match tokio::time::timeout(limit, query_lsn(owner, slot, query.sql())).await {
+    let result = match tokio::time::timeout(limit, query_position(owner, slot, query.sql())).await {
         Ok(r) => r,
         Err(_) => Err(format!("no answer within {limit:?}")),
     };
@@ -419,11 +430,13 @@ async fn query_owner(
     result
 }
 
-async fn query_lsn(
+/// The LSN in the first column of `sql`'s row, and the timeline in hex in
+/// its second when it has one.
+async fn query_position(
     owner: &OwnerSettings,
     slot: &Mutex<Option<Arc<Client>>>,
     sql: &'static str,
-) -> Result<Lsn, String> {
+) -> Result<Position, String> {
     let existing = slot.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let client = match existing.filter(|c| !c.is_closed()) {
         Some(c) => c,
@@ -446,15 +459,27 @@ async fn query_lsn(
     // The simple protocol: one round trip, where an unnamed prepared
     // statement would take two (parse, then bind and execute).
     let messages = client.simple_query(sql).await.map_err(|e| e.to_string())?;
-    let text = messages
+    let row = messages
         .iter()
         .find_map(|m| match m {
-            SimpleQueryMessage::Row(row) => row.get(0),
+            SimpleQueryMessage::Row(row) => Some(row),
             _ => None,
         })
         .ok_or_else(|| format!("{sql} returned no position"))?;
-    text.parse::<Lsn>()
-        .map_err(|e| format!("{sql} returned {text:?}: {e}"))
+    let text = row
+        .get(0)
+        .ok_or_else(|| format!("{sql} returned no position"))?;
+    let lsn = text
+        .parse::<Lsn>()
+        .map_err(|e| format!("{sql} returned {text:?}: {e}"))?;
+    let timeline = match row.try_get(1) {
+        Ok(Some(hex)) => Some(
+            u32::from_str_radix(hex, 16)
+                .map_err(|e| format!("{sql} returned the timeline {hex:?}: {e}"))?,
+        ),
+        _ => None,
+    };
+    Ok(Position { timeline, lsn })
 }
 
 /// Time left of a budget that ends at `deadline`.

@@ -395,7 +395,7 @@ impl Search {
         };
         self.fill_names(&mut page.results);
         // Only a position some room type shown was read at.
-        let confirmed = confirmed.filter(|_| {
+        let confirmed = confirmed.map(|at| at.lsn).filter(|_| {
             page.results
                 .iter()
                 .flat_map(|h| &h.room_types)
@@ -493,7 +493,7 @@ impl Search {
         req: &SearchRequest,
         asked_at: Instant,
         copied: Position,
-        confirmed: &mut Option<Lsn>,
+        confirmed: &mut Option<Position>,
     ) -> Page {
         let mut results: Vec<HotelResult> = Vec::with_capacity(req.limit);
         let mut rest = from_offset.into_iter();
@@ -536,7 +536,7 @@ impl Search {
         req: &SearchRequest,
         asked_at: Instant,
         copied: Position,
-        confirmed: &mut Option<Lsn>,
+        confirmed: &mut Option<Position>,
     ) {
         let smallest = smallest_room(&req.rooms);
         let few: Vec<CalendarKey> = taken
@@ -573,7 +573,7 @@ impl Search {
         stay: Stay,
         asked_at: Instant,
         copied: Position,
-        confirmed: &mut Option<Lsn>,
+        confirmed: &mut Option<Position>,
     ) -> [Option<OwnerNights>; 2] {
         if keys.is_empty() {
             return [None, None];
@@ -612,7 +612,7 @@ impl Search {
         stay: Stay,
         asked_at: Instant,
         copied: Position,
-        confirmed: &mut Option<Lsn>,
+        confirmed: &mut Option<Position>,
     ) -> Option<OwnerNights> {
         if keys.is_empty() {
             return None;
@@ -624,21 +624,32 @@ impl Search {
             Some(at) => Ok(at),
             None => self.confirm(asked_at, confirm_end).await,
         };
-        match reached {
-            Ok(at) => {
+        // The copy the numbers come from must hold the position, on its
+        // timeline: a later round of the page reuses it, and a replica's
+        // bootstrap may swap in an older copy at any await.
+        let read = reached.and_then(|at| {
+            let t = self.model.read();
+            if !self.model.freshness.is_replacing()
+                && Position::new(t.timeline, at.lsn) == at
+                && t.applied >= at.lsn
+            {
+                Ok((at, t))
+            } else {
+                Err(ConfirmError::CopyBehind(at))
+            }
+        });
+        match read {
+            Ok((at, t)) => {
                 *confirmed = Some(at);
                 metrics::CONFIRMED_READS.inc();
-                // Same timeline as the copy now, which `confirm` checked
-                // against the owner's: an LSN of another says nothing.
-                let timeline = self.model.read().timeline;
-                if copied.lsn >= at && copied == Position::new(timeline, copied.lsn) {
+                if copied.lsn >= at.lsn && copied == Position::new(t.timeline, copied.lsn) {
                     let mut keys = keys;
                     keys.sort_unstable();
                     Some(OwnerNights::ConfirmedAsCopied(keys))
                 } else {
-                    Some(OwnerNights::Confirmed(Arc::new(
-                        self.copy_nights(&keys, stay),
-                    )))
+                    Some(OwnerNights::Confirmed(Arc::new(Self::copy_nights(
+                        &t, &keys, stay,
+                    ))))
                 }
             }
             Err(e) => {
@@ -666,9 +677,10 @@ impl Search {
         &self,
         asked_at: Instant,
         deadline: tokio::time::Instant,
-    ) -> Result<Lsn, ConfirmError> {
+    ) -> Result<Position, ConfirmError> {
         let started = Instant::now();
-        let at = self.confirmer.position(asked_at, deadline).await?;
+        let owner_position = self.confirmer.position(asked_at, deadline).await?;
+        let at = owner_position.lsn;
         let read_at = Instant::now();
         let prompt = deadline.min(tokio::time::Instant::now() + confirm::NUDGE_AFTER);
         let freshness = &self.model.freshness;
@@ -688,24 +700,27 @@ impl Search {
                 .ok_or(ConfirmError::ApplyTimeout(at))?;
         }
         // Checked after the wait, which may span a failover's session: an
-        // LSN of the new owner's timeline says nothing of an old copy.
+        // LSN of the new owner's timeline says nothing of an old copy. The
+        // position's own timeline is what the owner said as it read it; the
+        // pin is the stream's (a replica has none).
         let copy_timeline = self.model.read().timeline;
-        let owner_timeline = self.confirmer.timeline();
+        let other =
+            |owner: Option<u32>| owner.is_some_and(|t| copy_timeline != 0 && t != copy_timeline);
         if self.model.freshness.is_replacing()
-            || owner_timeline.is_some_and(|t| copy_timeline != 0 && t != copy_timeline)
+            || other(owner_position.timeline)
+            || other(self.confirmer.timeline())
         {
             return Err(ConfirmError::OtherTimeline);
         }
         metrics::CONFIRMED_READ_WAIT.observe(started.elapsed().as_secs_f64());
-        Ok(at)
+        Ok(Position::new(copy_timeline, at))
     }
 
-    /// The stay's nights of `keys` from the copy, from one published copy.
-    fn copy_nights(&self, keys: &[CalendarKey], stay: Stay) -> OwnerCalendars {
+    /// The stay's nights of `keys` from one published copy, `t`.
+    fn copy_nights(t: &Tables, keys: &[CalendarKey], stay: Stay) -> OwnerCalendars {
         let mut sorted = keys.to_vec();
         sorted.sort_unstable();
         sorted.dedup();
-        let t = self.model.read();
         let rows: Vec<(CalendarKey, NaiveDate, NightCounts)> = sorted
             .iter()
             .filter_map(|k| Some((*k, t.calendars.get(k)?)))
@@ -714,7 +729,6 @@ impl Search {
                     .filter_map(move |night| Some((k, night, c.get(night)?)))
             })
             .collect();
-        drop(t);
         OwnerCalendars::new(&sorted, stay, Instant::now(), rows.into_iter())
     }
 
@@ -940,8 +954,9 @@ impl Search {
                 .map(|rt| (rt.id, rt.name.clone()))
                 .collect()
         };
-        let confirmed =
-            confirmed.filter(|_| hotel.types.iter().any(|t| t.source == Source::Confirmed));
+        let confirmed = confirmed
+            .map(|at| at.lsn)
+            .filter(|_| hotel.types.iter().any(|t| t.source == Source::Confirmed));
         let quotes = QuoteContext {
             stay: req.stay,
             lsn,
@@ -1603,5 +1618,88 @@ mod tests {
         ) {
             prop_assert_eq!(placeable(&rooms, &types), brute(&rooms, &types));
         }
+    }
+}
+
+#[cfg(test)]
+mod confirmed_tests {
+    use super::*;
+    use crate::config::Settings;
+
+    /// A page's later round reuses the position its first round confirmed;
+    /// if the copy was swapped since for one that does not hold it (a
+    /// replica's bootstrap from an older checkpoint), its numbers are not
+    /// confirmed. The owner here is unreachable, so the fallback fails.
+    #[tokio::test]
+    async fn a_confirmed_position_the_copy_no_longer_holds_confirms_nothing() {
+        let mut settings = Settings::defaults();
+        settings.owner.url = "postgresql://vacancy@127.0.0.1:1/none".into();
+        settings.search.owner_read_timeout_ms = 200;
+        let model = ReadModel::new();
+        let search = Search::new(
+            &settings.owner,
+            &settings.search,
+            model.clone(),
+            HotelIndex::new().unwrap(),
+        );
+        let key = CalendarKey {
+            hotel_id: 1,
+            room_type_id: 1,
+        };
+        let stay = Stay {
+            check_in: NaiveDate::from_ymd_opt(2030, 1, 1).unwrap(),
+            check_out: NaiveDate::from_ymd_opt(2030, 1, 3).unwrap(),
+        };
+        let at = Position::new(1, Lsn(100));
+        let copy_at = |applied: u64, timeline: u32| {
+            model.replace(Tables {
+                applied: Lsn(applied),
+                timeline,
+                ..Tables::default()
+            });
+        };
+        let confirmed_by = |nights: &Option<OwnerNights>| {
+            matches!(
+                nights,
+                Some(OwnerNights::Confirmed(_) | OwnerNights::ConfirmedAsCopied(_))
+            )
+        };
+
+        copy_at(150, 1);
+        let mut confirmed = Some(at);
+        let held = search
+            .confirmed_nights(
+                vec![key],
+                stay,
+                Instant::now(),
+                Position::new(1, Lsn(150)),
+                &mut confirmed,
+            )
+            .await;
+        assert!(confirmed_by(&held), "the copy holds 1/100");
+
+        copy_at(50, 1);
+        let behind = search
+            .confirmed_nights(
+                vec![key],
+                stay,
+                Instant::now(),
+                Position::new(1, Lsn(40)),
+                &mut confirmed,
+            )
+            .await;
+        assert!(!confirmed_by(&behind), "a copy at 1/50");
+
+        copy_at(150, 2);
+        let other = search
+            .confirmed_nights(
+                vec![key],
+                stay,
+                Instant::now(),
+                Position::new(2, Lsn(150)),
+                &mut confirmed,
+            )
+            .await;
+        assert!(!confirmed_by(&other), "a copy of timeline 2");
     }
 }
