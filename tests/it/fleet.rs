@@ -657,6 +657,61 @@ async fn a_standby_takes_over_when_the_active_projector_is_killed() {
     assert_eq!(walsenders(&client).await, 1);
 }
 
+/// A slot is not active while its creator loads the snapshot (PostgreSQL
+/// releases it at creation until `START_REPLICATION`): the creator's
+/// session lock is what says the slot is taken. Here a session holds that
+/// lock over an inactive slot, as a projector mid-snapshot does: a second
+/// projector must neither start from the slot nor drop it, and takes it
+/// over once the lock is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_whose_creator_loads_the_snapshot_is_not_taken_over() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    crate::support::create_publication(&client).await;
+    let snapshotting = owner.client().await;
+    snapshotting
+        .batch_execute(
+            "SELECT pg_create_logical_replication_slot('vacancy', 'pgoutput');
+             SELECT pg_advisory_lock(hashtextextended('vacancy.slot:' || 'vacancy', 0));",
+        )
+        .await
+        .unwrap();
+    let created = confirmed_flush_of_slot(&client).await;
+    let nats = start_nats().await;
+    let fleet = Fleet::new(&owner, &nats).await;
+    let projector = fleet.projector();
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert!(
+        !is_active(&projector).await,
+        "took a slot whose creator holds it; log:\n{}",
+        projector.log_tail()
+    );
+    assert_eq!(
+        confirmed_flush_of_slot(&client).await,
+        created,
+        "the slot was dropped or made again; log:\n{}",
+        projector.log_tail()
+    );
+
+    drop(snapshotting);
+    wait_active(&projector, Duration::from_secs(60)).await;
+    wait_ready(&projector, Duration::from_secs(60)).await;
+    run_workload(&owner, test_seed(), 2, 20).await;
+    assert_binary_converged(&projector, &client).await;
+}
+
+async fn confirmed_flush_of_slot(client: &Client) -> Option<String> {
+    client
+        .query_opt(
+            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'vacancy'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .map(|row| row.get(0))
+}
+
 /// A projector stopped with SIGTERM uploads the checkpoint it writes at
 /// shutdown: the bucket's newest then holds everything it applied, so a
 /// replica or a standby starting next starts from it.

@@ -28,6 +28,7 @@ use crate::stream::Projector;
 use crate::stream::checkpoints::Checkpoints;
 use crate::stream::refresh::Refresh;
 use crate::stream::replicate::RunEnd;
+use crate::stream::slot;
 
 /// How often a standby looks at the slot.
 const SLOT_CHECK: Duration = Duration::from_secs(1);
@@ -99,21 +100,33 @@ impl Standby {
         }
     }
 
-    /// Whether the slot is free; `None` when the owner cannot be asked.
+    /// Whether the slot is free: no walsender streams from it and no
+    /// session holds its lock (one that created it and loads the snapshot,
+    /// `slot::try_lock_slot`); `None` when the owner cannot be asked.
     async fn slot_free(&self) -> Option<bool> {
         let client = owner::connect_configured(&self.owner, self.owner.connect_timeout())
             .await
             .ok()?;
-        let row = tokio::time::timeout(
-            self.owner.query_timeout(),
-            client.query_opt(
-                "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
-                &[&self.slot],
-            ),
-        )
-        .await
-        .ok()?
-        .ok()?;
-        Some(row.is_none_or(|r| !r.get::<_, bool>(0)))
+        let asked = async {
+            let row = client
+                .query_opt(
+                    "SELECT active FROM pg_replication_slots WHERE slot_name = $1",
+                    &[&self.slot],
+                )
+                .await
+                .ok()?;
+            if row.is_some_and(|r| r.get::<_, bool>(0)) {
+                return Some(false);
+            }
+            if !slot::try_lock_slot(&client, &self.slot).await.ok()? {
+                return Some(false);
+            }
+            slot::unlock_slot(&client, &self.slot).await.ok()?;
+            Some(true)
+        };
+        tokio::time::timeout(self.owner.query_timeout(), asked)
+            .await
+            .ok()
+            .flatten()
     }
 }

@@ -429,6 +429,9 @@ impl Projector {
         // and TLS, and a rotated password file counts from the next session.
         let endpoint = Endpoint::from_settings(&self.owner).map_err(OwnerError::from)?;
         let mut client = endpoint.connect(self.owner.connect_timeout()).await?;
+        // Held on `client` until the stream has started (it is dropped
+        // then): no other projector decides about the slot meanwhile.
+        self.lock_slot(&client).await?;
         slot::ensure_publication(&client, &s.publication, &s.schema).await?;
         let mut info = slot::slot_info(&client, &s.slot).await?;
         if info.as_ref().is_some_and(|i| i.active) {
@@ -736,6 +739,33 @@ impl Projector {
             Err(_) => None,
         };
         *self.own_walsender.lock().unwrap_or_else(|p| p.into_inner()) = serving;
+    }
+
+    /// Takes the slot's session lock on `client` (`slot::try_lock_slot`),
+    /// waiting at most the connect timeout for another projector's session
+    /// to start streaming or end; `SlotBusy` otherwise.
+    async fn lock_slot(&self, client: &tokio_postgres::Client) -> Result<(), StreamError> {
+        let deadline = Instant::now() + self.owner.connect_timeout();
+        // A dead peer's session is ended by the owner's keepalives, not
+        // its default of hours: its lock goes with it.
+        client
+            .batch_execute(
+                "SET tcp_keepalives_idle = 15; SET tcp_keepalives_interval = 5; \
+                 SET tcp_keepalives_count = 3",
+            )
+            .await
+            .map_err(SlotError::from)?;
+        while !slot::try_lock_slot(client, &self.stream.slot).await? {
+            if Instant::now() >= deadline {
+                return Err(StreamError::SlotBusy {
+                    slot: self.stream.slot.clone(),
+                    pid: None,
+                });
+            }
+            tracing::info!(slot = %self.stream.slot, "another session is taking a snapshot into this slot or starting from it; waiting");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(())
     }
 
     /// Waits, at most the connect timeout, until no walsender holds the

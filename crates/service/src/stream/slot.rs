@@ -176,6 +176,31 @@ pub async fn end_walsender(
 
 /// Drops the slot, first ending a walsender still attached to it (our own
 /// dead session's, typically, which the server has not noticed yet).
+/// The advisory lock a session holds over `slot` from before it looks at
+/// the slot until it streams from it (`replicate::connect_and_start`). A
+/// slot is not active between `CREATE_REPLICATION_SLOT` and
+/// `START_REPLICATION` (PostgreSQL releases it at creation): while its
+/// creator loads the snapshot, minutes on a large copy, only this lock says
+/// someone is about to stream from it, so a standby projector does not
+/// take it for free, drop it and make its own, which the first would then
+/// start from past its consistent point, missing the commits between.
+const SLOT_LOCK_SQL: &str =
+    "SELECT pg_try_advisory_lock(hashtextextended('vacancy.slot:' || $1, 0))";
+const SLOT_UNLOCK_SQL: &str =
+    "SELECT pg_advisory_unlock(hashtextextended('vacancy.slot:' || $1, 0))";
+
+/// Takes the slot's session lock on `client` if no other session holds it
+/// (see `SLOT_LOCK_SQL`); held until `client` closes or `unlock_slot`.
+pub async fn try_lock_slot(client: &Client, slot: &str) -> Result<bool, SlotError> {
+    Ok(client.query_one(SLOT_LOCK_SQL, &[&slot]).await?.get(0))
+}
+
+/// Releases what `try_lock_slot` took on `client`.
+pub async fn unlock_slot(client: &Client, slot: &str) -> Result<(), SlotError> {
+    client.query_one(SLOT_UNLOCK_SQL, &[&slot]).await?;
+    Ok(())
+}
+
 pub async fn drop_slot(client: &Client, slot: &str) -> Result<(), SlotError> {
     // A terminated walsender releases the slot asynchronously, and a client
     // may reconnect to it meanwhile: end whoever holds it on every attempt.
