@@ -657,7 +657,13 @@ impl ReadModel {
     pub fn replace(&self, fresh: Tables) {
         let at = fresh.applied;
         let timeline = fresh.timeline;
-        let commit_time_us = fresh.commit_time.map_or(0, |t| t.timestamp_micros());
+        // Without a commit time (a copy made without one), as current as
+        // now: the lag then counts from the swap, never reads 0 while the
+        // copy stays behind the owner (`Freshness::lag_ms`).
+        let commit_time_us = fresh
+            .commit_time
+            .unwrap_or_else(Utc::now)
+            .timestamp_micros();
         // The swap publishes the applied position with a plain store: a
         // resnapshot may land at a position before what a lost slot once
         // reported, so it resets rather than maxes.
@@ -683,6 +689,39 @@ impl ReadModel {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A snapshot's copy that then applies nothing (a poison row, a held
+    /// transaction, a full outbox) while the owner moves on: its lag grows
+    /// from when it was current, not 0 for want of a commit time.
+    #[test]
+    fn a_copy_without_commits_lags_from_when_it_was_current() {
+        let model = ReadModel::new();
+        let snapshot_at = Utc::now() - chrono::Duration::minutes(1);
+        model.replace(Tables {
+            applied: Lsn(0x1000),
+            commit_time: Some(snapshot_at),
+            ..Tables::default()
+        });
+        assert_eq!(model.freshness.lag_ms(Utc::now()), 0, "caught up");
+        model
+            .freshness
+            .note_server_wal_end(Lsn(0x1000 + (256 << 20)));
+        let later = snapshot_at + chrono::Duration::minutes(10);
+        assert_eq!(model.freshness.lag_ms(later), 600_000);
+
+        let unstamped = ReadModel::new();
+        unstamped.replace(Tables {
+            applied: Lsn(0x1000),
+            ..Tables::default()
+        });
+        unstamped
+            .freshness
+            .note_server_wal_end(Lsn(0x1000 + (256 << 20)));
+        let lag = unstamped
+            .freshness
+            .lag_ms(Utc::now() + chrono::Duration::minutes(10));
+        assert!(lag >= 600_000, "{lag}");
+    }
 
     fn night(n: u64) -> NaiveDate {
         NaiveDate::from_ymd_opt(2027, 3, 1).unwrap() + chrono::Days::new(n)

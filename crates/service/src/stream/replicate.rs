@@ -562,6 +562,9 @@ impl Projector {
         }
 
         let start_at = if let Some(reason) = reason {
+            // The snapshot is the owner as of the slot's creation: its
+            // age from here is the copy's lag until a commit is applied.
+            let consistent_at = Utc::now();
             stream.ensure_replication_slot().await?;
             let name = stream
                 .exported_snapshot_name()
@@ -575,7 +578,8 @@ impl Projector {
                 &self.status.snapshot,
             )
             .await?;
-            let tables = self.stamp_new_copy(tables, seen, reason);
+            let mut tables = self.stamp_new_copy(tables, seen, reason);
+            tables.commit_time = tables.commit_time.or(Some(consistent_at));
             let at = tables.applied;
             self.refresh.reset(&tables);
             self.model.replace(tables);
