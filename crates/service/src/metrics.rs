@@ -309,6 +309,13 @@ pub static OWNER_READ_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
         &["reason"],
     )
 });
+pub static OWNER_TASK_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "vacancy_owner_task_errors_total",
+        "Failed rounds of the background tasks that talk to the owner, by task (heartbeat: the logical message that keeps the lag honest and the slot moving on an idle owner; slot_watch: the slot's state and the owner's WAL positions)",
+        &["task"],
+    )
+});
 pub static OWNER_READ_DURATION: LazyLock<prometheus::HistogramVec> = LazyLock::new(|| {
     register(
         prometheus::HistogramVec::new(
@@ -792,6 +799,9 @@ pub fn init() {
     LazyLock::force(&INDEX_COMMIT_DURATION);
     OWNER_READS.with_label_values(&["ttl"]);
     OWNER_READ_ERRORS.with_label_values(&["ttl"]);
+    for task in ["heartbeat", "slot_watch"] {
+        OWNER_TASK_ERRORS.with_label_values(&[task]);
+    }
     LazyLock::force(&HTTP_REQUESTS);
     LazyLock::force(&HTTP_DURATION);
     // http::admission::Budget's names (metrics cannot depend on http).

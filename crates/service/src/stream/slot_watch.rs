@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::heartbeat::Failures;
 use super::{StreamSettings, StreamStatus, slot};
 use crate::metrics;
 use crate::model::ReadModel;
@@ -23,6 +24,7 @@ pub async fn run_slot_watch(
     let mut ticker = tokio::time::interval(Duration::from_millis(stream.slot_watch_interval_ms));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut client = None;
+    let mut failures = Failures::new("slot_watch");
     loop {
         tokio::select! {
             biased;
@@ -30,9 +32,13 @@ pub async fn run_slot_watch(
             _ = ticker.tick() => {}
         }
         if client.is_none() {
-            client = owner::connect_configured(&owner, owner.connect_timeout())
-                .await
-                .ok();
+            match owner::connect_configured(&owner, owner.connect_timeout()).await {
+                Ok(c) => client = Some(c),
+                Err(error) => {
+                    failures.failed(&error);
+                    continue;
+                }
+            }
         }
         let Some(c) = &client else { continue };
         let read = async {
@@ -54,12 +60,16 @@ pub async fn run_slot_watch(
                 metrics::SLOT_RETAINED_WAL
                     .set(info.as_ref().and_then(|i| i.retained_bytes).unwrap_or(0));
                 status.set_slot(info);
+                failures.succeeded();
             }
             Ok(Err(error)) => {
-                tracing::debug!(%error, "slot watch failed");
+                failures.failed(&error);
                 client = None;
             }
-            Err(_) => client = None,
+            Err(_) => {
+                failures.failed(&format!("no answer within {:?}", owner.query_timeout()));
+                client = None;
+            }
         }
     }
 }
