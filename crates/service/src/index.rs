@@ -304,12 +304,21 @@ impl HotelIndex {
         }
     }
 
-    /// Everything must be re-indexed: a new copy was swapped into the model
-    /// (call it after the swap). Counted first, flagged second: a sync that
-    /// misses the flag has not counted this copy either, so the next sync
-    /// rebuilds and counts it.
-    pub fn mark_all(&self) {
+    /// A new copy is about to be swapped into the model: counted before
+    /// the swap, so from the swap on the index does not hold the current
+    /// copy (`holds_current_copy`) until a rebuild after `mark_all` does.
+    /// Counted after the swap, a readiness check in between found the old
+    /// count matched: ready, with the index of the copy before (empty at
+    /// the first load).
+    pub fn copy_coming(&self) {
         self.copies_loaded.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Everything must be re-indexed: the copy announced by `copy_coming`
+    /// was swapped into the model (call it after the swap). A sync that
+    /// takes this flag reads the count after it, and the model after that:
+    /// the new copy, counted.
+    pub fn mark_all(&self) {
         self.rebuild.store(true, Ordering::Release);
     }
 

@@ -299,6 +299,14 @@ impl Replica {
                     );
                     cursor.bootstrap = true;
                     cursor.epoch_at_least = cursor.epoch_at_least.max(stream);
+                    // Answers say so from now, not from when the new epoch's
+                    // checkpoint appears: the copy follows nothing until
+                    // then, and may hold commits the new one lacks (a
+                    // failover). It stays ready, as every replica would be
+                    // waiting alike (`http::operators::readiness`).
+                    if self.model.freshness.is_loaded() {
+                        self.model.freshness.set_replacing(true);
+                    }
                     backoff = Duration::from_millis(100);
                     continue;
                 }
@@ -480,9 +488,9 @@ impl Replica {
         if let Some(written_at) = header.written_at() {
             self.stale.restore(stale, written_at, Utc::now());
         }
-        self.model.replace(tables);
+        self.index.copy_coming();
+        self.model.replace_behind(tables, owner_now);
         self.model.freshness.set_replacing(false);
-        self.model.freshness.require_catch_up_to(owner_now);
         self.index.mark_all();
         self.status.snapshot.loaded_from_checkpoint();
         tracing::info!(checkpoint = stored.object_name(), lsn = %stored.lsn, nights, catch_up_to = %owner_now, "replica bootstrapped from a checkpoint; applying the stream after it");

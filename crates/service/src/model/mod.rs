@@ -388,18 +388,8 @@ impl Freshness {
         self.replacing.load(Ordering::Acquire)
     }
 
-    /// The copy must reach `owner_position` (read from the owner after this
-    /// start) before it is caught up. Also raises the known WAL end, so the
-    /// lag reads what is left to replay instead of 0 before the stream has
-    /// said anything.
-    pub fn require_catch_up_to(&self, owner_position: Lsn) {
-        self.catch_up_to
-            .fetch_max(owner_position.0, Ordering::AcqRel);
-        self.note_server_wal_end(owner_position);
-    }
-
-    /// Whether the copy has reached the position `require_catch_up_to` set
-    /// (always, when none was set).
+    /// Whether the copy has reached the position `ReadModel::replace_behind`
+    /// set (always, when none was set).
     pub fn caught_up(&self) -> bool {
         self.applied.load(Ordering::Acquire) >= self.catch_up_to.load(Ordering::Acquire)
     }
@@ -655,6 +645,13 @@ impl ReadModel {
     /// Swaps in a complete copy loaded from a snapshot at `tables.applied`.
     /// Until then the old copy keeps serving.
     pub fn replace(&self, fresh: Tables) {
+        self.replace_behind(fresh, Lsn::ZERO);
+    }
+
+    /// As `replace`, for a copy that must still catch up to the owner's
+    /// position `catch_up_to` (a checkpoint's), set before the copy is
+    /// marked loaded so no reader finds it loaded and caught up meanwhile.
+    pub fn replace_behind(&self, fresh: Tables, catch_up_to: Lsn) {
         let at = fresh.applied;
         let timeline = fresh.timeline;
         // Without a commit time (a copy made without one), as current as
@@ -676,12 +673,17 @@ impl ReadModel {
             .store(commit_time_us, Ordering::Release);
         // The owner's WAL end as last seen may be of another timeline (a
         // failover), far past anything the new copy's owner will reach
-        // soon: start over from the new copy's own position.
-        self.freshness.server_wal_end.store(at.0, Ordering::Release);
+        // soon: start over from the new copy's own position, or the
+        // owner's read after a checkpoint's load, so the lag reads what is
+        // left to replay instead of 0 before the stream has said anything.
+        self.freshness
+            .server_wal_end
+            .store(at.0.max(catch_up_to.0), Ordering::Release);
+        // A snapshot is as new as the owner (0); a checkpoint is not.
+        self.freshness
+            .catch_up_to
+            .store(catch_up_to.0, Ordering::Release);
         self.freshness.loaded.store(true, Ordering::Release);
-        // A snapshot is as new as the owner; a checkpoint's loader sets its
-        // own position to reach after this.
-        self.freshness.catch_up_to.store(0, Ordering::Release);
         self.feed.reset(at, timeline);
     }
 }

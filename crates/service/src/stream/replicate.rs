@@ -582,6 +582,7 @@ impl Projector {
             tables.commit_time = tables.commit_time.or(Some(consistent_at));
             let at = tables.applied;
             self.refresh.reset(&tables);
+            self.index.copy_coming();
             self.model.replace(tables);
             self.owner_change_pending.store(false, Ordering::Release);
             self.index.mark_all();
@@ -721,8 +722,8 @@ impl Projector {
         self.model.xids.restore(xids);
         self.refresh.restore(&tables, &ttl, downtime);
         self.checkpoints.restore_carried(stale, header.written_at());
-        self.model.replace(tables);
-        self.model.freshness.require_catch_up_to(owner_now);
+        self.index.copy_coming();
+        self.model.replace_behind(tables, owner_now);
         self.index.mark_all();
         self.status.snapshot.loaded_from_checkpoint();
         tracing::info!(lsn = %at, nights, downtime_secs = downtime.as_secs(), catch_up_to = %owner_now, "copy loaded from a checkpoint; replaying the WAL since");
