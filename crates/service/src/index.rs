@@ -749,4 +749,28 @@ mod tests {
         assert!(with_porto <= 1 << 20);
         assert_eq!(ids(&porto), vec![1]);
     }
+
+    /// From the moment a copy is announced (before its swap) the index
+    /// does not hold the current copy, until a rebuild from the new copy
+    /// after `mark_all`: a readiness check between the swap and the flag
+    /// never finds the old index, empty at the first load, current.
+    #[test]
+    fn an_announced_copy_is_held_only_once_rebuilt_from_it() {
+        let model = ReadModel::new();
+        let index = HotelIndex::new().unwrap();
+        assert!(index.holds_current_copy());
+        index.copy_coming();
+        assert!(!index.holds_current_copy(), "announced, not yet swapped");
+        index.sync(&model).unwrap();
+        assert!(!index.holds_current_copy(), "a sync without the flag");
+        let mut copy = crate::model::Tables::default();
+        copy.apply_change(&hotel(1, "Porto")).unwrap();
+        copy.applied = Lsn(10);
+        model.replace(copy);
+        assert!(!index.holds_current_copy(), "swapped, not yet flagged");
+        index.mark_all();
+        index.sync(&model).unwrap();
+        assert!(index.holds_current_copy());
+        assert_eq!(ids(&index.candidates(&in_city("porto")).unwrap()), vec![1]);
+    }
 }
