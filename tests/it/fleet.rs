@@ -645,6 +645,16 @@ async fn a_standby_takes_over_when_the_active_projector_is_killed() {
         second.log_tail(),
         first.log_tail()
     );
+    // Standing by, it writes no checkpoint (one of a follower's copy would
+    // be uploaded beside the active projector's).
+    let standby_checkpoints = std::fs::read_dir(format!("{}-projector-b", fleet.checkpoints))
+        .map(|dir| {
+            dir.filter_map(Result::ok)
+                .filter(|e| e.path().extension().is_some_and(|x| x == "vcp"))
+                .count()
+        })
+        .unwrap_or(0);
+    assert_eq!(standby_checkpoints, 0, "the standby wrote checkpoints");
 
     // SIGKILL the active one while the owner takes writes.
     drop(first);

@@ -219,6 +219,10 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
                 model.clone(),
                 refresh.clone(),
                 status.clone(),
+                fleet_status
+                    .outbox
+                    .is_some()
+                    .then(|| fleet_status.active.clone()),
                 shutdown.clone(),
             )));
             tasks.push(tokio::spawn(refresh::run_refresher(

@@ -467,11 +467,17 @@ impl Checkpoints {
 /// Writes a checkpoint every `checkpoint.interval_secs`, and soon after a
 /// snapshot, while the copy is not being rebuilt. Returns at shutdown; the
 /// shutdown checkpoint is the projector's, written once apply has stopped.
+/// With `only_while` (a fleet projector's "holds the slot"), checkpoints
+/// are written only while it is set: a standby's would be of a follower's
+/// copy, named with the stream sequence its publisher stored when it last
+/// held the slot, and uploaded beside the active projector's, where a
+/// replica could take one of them for the newest.
 pub async fn run_checkpointer(
     checkpoints: Arc<Checkpoints>,
     model: Arc<ReadModel>,
     refresh: Arc<Refresh>,
     status: Arc<StreamStatus>,
+    only_while: Option<Arc<std::sync::atomic::AtomicBool>>,
     shutdown: CancellationToken,
 ) {
     if !checkpoints.enabled() {
@@ -490,6 +496,12 @@ pub async fn run_checkpointer(
         // A copy being replaced serves marked stale, and its slot is being
         // replaced too: a checkpoint of it could not be resumed.
         if status.resnapshotting.load(Ordering::Acquire) {
+            continue;
+        }
+        if only_while
+            .as_ref()
+            .is_some_and(|active| !active.load(Ordering::Acquire))
+        {
             continue;
         }
         checkpoints.write_now(&model, &refresh, trigger).await;
