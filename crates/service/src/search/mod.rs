@@ -1665,41 +1665,24 @@ mod confirmed_tests {
             )
         };
 
-        copy_at(150, 1);
+        // (copy's applied LSN, its timeline, the position its hotels were
+        // read at, whether their numbers may be confirmed at 1/100)
+        let rounds = [
+            (150, 1, Position::new(1, Lsn(150)), true),
+            (50, 1, Position::new(1, Lsn(40)), false),
+            (150, 2, Position::new(2, Lsn(150)), false),
+        ];
         let mut confirmed = Some(at);
-        let held = search
-            .confirmed_nights(
-                vec![key],
-                stay,
-                Instant::now(),
-                Position::new(1, Lsn(150)),
-                &mut confirmed,
-            )
-            .await;
-        assert!(confirmed_by(&held), "the copy holds 1/100");
-
-        copy_at(50, 1);
-        let behind = search
-            .confirmed_nights(
-                vec![key],
-                stay,
-                Instant::now(),
-                Position::new(1, Lsn(40)),
-                &mut confirmed,
-            )
-            .await;
-        assert!(!confirmed_by(&behind), "a copy at 1/50");
-
-        copy_at(150, 2);
-        let other = search
-            .confirmed_nights(
-                vec![key],
-                stay,
-                Instant::now(),
-                Position::new(2, Lsn(150)),
-                &mut confirmed,
-            )
-            .await;
-        assert!(!confirmed_by(&other), "a copy of timeline 2");
+        for (applied, timeline, copied, holds) in rounds {
+            copy_at(applied, timeline);
+            let nights = search
+                .confirmed_nights(vec![key], stay, Instant::now(), copied, &mut confirmed)
+                .await;
+            assert_eq!(
+                confirmed_by(&nights),
+                holds,
+                "a copy at {timeline}/{applied}"
+            );
+        }
     }
 }
