@@ -1624,7 +1624,8 @@ mod tests {
 #[cfg(test)]
 mod confirmed_tests {
     use super::*;
-    use crate::config::Settings;
+    use figment::Figment;
+    use figment::providers::{Format, Toml};
 
     /// A page's later round reuses the position its first round confirmed;
     /// if the copy was swapped since for one that does not hold it (a
@@ -1632,16 +1633,17 @@ mod confirmed_tests {
     /// confirmed. The owner here is unreachable, so the fallback fails.
     #[tokio::test]
     async fn a_confirmed_position_the_copy_no_longer_holds_confirms_nothing() {
-        let mut settings = Settings::defaults();
-        settings.owner.url = "postgresql://vacancy@127.0.0.1:1/none".into();
-        settings.search.owner_read_timeout_ms = 200;
+        // The shipped defaults, read here without `crate::config` (which
+        // depends on this module).
+        let defaults = Figment::from(Toml::string(include_str!(
+            "../../../../config/default.toml"
+        )));
+        let mut owner: OwnerSettings = defaults.extract_inner("owner").unwrap();
+        let mut settings: SearchSettings = defaults.extract_inner("search").unwrap();
+        owner.url = "postgresql://vacancy@127.0.0.1:1/none".into();
+        settings.owner_read_timeout_ms = 200;
         let model = ReadModel::new();
-        let search = Search::new(
-            &settings.owner,
-            &settings.search,
-            model.clone(),
-            HotelIndex::new().unwrap(),
-        );
+        let search = Search::new(&owner, &settings, model.clone(), HotelIndex::new().unwrap());
         let key = CalendarKey {
             hotel_id: 1,
             room_type_id: 1,
