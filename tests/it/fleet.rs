@@ -17,7 +17,7 @@ use tokio_postgres::Client;
 use vacancy_lab::nats::NatsServer;
 
 use crate::process::{Serve, assert_binary_converged};
-use crate::projector::{load_inventory, run_workload, test_seed};
+use crate::projector::{confirmed_flush, load_inventory, run_workload, test_seed};
 use crate::support::{TestOwner, wait_for};
 use vacancy_service::slot;
 
@@ -687,7 +687,7 @@ async fn a_slot_whose_creator_loads_the_snapshot_is_not_taken_over() {
         )
         .await
         .unwrap();
-    let created = confirmed_flush_of_slot(&client).await;
+    let created = confirmed_flush(&client).await;
     let nats = start_nats().await;
     let fleet = Fleet::new(&owner, &nats).await;
     let projector = fleet.projector();
@@ -698,7 +698,7 @@ async fn a_slot_whose_creator_loads_the_snapshot_is_not_taken_over() {
         projector.log_tail()
     );
     assert_eq!(
-        confirmed_flush_of_slot(&client).await,
+        confirmed_flush(&client).await,
         created,
         "the slot was dropped or made again; log:\n{}",
         projector.log_tail()
@@ -709,17 +709,6 @@ async fn a_slot_whose_creator_loads_the_snapshot_is_not_taken_over() {
     wait_ready(&projector, Duration::from_secs(60)).await;
     run_workload(&owner, test_seed(), 2, 20).await;
     assert_binary_converged(&projector, &client).await;
-}
-
-async fn confirmed_flush_of_slot(client: &Client) -> Option<String> {
-    client
-        .query_opt(
-            "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = 'vacancy'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .map(|row| row.get(0))
 }
 
 /// A projector stopped with SIGTERM uploads the checkpoint it writes at

@@ -543,7 +543,8 @@ async fn readers_never_see_half_a_hold() {
     app.stop(Duration::from_secs(5)).await;
 }
 
-async fn confirmed_flush(client: &Client) -> Lsn {
+/// The slot's confirmed_flush_lsn (panics when there is no slot).
+pub(crate) async fn confirmed_flush(client: &Client) -> Lsn {
     let confirmed: PgLsn = client
         .query_one(
             "SELECT confirmed_flush_lsn FROM pg_replication_slots WHERE slot_name = 'vacancy'",
