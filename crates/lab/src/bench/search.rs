@@ -20,9 +20,11 @@
 //! alone). Both are reported; neither hides the other.
 
 use std::fmt::Write as _;
+use std::future::IntoFuture as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use axum::response::IntoResponse as _;
 use chrono::NaiveDate;
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -346,13 +348,18 @@ async fn bench(
 
     let mut runs = Vec::new();
     let mut agreement = Vec::new();
+    let mut recorded = Recorded::default();
     for threshold in [Settings::defaults().search.few_units_threshold, 0] {
-        let (measured, agreed) = measure_vacancy(args, url, client, &data, threshold).await?;
+        let (measured, agreed, answers) =
+            measure_vacancy(args, url, client, &data, threshold).await?;
         // Early, so a later failure does not lose a finished measurement.
         eprintln!("{}", progress_line(&measured));
         runs.push(measured);
         agreement.push((threshold, agreed));
+        recorded.answers.extend(answers.answers);
     }
+    let floor = measure_floor(args, &data, recorded).await?;
+    eprintln!("{}", progress_line(&floor));
     let owner_run = measure_owner(args, url, bin_dir, &data).await?;
     eprintln!("{}", progress_line(&owner_run));
     let load_after = loadavg();
@@ -364,6 +371,7 @@ async fn bench(
         data: &data,
         plan: &plan,
         vacancy: &runs,
+        floor: &floor,
         owner: &owner_run,
         agreement: &agreement,
         load_before,
@@ -658,7 +666,7 @@ async fn measure_vacancy(
     client: &Client,
     data: &Data,
     threshold: i32,
-) -> Result<(Measured, Agreement), SearchBenchError> {
+) -> Result<(Measured, Agreement, Recorded), SearchBenchError> {
     let mut settings = Settings::defaults();
     settings.owner.url = url.to_string();
     settings.stream.slot = SLOT.to_string();
@@ -712,7 +720,7 @@ async fn drive_vacancy(
     data: &Data,
     threshold: i32,
     fresh_reads: vacancy_service::FreshReads,
-) -> Result<(Measured, Agreement), SearchBenchError> {
+) -> Result<(Measured, Agreement, Recorded), SearchBenchError> {
     let mut rng = ChaCha8Rng::seed_from_u64(7);
     let api = HttpClient::new(app.addr, REQUEST_TIMEOUT)?;
     let mut agreement = Agreement::default();
@@ -742,6 +750,15 @@ async fn drive_vacancy(
                 got.iter().map(|h| (h.0, h.1)).take(5).collect::<Vec<_>>(),
                 want.iter().map(|h| (h.0, h.1)).take(5).collect::<Vec<_>>()
             ));
+        }
+    }
+    // The copy-only answers, one per check-in, for the HTTP floor.
+    let mut recorded = Recorded::default();
+    if threshold == 0 {
+        for offset in 0..data.check_ins() {
+            let path = search_path(data, offset);
+            let response = api.get(&path).await?;
+            recorded.answers.insert(path, response.body);
         }
     }
     drop(api);
@@ -817,7 +834,77 @@ async fn drive_vacancy(
     let timed = timed_after.1 - timed_before.1;
     measured.owner_read_ms =
         (timed > 0).then(|| (timed_after.0 - timed_before.0) * 1e3 / timed as f64);
-    Ok((measured, agreement))
+    Ok((measured, agreement, recorded))
+}
+
+/// The copy-only run's answers, one per check-in, keyed by request path.
+#[derive(Debug, Default)]
+struct Recorded {
+    answers: std::collections::HashMap<String, bytes::Bytes>,
+}
+
+/// The HTTP floor: the copy-only run's answers served back, byte for byte, by
+/// a bare axum server (the HTTP stack `vacancy` serves with) on this process's
+/// runtime, to the same clients, measured the same way. No search, no
+/// middleware: what is left of issue 20's CPU goal for search itself is the
+/// goal less this figure.
+async fn measure_floor(
+    args: &SearchBenchArgs,
+    data: &Data,
+    recorded: Recorded,
+) -> Result<Measured, SearchBenchError> {
+    let answers = std::sync::Arc::new(recorded.answers);
+    let router = axum::Router::new().fallback(move |uri: axum::http::Uri| {
+        let answers = answers.clone();
+        async move {
+            let path = uri.path_and_query().map_or("", |p| p.as_str());
+            match answers.get(path) {
+                Some(body) => (
+                    [(axum::http::header::CONTENT_TYPE, "application/json")],
+                    body.clone(),
+                )
+                    .into_response(),
+                None => axum::http::StatusCode::NOT_FOUND.into_response(),
+            }
+        }
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let server = tokio::spawn(
+        axum::serve(listener, router)
+            .with_graceful_shutdown(stop.clone().cancelled_owned())
+            .into_future(),
+    );
+    if args.warmup_seconds > 0 {
+        load_http(addr, data, args.clients, args.warmup_seconds, 1).await?;
+    }
+    let cpu_before = process_cpu();
+    let tally = load_http(addr, data, args.clients, args.seconds, 2).await;
+    let process_cpu_used = process_cpu()
+        .zip(cpu_before)
+        .map(|(after, before)| after - before);
+    stop.cancel();
+    // Bounded: the clients have closed their connections by now.
+    let _ = tokio::time::timeout(Duration::from_secs(10), server).await;
+    let tally = tally?;
+    let generator_cpu = tally.generator_cpu;
+    let requests = tally.latencies.len() as u64;
+    let mut measured = tally.summarise(
+        "HTTP floor (the copy-only answers served back by a bare axum server)".to_string(),
+        args.clients,
+        0,
+        0,
+    )?;
+    measured.owner_reads = None;
+    measured.owner_read_errors = None;
+    measured.cpu_ms_per_search = process_cpu_used
+        .zip(generator_cpu)
+        .map(|(process, generator)| process.saturating_sub(generator))
+        .map(|server| server.as_secs_f64() * 1e3 / measured.answers.max(1) as f64);
+    measured.generator_cpu_ms_per_request =
+        generator_cpu.map(|c| c.as_secs_f64() * 1e3 / requests.max(1) as f64);
+    Ok(measured)
 }
 
 fn search_path(data: &Data, offset: i64) -> String {
@@ -1326,6 +1413,7 @@ struct Report<'a> {
     data: &'a Data,
     plan: &'a [String],
     vacancy: &'a [Measured],
+    floor: &'a Measured,
     owner: &'a Measured,
     agreement: &'a [(i32, Agreement)],
     load_before: String,
@@ -1403,7 +1491,7 @@ fn render(r: &Report) -> String {
     let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let opt =
         |v: Option<f64>, digits: usize| v.map_or("n/a".to_string(), |v| format!("{v:.digits$}"));
-    for m in r.vacancy.iter().chain(std::iter::once(r.owner)) {
+    for m in r.vacancy.iter().chain([r.floor, r.owner]) {
         let _ = writeln!(
             s,
             "| {} | {} | {:.0} | {:.2} | {:.2} | {} | {} | {:.2} | {} | {} | {} | {} | {} |",
@@ -1452,6 +1540,14 @@ fn render(r: &Report) -> String {
             opt(m.mean_bytes, 0),
         );
     }
+    let _ = writeln!(
+        s,
+        "- {}: {} server CPU ms per answer, mean answer {} bytes: what the HTTP server, the \
+         runtime and the kernel cost per answer of these bytes before any search runs",
+        r.floor.method,
+        opt(r.floor.cpu_ms_per_search, 3),
+        opt(r.floor.mean_bytes, 0),
+    );
     let uses_index = r.plan.iter().any(|l| l.contains("hotels_city"));
     let _ = writeln!(
         s,
