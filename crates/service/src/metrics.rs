@@ -309,6 +309,13 @@ pub static OWNER_READ_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
         &["reason"],
     )
 });
+pub static NIGHTS_NOT_HELD: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter_vec(
+        "vacancy_nights_not_held_total",
+        "Owner inventory rows left out of the copy because their night is outside years 1 to 9999 (infinity, -infinity, BC, five-digit years): no guest can stay such a night. By where the row came in: snapshot, stream (each arrival, replays included), reread (the TTL re-read). Above 0, an owner row holds such a night",
+        &["path"],
+    )
+});
 pub static OWNER_TASK_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter_vec(
         "vacancy_owner_task_errors_total",
@@ -801,6 +808,9 @@ pub fn init() {
     OWNER_READ_ERRORS.with_label_values(&["ttl"]);
     for task in ["heartbeat", "slot_watch"] {
         OWNER_TASK_ERRORS.with_label_values(&[task]);
+    }
+    for path in ["snapshot", "stream", "reread"] {
+        NIGHTS_NOT_HELD.with_label_values(&[path]);
     }
     LazyLock::force(&HTTP_REQUESTS);
     LazyLock::force(&HTTP_DURATION);

@@ -108,6 +108,22 @@ pub struct Calendar {
     limits: Vec<(i32, i32)>,
 }
 
+/// Whether the copy holds a night on this date: years 1 to 9999.
+///
+/// PostgreSQL's `date` runs from 4713 BC to 5874897 AD and also holds
+/// `infinity` and `-infinity`. No guest can stay such a night (search
+/// refuses the past and anything past its horizon), yet one such row
+/// stopped every copy of the owner: the snapshot refused it, the stream
+/// could not decode it and a re-read panicked on it. And a night far in
+/// the future costs its hotel's block one page entry per 16 days up to it.
+/// So a night outside these years is left out of the copy and counted
+/// (`vacancy_nights_not_held_total`), and every path into the copy (the
+/// snapshot, the stream, a re-read) applies this one rule, so they agree
+/// on what the copy holds.
+pub fn holds_night(night: NaiveDate) -> bool {
+    (1..=9999).contains(&night.year())
+}
+
 /// 1970-01-01 in days from the common era.
 const UNIX_EPOCH_DAYS_FROM_CE: i32 = 719_163;
 

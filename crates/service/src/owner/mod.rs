@@ -50,21 +50,30 @@ pub enum OwnerError {
 }
 
 /// One inventory night as a direct read selects it: `hotel_id,
-/// room_type_id, night, total, taken, sell_limit, price_cents`, in that order.
-pub fn inventory_night(row: &tokio_postgres::Row) -> (CalendarKey, chrono::NaiveDate, NightCounts) {
-    (
+/// room_type_id, night, total, taken, sell_limit, price_cents`, in that
+/// order. `None` for a night the copy does not hold
+/// (`calendar::holds_night`): `infinity`, which no `NaiveDate` takes, made
+/// `Row::get` panic here.
+pub fn inventory_night(
+    row: &tokio_postgres::Row,
+) -> Option<(CalendarKey, chrono::NaiveDate, NightCounts)> {
+    let night = row
+        .try_get::<_, chrono::NaiveDate>(2)
+        .ok()
+        .filter(|n| crate::model::calendar::holds_night(*n))?;
+    Some((
         CalendarKey {
             hotel_id: row.get(0),
             room_type_id: row.get(1),
         },
-        row.get(2),
+        night,
         NightCounts {
             total: row.get(3),
             taken: row.get(4),
             sell_limit: row.get(5),
             price_cents: row.get(6),
         },
-    )
+    ))
 }
 
 /// tokio-postgres shows "db error" or "invalid configuration" alone; an

@@ -350,7 +350,7 @@ impl OwnerReader {
                     .await
             })
             .await?;
-        let nights = found.iter().map(owner::inventory_night);
+        let nights = found.iter().filter_map(owner::inventory_night);
         Ok(OwnerCalendars::new(&key.keys, key.stay, read_at, nights))
     }
 }

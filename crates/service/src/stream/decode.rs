@@ -11,6 +11,8 @@
 use chrono::NaiveDate;
 use pg_walstream::{ColumnValue, EventType, RowData};
 
+use crate::metrics;
+use crate::model::calendar::holds_night;
 use crate::model::{CalendarKey, Change, Hotel, NightCounts, RoomType, Table, Unsent};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -43,7 +45,7 @@ pub fn decode(schema: &str, event: &EventType) -> Result<Vec<Change>, DecodeErro
             data,
             ..
         } if &**s == schema => match Table::from_name(table) {
-            Some(t) => Ok(vec![upsert(t, data)?]),
+            Some(t) => Ok(upsert(t, data)?.into_iter().collect()),
             None => Ok(vec![]),
         },
         EventType::Update {
@@ -61,12 +63,13 @@ pub fn decode(schema: &str, event: &EventType) -> Result<Vec<Change>, DecodeErro
             if let Some(old) = old_data {
                 // An old tuple arrives only when the key changed: the row
                 // under the old key is gone.
-                let old_key = delete(t, old)?;
-                if !same_key(&old_key, &new) {
+                if let Some(old_key) = delete(t, old)?
+                    && !new.as_ref().is_some_and(|n| same_key(&old_key, n))
+                {
                     changes.push(old_key);
                 }
             }
-            changes.push(new);
+            changes.extend(new);
             Ok(changes)
         }
         EventType::Delete {
@@ -75,7 +78,7 @@ pub fn decode(schema: &str, event: &EventType) -> Result<Vec<Change>, DecodeErro
             old_data,
             ..
         } if &**s == schema => match Table::from_name(table) {
-            Some(t) => Ok(vec![delete(t, old_data)?]),
+            Some(t) => Ok(delete(t, old_data)?.into_iter().collect()),
             None => Ok(vec![]),
         },
         EventType::Truncate { tables, .. } => {
@@ -190,9 +193,23 @@ impl<'a> Row<'a> {
             .transpose()
     }
 
-    fn date(&self, column: &'static str) -> Result<NaiveDate, DecodeError> {
-        let s = self.required(column)?;
-        NaiveDate::parse_from_str(s, "%Y-%m-%d").map_err(|_| self.bad(column, "date"))
+    /// The row's night, or `None` for a night the copy does not hold
+    /// (`calendar::holds_night`), counted.
+    fn night(&self) -> Result<Option<NaiveDate>, DecodeError> {
+        let s = self.required("night")?;
+        let held = match NaiveDate::parse_from_str(s, "%Y-%m-%d") {
+            Ok(night) => Some(night).filter(|n| holds_night(*n)),
+            // With DateStyle ISO (the replication session sets it) every
+            // date outside years 1 to 9999 is written in one of these forms.
+            Err(_) if is_unheld_date_text(s) => None,
+            Err(_) => return Err(self.bad("night", "date")),
+        };
+        if held.is_none() {
+            metrics::NIGHTS_NOT_HELD
+                .with_label_values(&["stream"])
+                .inc();
+        }
+        Ok(held)
     }
 
     fn bad(&self, column: &'static str, expected: &'static str) -> DecodeError {
@@ -204,12 +221,13 @@ impl<'a> Row<'a> {
     }
 }
 
-fn upsert(table: Table, data: &RowData) -> Result<Change, DecodeError> {
+/// The row as a change; `None` for a night the copy does not hold.
+fn upsert(table: Table, data: &RowData) -> Result<Option<Change>, DecodeError> {
     let row = Row {
         table: table.name(),
         data,
     };
-    Ok(match table {
+    Ok(Some(match table {
         Table::Hotels => {
             let name = row.text("name")?;
             let city = row.text("city")?;
@@ -268,28 +286,36 @@ fn upsert(table: Table, data: &RowData) -> Result<Change, DecodeError> {
                 name_unsent: name.is_none(),
             }
         }
-        Table::Inventory => Change::UpsertNight {
-            key: CalendarKey {
+        Table::Inventory => {
+            let key = CalendarKey {
                 hotel_id: row.int8("hotel_id")?,
                 room_type_id: row.int8("room_type_id")?,
-            },
-            night: row.date("night")?,
-            counts: NightCounts {
-                total: row.int4("total")?,
-                taken: row.int4("taken")?,
-                sell_limit: row.int4_opt("sell_limit")?,
-                price_cents: row.int4_opt("price_cents")?,
-            },
-        },
-    })
+            };
+            let Some(night) = row.night()? else {
+                return Ok(None);
+            };
+            Change::UpsertNight {
+                key,
+                night,
+                counts: NightCounts {
+                    total: row.int4("total")?,
+                    taken: row.int4("taken")?,
+                    sell_limit: row.int4_opt("sell_limit")?,
+                    price_cents: row.int4_opt("price_cents")?,
+                },
+            }
+        }
+    }))
 }
 
-fn delete(table: Table, data: &RowData) -> Result<Change, DecodeError> {
+/// The row's key as a delete; `None` for a night the copy does not hold
+/// (it never held that row).
+fn delete(table: Table, data: &RowData) -> Result<Option<Change>, DecodeError> {
     let row = Row {
         table: table.name(),
         data,
     };
-    Ok(match table {
+    Ok(Some(match table {
         Table::Hotels => Change::DeleteHotel {
             id: row.int8("id")?,
         },
@@ -297,14 +323,43 @@ fn delete(table: Table, data: &RowData) -> Result<Change, DecodeError> {
             hotel_id: row.int8("hotel_id")?,
             id: row.int8("id")?,
         },
-        Table::Inventory => Change::DeleteNight {
-            key: CalendarKey {
+        Table::Inventory => {
+            let key = CalendarKey {
                 hotel_id: row.int8("hotel_id")?,
                 room_type_id: row.int8("room_type_id")?,
-            },
-            night: row.date("night")?,
-        },
-    })
+            };
+            let Some(night) = row.night()? else {
+                return Ok(None);
+            };
+            Change::DeleteNight { key, night }
+        }
+    }))
+}
+
+/// PostgreSQL's ISO text for a date outside years 1 to 9999: `infinity`,
+/// `-infinity`, a year before 1 (`0044-03-15 BC`) or one of five digits or more.
+fn is_unheld_date_text(s: &str) -> bool {
+    if matches!(s, "infinity" | "-infinity") {
+        return true;
+    }
+    let (ymd, bc) = match s.strip_suffix(" BC") {
+        Some(ymd) => (ymd, true),
+        None => (s, false),
+    };
+    let digits = |part: &str| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit());
+    let mut parts = ymd.split('-');
+    let (Some(year), Some(month), Some(day), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return false;
+    };
+    digits(year)
+        && digits(month)
+        && digits(day)
+        && year.len() >= 4
+        && month.len() == 2
+        && day.len() == 2
+        && (bc || year.len() > 4)
 }
 
 /// Parses PostgreSQL's text form of a one-dimensional `text[]`
@@ -471,6 +526,89 @@ mod tests {
         assert!(
             matches!(changes[0], Change::DeleteNight { night, .. } if night.to_string() == "2027-06-10")
         );
+    }
+
+    #[test]
+    fn nights_outside_years_1_to_9999_are_left_out_not_an_error() {
+        let night_row = |night: &str| {
+            row(&[
+                ("hotel_id", Some("1")),
+                ("room_type_id", Some("2")),
+                ("night", Some(night)),
+                ("total", Some("5")),
+                ("taken", Some("0")),
+                ("sell_limit", None),
+                ("price_cents", None),
+            ])
+        };
+        let key_row = |night: &str| {
+            row(&[
+                ("hotel_id", Some("1")),
+                ("room_type_id", Some("2")),
+                ("night", Some(night)),
+            ])
+        };
+        let update = |old: &str, new: &str| EventType::Update {
+            schema: Arc::from("public"),
+            table: Arc::from("inventory"),
+            relation_oid: 1,
+            old_data: Some(key_row(old)),
+            new_data: night_row(new),
+            replica_identity: pg_walstream::ReplicaIdentity::Default,
+            key_columns: vec![],
+        };
+        let not_held = [
+            "infinity",
+            "-infinity",
+            "0044-03-15 BC",
+            "0001-01-01 BC",
+            "10000-01-01",
+            "5874897-12-31",
+        ];
+        for night in not_held {
+            assert_eq!(
+                decode("public", &inventory_insert(night_row(night))),
+                Ok(vec![])
+            );
+            let delete = EventType::Delete {
+                schema: Arc::from("public"),
+                table: Arc::from("inventory"),
+                relation_oid: 1,
+                old_data: key_row(night),
+                replica_identity: pg_walstream::ReplicaIdentity::Default,
+                key_columns: vec![],
+            };
+            assert_eq!(decode("public", &delete), Ok(vec![]));
+            // Moved onto a held night: only its upsert; moved off one: only
+            // the delete of the night it left.
+            let onto = decode("public", &update(night, "2027-06-11")).unwrap();
+            assert!(
+                matches!(&onto[..], [Change::UpsertNight { night, .. }] if night.to_string() == "2027-06-11")
+            );
+            let off = decode("public", &update("2027-06-10", night)).unwrap();
+            assert!(
+                matches!(&off[..], [Change::DeleteNight { night, .. }] if night.to_string() == "2027-06-10")
+            );
+        }
+        for held in ["0001-01-01", "1969-12-31", "9999-12-31"] {
+            let changes = decode("public", &inventory_insert(night_row(held))).unwrap();
+            assert!(
+                matches!(&changes[..], [Change::UpsertNight { night, .. }] if night.to_string() == held)
+            );
+        }
+        // Not a date PostgreSQL writes: still an error.
+        for bad in [
+            "2027-13-01",
+            "infinite",
+            "12345",
+            "2027-06-10 AD",
+            "44-03-15 BC",
+        ] {
+            assert!(
+                decode("public", &inventory_insert(night_row(bad))).is_err(),
+                "{bad}"
+            );
+        }
     }
 
     #[test]

@@ -589,8 +589,14 @@ async fn reread(
     else {
         return Ok(None);
     };
-    let rows: Vec<(CalendarKey, NaiveDate, NightCounts)> =
-        rows.iter().map(crate::owner::inventory_night).collect();
+    let read = rows.len();
+    let rows: Vec<(CalendarKey, NaiveDate, NightCounts)> = rows
+        .iter()
+        .filter_map(crate::owner::inventory_night)
+        .collect();
+    crate::metrics::NIGHTS_NOT_HELD
+        .with_label_values(&["reread"])
+        .inc_by((read - rows.len()) as u64);
     let n = rows.len() as u64;
     refresh.set_rows(id, rows);
     client.execute(emit, &[&format!("high:{id}")]).await?;

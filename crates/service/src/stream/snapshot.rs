@@ -17,7 +17,8 @@ use tokio_postgres::types::{PgLsn, Type};
 use tokio_postgres::{Client, Transaction};
 
 use crate::lsn::Lsn;
-use crate::model::calendar::Calendar;
+use crate::metrics;
+use crate::model::calendar::{Calendar, holds_night};
 use crate::model::{ApplyError, CalendarKey, Calendars, Hotel, NightCounts, RoomType, Tables};
 
 #[derive(Debug, thiserror::Error)]
@@ -294,6 +295,12 @@ async fn copy_inventory(
     while let Some(chunk) = chunks.next().await {
         rows.push(&chunk?);
         while let Some((key, night, counts)) = rows.next_row()? {
+            let Some(night) = night else {
+                metrics::NIGHTS_NOT_HELD
+                    .with_label_values(&["snapshot"])
+                    .inc();
+                continue;
+            };
             if gathering != Some(key.hotel_id) {
                 if let Some(hotel_id) = gathering {
                     lay_out(calendars, hotel_id, &mut gathered, &mut spare);
@@ -408,7 +415,9 @@ struct InventoryRows {
     trailer_read: bool,
 }
 
-type InventoryRow = (CalendarKey, chrono::NaiveDate, NightCounts);
+/// A row as the binary COPY holds it; its night is `None` when the copy
+/// does not hold it (`calendar::holds_night`: `infinity`, say).
+type InventoryRow = (CalendarKey, Option<chrono::NaiveDate>, NightCounts);
 
 /// PostgreSQL's date epoch (2000-01-01) in days from the common era.
 const PG_EPOCH_DAYS_FROM_CE: i32 = 730_120;
@@ -481,10 +490,11 @@ impl InventoryRows {
         let not_null =
             |v: Option<i64>| v.ok_or(SnapshotError::BadCopy("null in a NOT NULL column"));
         let days = not_null(values[2])? as i32;
-        let night = chrono::NaiveDate::from_num_days_from_ce_opt(
-            PG_EPOCH_DAYS_FROM_CE.saturating_add(days),
-        )
-        .ok_or(SnapshotError::BadCopy("a night out of range"))?;
+        // `infinity` is i32::MAX days, `-infinity` i32::MIN: no date.
+        let night = PG_EPOCH_DAYS_FROM_CE
+            .checked_add(days)
+            .and_then(chrono::NaiveDate::from_num_days_from_ce_opt)
+            .filter(|n| holds_night(*n));
         let int = |v: Option<i64>| v.map(|x| x as i32);
         Ok(Some((
             CalendarKey {
@@ -603,10 +613,7 @@ mod tests {
                     room_type_id: 2
                 }
             );
-            assert_eq!(
-                rows[0].1,
-                chrono::NaiveDate::from_ymd_opt(2000, 1, 1).unwrap()
-            );
+            assert_eq!(rows[0].1, chrono::NaiveDate::from_ymd_opt(2000, 1, 1));
             assert_eq!(
                 rows[0].2,
                 NightCounts {
@@ -618,10 +625,44 @@ mod tests {
             );
             assert_eq!(
                 rows[1].1,
-                chrono::NaiveDate::from_ymd_opt(2000, 1, 1).unwrap() + chrono::Days::new(11_000)
+                chrono::NaiveDate::from_ymd_opt(2000, 1, 1).map(|d| d + chrono::Days::new(11_000))
             );
             assert_eq!(rows[1].2.sell_limit, Some(6));
         }
+    }
+
+    #[test]
+    fn nights_outside_years_1_to_9999_decode_as_not_held() {
+        // PostgreSQL's binary date: days from 2000-01-01; infinity is
+        // i32::MAX, -infinity i32::MIN.
+        let days_to = |y: i32, m: u32, d: u32| {
+            let date = chrono::NaiveDate::from_ymd_opt(y, m, d).unwrap();
+            (date - chrono::NaiveDate::from_ymd_opt(2000, 1, 1).unwrap()).num_days() as i32
+        };
+        let bytes = stream(&[
+            (1, 2, i32::MAX, 10, 3, None, None),
+            (1, 2, i32::MIN, 10, 3, None, None),
+            (1, 2, days_to(0, 12, 31), 10, 3, None, None),
+            (1, 2, days_to(10_000, 1, 1), 10, 3, None, None),
+            (1, 2, days_to(1, 1, 1), 10, 3, None, None),
+            (1, 2, days_to(9999, 12, 31), 10, 3, None, None),
+        ]);
+        let nights: Vec<_> = parse_in_chunks(&bytes, 5)
+            .unwrap()
+            .into_iter()
+            .map(|r| r.1)
+            .collect();
+        assert_eq!(
+            nights,
+            [
+                None,
+                None,
+                None,
+                None,
+                chrono::NaiveDate::from_ymd_opt(1, 1, 1),
+                chrono::NaiveDate::from_ymd_opt(9999, 12, 31),
+            ]
+        );
     }
 
     #[test]
