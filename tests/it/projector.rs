@@ -745,6 +745,56 @@ async fn ttl_reread_repairs_a_change_the_stream_missed() {
     app.stop(Duration::from_secs(5)).await;
 }
 
+/// An owner column of another type than the copy reads (`price_cents`
+/// altered to `bigint`) fails the TTL re-read with an error, counted and
+/// retried; it panicked in `Row::get` and took the re-read task with it, so
+/// the safety net stayed off after the column was altered back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttl_reread_survives_a_column_of_another_type() {
+    let ttl_errors = || {
+        vacancy_service::metrics::OWNER_READ_ERRORS
+            .with_label_values(&["ttl"])
+            .get()
+    };
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    let mut settings = settings_for(&owner);
+    settings.model.ttl_secs = 2;
+    let app = start_app(settings).await;
+    assert_converged(&app.model, &client).await;
+    let errors_before = ttl_errors();
+    client
+        .batch_execute("ALTER TABLE inventory ALTER COLUMN price_cents TYPE bigint")
+        .await
+        .unwrap();
+    wait_for(
+        "a TTL re-read to fail on the bigint column",
+        Duration::from_secs(30),
+        || async { (ttl_errors() > errors_before).then_some(()) },
+    )
+    .await;
+    client
+        .batch_execute(
+            "ALTER TABLE inventory ALTER COLUMN price_cents TYPE integer;
+             ALTER PUBLICATION vacancy DROP TABLE inventory;
+             UPDATE inventory SET taken = 1 WHERE hotel_id = 5 AND taken = 0;
+             ALTER PUBLICATION vacancy ADD TABLE inventory;",
+        )
+        .await
+        .unwrap();
+    caught_up(&app.model, &client).await;
+    let owner_rows = owner_inventory(&client).await;
+    wait_for(
+        "the TTL re-read, still running, to repair what the stream missed",
+        Duration::from_secs(30),
+        || async { (copy_inventory(&app.model) == owner_rows).then_some(()) },
+    )
+    .await;
+    assert_converged(&app.model, &client).await;
+    app.stop(Duration::from_secs(5)).await;
+}
+
 /// Re-reads racing a busy stream never put an older value over a newer one:
 /// with every change delivered, a correct merge finds nothing to repair.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -51,29 +51,39 @@ pub enum OwnerError {
 
 /// One inventory night as a direct read selects it: `hotel_id,
 /// room_type_id, night, total, taken, sell_limit, price_cents`, in that
-/// order. `None` for a night the copy does not hold
-/// (`calendar::holds_night`): `infinity`, which no `NaiveDate` takes, made
-/// `Row::get` panic here.
+/// order. `Ok(None)` for a night the copy does not hold
+/// (`calendar::holds_night`; `infinity`, which no `NaiveDate` takes, made
+/// `Row::get` panic here). A column of another type than the copy reads
+/// (an owner that altered `total` to `bigint`, say) is an error, as it is
+/// for the snapshot and the stream, not a panic.
 pub fn inventory_night(
     row: &tokio_postgres::Row,
-) -> Option<(CalendarKey, chrono::NaiveDate, NightCounts)> {
-    let night = row
-        .try_get::<_, chrono::NaiveDate>(2)
-        .ok()
-        .filter(|n| crate::model::calendar::holds_night(*n))?;
-    Some((
+) -> Result<Option<(CalendarKey, chrono::NaiveDate, NightCounts)>, tokio_postgres::Error> {
+    let night = match row.try_get::<_, chrono::NaiveDate>(2) {
+        Ok(night) => night,
+        // A date column whose value no `NaiveDate` holds: +-infinity or
+        // beyond chrono's years, none of which the copy holds.
+        Err(_) if row.columns()[2].type_() == &tokio_postgres::types::Type::DATE => {
+            return Ok(None);
+        }
+        Err(e) => return Err(e),
+    };
+    if !crate::model::calendar::holds_night(night) {
+        return Ok(None);
+    }
+    Ok(Some((
         CalendarKey {
-            hotel_id: row.get(0),
-            room_type_id: row.get(1),
+            hotel_id: row.try_get(0)?,
+            room_type_id: row.try_get(1)?,
         },
         night,
         NightCounts {
-            total: row.get(3),
-            taken: row.get(4),
-            sell_limit: row.get(5),
-            price_cents: row.get(6),
+            total: row.try_get(3)?,
+            taken: row.try_get(4)?,
+            sell_limit: row.try_get(5)?,
+            price_cents: row.try_get(6)?,
         },
-    ))
+    )))
 }
 
 /// tokio-postgres shows "db error" or "invalid configuration" alone; an

@@ -350,8 +350,20 @@ impl OwnerReader {
                     .await
             })
             .await?;
-        let nights = found.iter().filter_map(owner::inventory_night);
-        Ok(OwnerCalendars::new(&key.keys, key.stay, read_at, nights))
+        let mut nights = Vec::with_capacity(found.len());
+        for row in &found {
+            if let Some(night) =
+                owner::inventory_night(row).map_err(|e| OwnerReadError::Failed(e.to_string()))?
+            {
+                nights.push(night);
+            }
+        }
+        Ok(OwnerCalendars::new(
+            &key.keys,
+            key.stay,
+            read_at,
+            nights.into_iter(),
+        ))
     }
 }
 

@@ -592,8 +592,8 @@ async fn reread(
     let read = rows.len();
     let rows: Vec<(CalendarKey, NaiveDate, NightCounts)> = rows
         .iter()
-        .filter_map(crate::owner::inventory_night)
-        .collect();
+        .filter_map(|row| crate::owner::inventory_night(row).transpose())
+        .collect::<Result<_, _>>()?;
     crate::metrics::NIGHTS_NOT_HELD
         .with_label_values(&["reread"])
         .inc_by((read - rows.len()) as u64);
