@@ -144,9 +144,13 @@ async fn main() -> anyhow::Result<()> {
                 token.cancel();
             });
             app.stopped().await;
+            let panicked = app.panicked_task();
             // Exit 0 only when requests drained and the stream sent its last
-            // acknowledgement within the grace.
+            // acknowledgement within the grace, and no task panicked.
             app.stop_within(grace).await.context("shutdown")?;
+            if let Some(task) = panicked {
+                anyhow::bail!("stopped: the {task} task panicked (the log above says where)");
+            }
             tracing::info!("stopped");
         }
         Command::Seed {

@@ -1,7 +1,7 @@
 //! Wiring: start the projector, the heartbeat, the slot watch (both in
 //! `stream`), the
 //! divergence audit and the HTTP server under one shutdown token, and stop
-//! them in order.
+//! them in order. A task that panics stops them all (`Tasks`).
 //!
 //! `start` takes an already bound listener, so tests and the demo can bind
 //! port 0 and learn the address.
@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+use futures_util::FutureExt as _;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -40,7 +41,7 @@ pub struct App {
     pub checkpoints: Arc<Checkpoints>,
     pub addr: std::net::SocketAddr,
     shutdown: CancellationToken,
-    tasks: Vec<JoinHandle<()>>,
+    tasks: Tasks,
     /// Where guest searches run (`http.guest_search_threads`); shut down
     /// after the tasks, when the app is dropped.
     _guest_threads: Option<http::GuestThreads>,
@@ -148,12 +149,16 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
         },
         guest_threads.as_ref().and_then(http::GuestThreads::layer),
     )?;
-    let mut tasks = vec![tokio::spawn(index::run_indexer(
-        hotel_index.clone(),
-        model.clone(),
-        Duration::from_millis(200),
-        shutdown.clone(),
-    ))];
+    let mut tasks = Tasks::new(shutdown.clone());
+    tasks.spawn(
+        "index",
+        index::run_indexer(
+            hotel_index.clone(),
+            model.clone(),
+            Duration::from_millis(200),
+            shutdown.clone(),
+        ),
+    );
     // A replica's task, or a standby projector's follower: the same copy,
     // index and status as everything else here.
     let replica_of = |state| fleet::replica::Replica {
@@ -196,89 +201,107 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
                     let projector_done = CancellationToken::new();
                     let done = projector_done.clone();
                     let standby_shutdown = shutdown.clone();
-                    tasks.push(tokio::spawn(async move {
+                    tasks.spawn("standby", async move {
                         standby.run(standby_shutdown).await;
                         done.cancel();
-                    }));
-                    tasks.push(tokio::spawn(fleet::publish::run_publisher(
-                        settings.fleet.clone(),
-                        outbox.state(),
-                        receiver,
-                        shutdown.clone(),
-                    )));
-                    tasks.push(tokio::spawn(fleet::store::run_uploader(
-                        settings.fleet.clone(),
-                        checkpoints.clone(),
-                        projector_done,
-                    )));
+                    });
+                    tasks.spawn(
+                        "publisher",
+                        fleet::publish::run_publisher(
+                            settings.fleet.clone(),
+                            outbox.state(),
+                            receiver,
+                            shutdown.clone(),
+                        ),
+                    );
+                    tasks.spawn(
+                        "uploader",
+                        fleet::store::run_uploader(
+                            settings.fleet.clone(),
+                            checkpoints.clone(),
+                            projector_done,
+                        ),
+                    );
                 }
-                _ => tasks.push(tokio::spawn(projector.run(shutdown.clone()))),
+                _ => tasks.spawn("projector", projector.run(shutdown.clone())),
             }
-            tasks.push(tokio::spawn(checkpoints::run_checkpointer(
-                checkpoints.clone(),
-                model.clone(),
-                refresh.clone(),
-                status.clone(),
-                fleet_status
-                    .outbox
-                    .is_some()
-                    .then(|| fleet_status.active.clone()),
-                shutdown.clone(),
-            )));
-            tasks.push(tokio::spawn(refresh::run_refresher(
-                settings.owner.clone(),
-                settings.model.refresh_batch as usize,
-                model.clone(),
-                refresh.clone(),
-                shutdown.clone(),
-            )));
-            if settings.stream.heartbeat_interval_ms > 0 {
-                tasks.push(tokio::spawn(heartbeat::run_heartbeat(
-                    settings.owner.clone(),
-                    Duration::from_millis(settings.stream.heartbeat_interval_ms),
+            tasks.spawn(
+                "checkpointer",
+                checkpoints::run_checkpointer(
+                    checkpoints.clone(),
+                    model.clone(),
+                    refresh.clone(),
+                    status.clone(),
                     fleet_status
                         .outbox
                         .is_some()
                         .then(|| fleet_status.active.clone()),
                     shutdown.clone(),
-                )));
+                ),
+            );
+            tasks.spawn(
+                "refresher",
+                refresh::run_refresher(
+                    settings.owner.clone(),
+                    settings.model.refresh_batch as usize,
+                    model.clone(),
+                    refresh.clone(),
+                    shutdown.clone(),
+                ),
+            );
+            if settings.stream.heartbeat_interval_ms > 0 {
+                tasks.spawn(
+                    "heartbeat",
+                    heartbeat::run_heartbeat(
+                        settings.owner.clone(),
+                        Duration::from_millis(settings.stream.heartbeat_interval_ms),
+                        fleet_status
+                            .outbox
+                            .is_some()
+                            .then(|| fleet_status.active.clone()),
+                        shutdown.clone(),
+                    ),
+                );
             }
-            tasks.push(tokio::spawn(slot_watch::run_slot_watch(
-                settings.owner.clone(),
-                settings.stream.clone(),
-                model.clone(),
-                status.clone(),
-                shutdown.clone(),
-            )));
+            tasks.spawn(
+                "slot_watch",
+                slot_watch::run_slot_watch(
+                    settings.owner.clone(),
+                    settings.stream.clone(),
+                    model.clone(),
+                    status.clone(),
+                    shutdown.clone(),
+                ),
+            );
         }
         Role::Replica => {
             // No slot, no refresher, no heartbeat: a replica never writes
             // to the owner.
             let replica = replica_of(fleet_status.replica.clone().unwrap_or_default());
-            tasks.push(tokio::spawn(replica.run(shutdown.clone())));
-            tasks.push(tokio::spawn(fleet::replica::run_owner_position(
-                settings.owner.clone(),
-                settings.fleet.owner_position_interval(),
-                model.clone(),
-                shutdown.clone(),
-            )));
+            tasks.spawn("replica", replica.run(shutdown.clone()));
+            tasks.spawn(
+                "owner_position",
+                fleet::replica::run_owner_position(
+                    settings.owner.clone(),
+                    settings.fleet.owner_position_interval(),
+                    model.clone(),
+                    shutdown.clone(),
+                ),
+            );
         }
     }
 
-    tasks.push(tokio::spawn(stale::audit::run(
-        stale.audit.clone(),
-        shutdown.clone(),
-    )));
+    tasks.spawn(
+        "audit",
+        stale::audit::run(stale.audit.clone(), shutdown.clone()),
+    );
     if let Some(outcomes) = outcomes {
-        tasks.push(tokio::spawn(fleet::outcomes::run(
-            outcomes,
-            shutdown.clone(),
-        )));
+        tasks.spawn("outcomes", fleet::outcomes::run(outcomes, shutdown.clone()));
     }
 
     let http_shutdown = shutdown.clone();
     let events_model = model.clone();
-    tasks.push(tokio::spawn(async move {
+    tasks.spawn("http", async move {
         // The peer address is the rate limit's client (http::access).
         let service = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
         // On shutdown: stop accepting, let requests in flight finish (each is
@@ -291,7 +314,7 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
         if let Err(error) = serving.await {
             tracing::error!(%error, "http server failed");
         }
-    }));
+    });
     tracing::info!(%addr, owner_sslmode = %owner_tls, "listening");
     Ok(App {
         model,
@@ -305,6 +328,54 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
         tasks,
         _guest_threads: guest_threads,
     })
+}
+
+/// The process's background tasks, each spawned with a name.
+///
+/// A task that panics stops the process: logged at error, named by
+/// `App::panicked_task`, and `vacancy serve` exits non-zero, so a
+/// supervisor restarts it whole (from a checkpoint, cheaply). Before, the
+/// panic ended that task alone and the process served on without it: a
+/// TTL re-read that panicked on one owner row left the safety net off with
+/// nothing to show for it.
+struct Tasks {
+    handles: Vec<JoinHandle<()>>,
+    shutdown: CancellationToken,
+    panicked: Arc<std::sync::OnceLock<&'static str>>,
+}
+
+impl Tasks {
+    fn new(shutdown: CancellationToken) -> Tasks {
+        Tasks {
+            handles: Vec::new(),
+            shutdown,
+            panicked: Arc::default(),
+        }
+    }
+
+    fn spawn(&mut self, name: &'static str, task: impl Future<Output = ()> + Send + 'static) {
+        let shutdown = self.shutdown.clone();
+        let panicked = self.panicked.clone();
+        self.handles.push(tokio::spawn(async move {
+            // The task's state is dropped with it: nothing of it is observed
+            // after the unwind, so no broken invariant can be seen.
+            if let Err(payload) = std::panic::AssertUnwindSafe(task).catch_unwind().await {
+                let message = payload
+                    .downcast_ref::<&str>()
+                    .copied()
+                    .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+                    .unwrap_or("(no message)");
+                tracing::error!(
+                    task = name,
+                    panic = message,
+                    "a background task panicked: stopping"
+                );
+                // The first one is the cause; the rest may follow from it.
+                let _ = panicked.set(name);
+                shutdown.cancel();
+            }
+        }));
+    }
 }
 
 /// The fleet's parts for this role: the projector's outbox (and its
@@ -368,15 +439,52 @@ impl App {
     /// acknowledgement may then be missing, and a supervisor should know).
     pub async fn stop_within(self, grace: Duration) -> Result<(), StopTimeout> {
         self.shutdown.cancel();
-        let all = futures_util::future::join_all(self.tasks);
+        let all = futures_util::future::join_all(self.tasks.handles);
         tokio::time::timeout(grace, all)
             .await
             .map(|_| ())
             .map_err(|_| StopTimeout { grace })
     }
 
-    /// Waits until the shutdown token is cancelled (by a signal or a caller).
+    /// The background task whose panic stopped the process, if one did.
+    pub fn panicked_task(&self) -> Option<&'static str> {
+        self.tasks.panicked.get().copied()
+    }
+
+    /// Waits until the shutdown token is cancelled (by a signal, a caller,
+    /// or a background task's panic).
     pub async fn stopped(&self) {
         self.shutdown.cancelled().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_task_that_panics_stops_the_process_and_is_named() {
+        let shutdown = CancellationToken::new();
+        let mut tasks = Tasks::new(shutdown.clone());
+        tasks.spawn("finishes", async {});
+        for handle in tasks.handles.drain(..) {
+            handle.await.expect("the wrapper itself never panics");
+        }
+        assert!(
+            !shutdown.is_cancelled(),
+            "a task that returns stops nothing"
+        );
+        assert_eq!(tasks.panicked.get(), None);
+
+        tasks.spawn("breaks", async { panic!("an owner row it could not read") });
+        tasks.spawn("breaks later", async {
+            tokio::task::yield_now().await;
+            panic!("after the first")
+        });
+        for handle in tasks.handles.drain(..) {
+            handle.await.expect("the wrapper itself never panics");
+        }
+        assert!(shutdown.is_cancelled());
+        assert_eq!(tasks.panicked.get(), Some(&"breaks"));
     }
 }
