@@ -144,13 +144,15 @@ async fn main() -> anyhow::Result<()> {
                 token.cancel();
             });
             app.stopped().await;
-            let panicked = app.panicked_task();
+            let panicked = app.panicked();
             // Exit 0 only when requests drained and the stream sent its last
-            // acknowledgement within the grace, and no task panicked.
-            app.stop_within(grace).await.context("shutdown")?;
-            if let Some(task) = panicked {
+            // acknowledgement within the grace, and no task panicked (read
+            // after the stop: a task may panic during it).
+            let stopped = app.stop_within(grace).await;
+            if let Some(task) = panicked.name() {
                 anyhow::bail!("stopped: the {task} task panicked (the log above says where)");
             }
+            stopped.context("shutdown")?;
             tracing::info!("stopped");
         }
         Command::Seed {

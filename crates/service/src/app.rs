@@ -202,8 +202,11 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
                     let done = projector_done.clone();
                     let standby_shutdown = shutdown.clone();
                     tasks.spawn("standby", async move {
+                        // Dropped when the projector ends, by a return or a
+                        // panic's unwind alike: the uploader never waits
+                        // out the grace for a projector that is gone.
+                        let _done = done.drop_guard();
                         standby.run(standby_shutdown).await;
-                        done.cancel();
                     });
                     tasks.spawn(
                         "publisher",
@@ -378,6 +381,16 @@ impl Tasks {
     }
 }
 
+/// The first background task that panicked (`App::panicked`).
+#[derive(Debug, Clone)]
+pub struct PanickedTask(Arc<std::sync::OnceLock<&'static str>>);
+
+impl PanickedTask {
+    pub fn name(&self) -> Option<&'static str> {
+        self.0.get().copied()
+    }
+}
+
 /// The fleet's parts for this role: the projector's outbox (and its
 /// receiving end, for the publisher), a replica's progress, and every
 /// fleet node's outcome stream.
@@ -446,9 +459,11 @@ impl App {
             .map_err(|_| StopTimeout { grace })
     }
 
-    /// The background task whose panic stopped the process, if one did.
-    pub fn panicked_task(&self) -> Option<&'static str> {
-        self.tasks.panicked.get().copied()
+    /// Names the background task whose panic stopped the process, if one
+    /// does: also one that panics during the shutdown (a last checkpoint, a
+    /// last acknowledgement), so read it after `stop_within`.
+    pub fn panicked(&self) -> PanickedTask {
+        PanickedTask(self.tasks.panicked.clone())
     }
 
     /// Waits until the shutdown token is cancelled (by a signal, a caller,

@@ -56,7 +56,7 @@ mod setting;
 mod stale;
 mod stream;
 
-pub use app::{App, AppError, StopTimeout, start};
+pub use app::{App, AppError, PanickedTask, StopTimeout, start};
 pub use checkpoint::{
     CheckpointError, CheckpointName, Choice, Header as CheckpointHeader, HeaderField, Identity,
     Loaded, Skipped, StaleCarry, Written, choose as choose_checkpoint, list as list_checkpoints,

@@ -758,6 +758,13 @@ async fn drive_vacancy(
         for offset in 0..data.check_ins() {
             let path = search_path(data, offset);
             let response = api.get(&path).await?;
+            // A short error served back as a 200 would make the floor cheap.
+            if response.status != 200 {
+                return Err(SearchBenchError::Http(format!(
+                    "search answered {} while recording the floor's answers",
+                    response.status
+                )));
+            }
             recorded.answers.insert(path, response.body);
         }
     }

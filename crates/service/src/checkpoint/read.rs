@@ -30,7 +30,7 @@ use super::format::{
 };
 use super::name::CheckpointName;
 use super::{CheckpointError, HeaderField, io_error};
-use crate::model::calendar::Calendar;
+use crate::model::calendar::{Calendar, holds_night};
 use crate::model::xids::RingContents;
 use crate::model::{CalendarKey, Calendars, Hotel, RoomType, RoomTypes, Tables};
 
@@ -732,11 +732,13 @@ fn calendar_of(record: &CalendarRecord) -> Result<Calendar, String> {
             return Err(format!("spans more than {MAX_SPAN_DAYS} days"));
         }
     }
-    // Nights ascend from `start`: the first and the last being dates, every
-    // one is (checked once, not per night).
+    // Nights ascend from `start`: the first and the last being nights the
+    // copy holds (`calendar::holds_night`: a checkpoint written before that
+    // rule may hold a BC night, which the stream would no longer change),
+    // every one is (checked once, not per night).
     for d in [record.start, last] {
-        if date(d).is_none() {
-            return Err(format!("day {d} is not a date"));
+        if !date(d).is_some_and(holds_night) {
+            return Err(format!("day {d} is not a night the copy holds"));
         }
     }
     let first = before_start + first_gap as i32;
@@ -750,4 +752,41 @@ fn calendar_of(record: &CalendarRecord) -> Result<Calendar, String> {
     }
     debug_assert_eq!(d, last);
     Ok(calendar)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::format::NightRecord;
+
+    /// A checkpoint written before the copy left out nights outside years 1
+    /// to 9999 may hold one; such a calendar is refused (the checkpoint falls
+    /// back to a snapshot), so the copy never starts with a night the stream
+    /// would no longer change.
+    #[test]
+    fn a_calendar_with_a_night_the_copy_does_not_hold_is_refused() {
+        let day_of = |y: i32, m: u32, d: u32| {
+            let night = chrono::NaiveDate::from_ymd_opt(y, m, d).unwrap();
+            let epoch = chrono::NaiveDate::from_ymd_opt(1970, 1, 1).unwrap();
+            i32::try_from((night - epoch).num_days()).unwrap()
+        };
+        let record = |start: i32| CalendarRecord {
+            hotel_id: 1,
+            room_type_id: 2,
+            start,
+            nights: vec![NightRecord {
+                gap: 1,
+                total: 5,
+                taken: 0,
+                sell_limit: None,
+                price_cents: None,
+            }],
+        };
+        assert!(calendar_of(&record(day_of(2030, 1, 1))).is_ok());
+        assert!(calendar_of(&record(day_of(1, 1, 1))).is_ok());
+        assert!(calendar_of(&record(day_of(9999, 12, 31))).is_ok());
+        for refused in [day_of(0, 12, 31), day_of(-43, 3, 15), day_of(10_000, 1, 1)] {
+            assert!(calendar_of(&record(refused)).is_err(), "day {refused}");
+        }
+    }
 }

@@ -227,13 +227,46 @@ pub struct Applied {
     pub skipped: bool,
 }
 
+/// The row the change before deleted, for a key change's upsert that
+/// follows it (`Tables::apply_change_after`).
+#[derive(Debug, Default)]
+pub enum JustDeleted {
+    #[default]
+    Nothing,
+    Hotel(Hotel),
+    RoomType(RoomType),
+}
+
 impl Tables {
     /// Applies one change. Used by the transaction apply and the snapshot load.
     pub fn apply_change(&mut self, change: &Change) -> Result<(), ApplyError> {
+        self.apply_change_after(change, &mut JustDeleted::Nothing)
+    }
+
+    /// Applies one change of a transaction walked in order; `just_deleted`
+    /// carries the row the change before it deleted.
+    ///
+    /// A key-changing UPDATE arrives as the delete of its old key followed at
+    /// once by the upsert of its new one (`stream::decode`), and that upsert
+    /// leaves out the TOASTed columns it did not change. Nothing holds them
+    /// under the new key: they are taken from the row just deleted, which
+    /// had them. Only a key change puts such an upsert right after a delete
+    /// (an INSERT sends every column; an UPDATE that keeps its key has no
+    /// delete).
+    pub fn apply_change_after(
+        &mut self,
+        change: &Change,
+        just_deleted: &mut JustDeleted,
+    ) -> Result<(), ApplyError> {
+        let before = std::mem::take(just_deleted);
         match change {
             Change::UpsertHotel { hotel, unsent } => {
                 let mut hotel = hotel.clone();
-                if let Some(old) = self.hotels.get(&hotel.id) {
+                let moved_from = match &before {
+                    JustDeleted::Hotel(old) => Some(old),
+                    _ => None,
+                };
+                if let Some(old) = self.hotels.get(&hotel.id).or(moved_from) {
                     if unsent.name {
                         hotel.name.clone_from(&old.name);
                     }
@@ -250,8 +283,10 @@ impl Tables {
                 Arc::make_mut(&mut self.hotels).insert(hotel.id, *hotel);
             }
             Change::DeleteHotel { id } => {
-                if self.hotels.contains_key(id) {
-                    Arc::make_mut(&mut self.hotels).remove(id);
+                if self.hotels.contains_key(id)
+                    && let Some(old) = Arc::make_mut(&mut self.hotels).remove(id)
+                {
+                    *just_deleted = JustDeleted::Hotel(old);
                 }
             }
             Change::UpsertRoomType {
@@ -263,7 +298,11 @@ impl Tables {
                     room_type_id: room_type.id,
                 };
                 let mut room_type = room_type.clone();
-                if *name_unsent && let Some(old) = self.room_types.get(&key) {
+                let moved_from = match &before {
+                    JustDeleted::RoomType(old) => Some(old),
+                    _ => None,
+                };
+                if *name_unsent && let Some(old) = self.room_types.get(&key).or(moved_from) {
                     room_type.name.clone_from(&old.name);
                 }
                 Arc::make_mut(&mut self.room_types).insert(key, *room_type);
@@ -273,8 +312,10 @@ impl Tables {
                     hotel_id: *hotel_id,
                     room_type_id: *id,
                 };
-                if self.room_types.contains_key(&key) {
-                    Arc::make_mut(&mut self.room_types).remove(&key);
+                if self.room_types.contains_key(&key)
+                    && let Some(old) = Arc::make_mut(&mut self.room_types).remove(&key)
+                {
+                    *just_deleted = JustDeleted::RoomType(old);
                 }
             }
             Change::UpsertNight { key, night, counts } => {
@@ -512,8 +553,9 @@ impl ReadModel {
                 return (Ok(skipped), Publish::No);
             }
             let mut applied = Applied::default();
+            let mut just_deleted = JustDeleted::Nothing;
             let walked = txn.changes.for_each(|change| {
-                tables.apply_change(change)?;
+                tables.apply_change_after(change, &mut just_deleted)?;
                 match change.op() {
                     "upsert" => applied.upserts += 1,
                     "delete" => applied.deletes += 1,
@@ -761,6 +803,72 @@ mod tests {
             room_type_id: 1,
         };
         t.calendars.get(&key)?.get(night(n)).map(|c| c.taken)
+    }
+
+    /// A key change's upsert takes the TOASTed columns it did not send from
+    /// the row deleted just before it; any change between them, or a plain
+    /// upsert of a row that never existed, takes nothing.
+    #[test]
+    fn a_key_change_carries_the_unsent_columns_of_the_row_it_moves() {
+        let hotel = |id: i64, name: &str| Hotel {
+            id,
+            name: name.to_string(),
+            city: "Lisbon".to_string(),
+            country: Some("PT".to_string()),
+            stars: Some(3),
+            latitude: None,
+            longitude: None,
+            amenities: vec!["wifi".to_string()],
+        };
+        let moved = |id: i64| Change::UpsertHotel {
+            hotel: Box::new(Hotel {
+                name: String::new(),
+                amenities: Vec::new(),
+                ..hotel(id, "")
+            }),
+            unsent: Unsent {
+                name: true,
+                amenities: true,
+                ..Unsent::default()
+            },
+        };
+        let model = ReadModel::new();
+        let mut tables = Tables::default();
+        tables
+            .apply_change(&Change::UpsertHotel {
+                hotel: Box::new(hotel(7, "A long name")),
+                unsent: Unsent::default(),
+            })
+            .unwrap();
+        tables
+            .apply_change(&Change::UpsertHotel {
+                hotel: Box::new(hotel(8, "Another")),
+                unsent: Unsent::default(),
+            })
+            .unwrap();
+        tables.applied = Lsn(10);
+        model.replace(tables);
+        model
+            .apply(&txn(20, vec![Change::DeleteHotel { id: 7 }, moved(70)]))
+            .unwrap();
+        // The same pair with a change between: nothing carried.
+        model
+            .apply(&txn(
+                30,
+                vec![Change::DeleteHotel { id: 8 }, upsert(1, 0, 1), moved(80)],
+            ))
+            .unwrap();
+        let t = model.read();
+        assert_eq!(
+            t.hotels.get(&70).map(|h| h.name.as_str()),
+            Some("A long name")
+        );
+        assert_eq!(
+            t.hotels.get(&70).map(|h| h.amenities.clone()),
+            Some(vec!["wifi".to_string()])
+        );
+        assert!(!t.hotels.contains_key(&7));
+        assert_eq!(t.hotels.get(&80).map(|h| h.name.as_str()), Some(""));
     }
 
     /// Three hotels with one night each, applied at LSN 10.

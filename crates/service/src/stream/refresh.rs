@@ -132,6 +132,9 @@ pub struct Refresh {
     /// Re-reads given up because the owner still hid a commit the stream had
     /// delivered (their calendars are queued again).
     pub deferred: AtomicU64,
+    /// Re-reads that failed or timed out (their calendars are queued
+    /// again); the process-wide count is `vacancy_owner_read_errors_total{reason="ttl"}`.
+    pub failed: AtomicU64,
     /// Set while this process does not hold the slot (a fleet projector
     /// standing by): a re-read's watermarks would reach only the active
     /// projector's stream, so re-reading would cost the owner for nothing.
@@ -168,6 +171,7 @@ impl Refresh {
             repaired: AtomicU64::new(0),
             merged: AtomicU64::new(0),
             deferred: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
             paused: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -545,12 +549,14 @@ pub async fn run_refresher(
             Ok(Err(error)) => {
                 tracing::warn!(%error, "ttl re-read failed");
                 metrics::OWNER_READ_ERRORS.with_label_values(&["ttl"]).inc();
+                refresh.failed.fetch_add(1, Ordering::Relaxed);
                 refresh.abandon(id);
                 client = None;
             }
             Err(_) => {
                 tracing::warn!("ttl re-read timed out");
                 metrics::OWNER_READ_ERRORS.with_label_values(&["ttl"]).inc();
+                refresh.failed.fetch_add(1, Ordering::Relaxed);
                 refresh.abandon(id);
                 client = None;
             }
