@@ -705,16 +705,24 @@ async fn streamed_large_transactions_apply_only_at_commit() {
     app.stop(Duration::from_secs(5)).await;
 }
 
-/// A change the stream never delivered (inventory left out of the
-/// publication for a moment) does not outlive the TTL: the re-read repairs it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ttl_reread_repairs_a_change_the_stream_missed() {
+/// An owner with the fixed inventory and a copy of it whose calendars are
+/// re-read from the owner every `ttl_secs`.
+async fn loaded_with_ttl_secs(ttl_secs: u64) -> (TestOwner, Client, App) {
     let owner = TestOwner::start().await;
     let client = owner.client().await;
     load_inventory(&client).await;
     let mut settings = settings_for(&owner);
-    settings.model.ttl_secs = 2;
+    settings.model.ttl_secs = ttl_secs;
     let app = start_app(settings).await;
+    (owner, client, app)
+}
+
+/// A change the stream never delivered (inventory left out of the
+/// publication for a moment) does not outlive the TTL: the re-read repairs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttl_reread_repairs_a_change_the_stream_missed() {
+    // Named, not `_`: the owner cluster lives as long as the binding.
+    let (_owner, client, app) = loaded_with_ttl_secs(2).await;
     caught_up(&app.model, &client).await;
     client
         .batch_execute(
@@ -793,12 +801,8 @@ async fn a_key_change_keeps_the_toasted_columns_it_did_not_send() {
 /// the safety net stayed off after the column was altered back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ttl_reread_survives_a_column_of_another_type() {
-    let owner = TestOwner::start().await;
-    let client = owner.client().await;
-    load_inventory(&client).await;
-    let mut settings = settings_for(&owner);
-    settings.model.ttl_secs = 2;
-    let app = start_app(settings).await;
+    // Named, not `_`: the owner cluster lives as long as the binding.
+    let (_owner, client, app) = loaded_with_ttl_secs(2).await;
     assert_converged(&app.model, &client).await;
     assert_eq!(app.refresh.failed.load(Ordering::Relaxed), 0);
     client

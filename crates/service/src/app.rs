@@ -228,6 +228,12 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
                 }
                 _ => tasks.spawn("projector", projector.run(shutdown.clone())),
             }
+            // A fleet projector checkpoints and beats only while it holds
+            // the slot; a standalone node always does.
+            let only_while_active = fleet_status
+                .outbox
+                .is_some()
+                .then(|| fleet_status.active.clone());
             tasks.spawn(
                 "checkpointer",
                 checkpoints::run_checkpointer(
@@ -235,10 +241,7 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
                     model.clone(),
                     refresh.clone(),
                     status.clone(),
-                    fleet_status
-                        .outbox
-                        .is_some()
-                        .then(|| fleet_status.active.clone()),
+                    only_while_active.clone(),
                     shutdown.clone(),
                 ),
             );
@@ -258,10 +261,7 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
                     heartbeat::run_heartbeat(
                         settings.owner.clone(),
                         Duration::from_millis(settings.stream.heartbeat_interval_ms),
-                        fleet_status
-                            .outbox
-                            .is_some()
-                            .then(|| fleet_status.active.clone()),
+                        only_while_active,
                         shutdown.clone(),
                     ),
                 );

@@ -830,14 +830,7 @@ async fn drive_vacancy(
         reads_after - reads_before,
         errors_after - errors_before,
     )?;
-    // The generator's thread is part of this process: what is left is the
-    // server's (and the idle bench around it).
-    measured.cpu_ms_per_search = process_cpu_used
-        .zip(generator_cpu)
-        .map(|(process, generator)| process.saturating_sub(generator))
-        .map(|server| server.as_secs_f64() * 1e3 / measured.answers.max(1) as f64);
-    measured.generator_cpu_ms_per_request =
-        generator_cpu.map(|c| c.as_secs_f64() * 1e3 / requests.max(1) as f64);
+    charge_cpu(&mut measured, process_cpu_used, generator_cpu, requests);
     let timed = timed_after.1 - timed_before.1;
     measured.owner_read_ms =
         (timed > 0).then(|| (timed_after.0 - timed_before.0) * 1e3 / timed as f64);
@@ -905,13 +898,25 @@ async fn measure_floor(
     )?;
     measured.owner_reads = None;
     measured.owner_read_errors = None;
+    charge_cpu(&mut measured, process_cpu_used, generator_cpu, requests);
+    Ok(measured)
+}
+
+/// CPU per answer: the process's over the run, less the load generator's
+/// thread (part of this process), is the server's (and the idle bench
+/// around it); the generator's own per request beside it.
+fn charge_cpu(
+    measured: &mut Measured,
+    process_cpu_used: Option<Duration>,
+    generator_cpu: Option<Duration>,
+    requests: u64,
+) {
     measured.cpu_ms_per_search = process_cpu_used
         .zip(generator_cpu)
         .map(|(process, generator)| process.saturating_sub(generator))
         .map(|server| server.as_secs_f64() * 1e3 / measured.answers.max(1) as f64);
     measured.generator_cpu_ms_per_request =
         generator_cpu.map(|c| c.as_secs_f64() * 1e3 / requests.max(1) as f64);
-    Ok(measured)
 }
 
 fn search_path(data: &Data, offset: i64) -> String {
