@@ -726,7 +726,13 @@ pub fn init() {
     LazyLock::force(&HTTP_IN_FLIGHT);
     LazyLock::force(&CHECKPOINT_FALLBACKS);
     LazyLock::force(&CHECKPOINT_LOADS);
-    LazyLock::force(&CHECKPOINT_WRITES);
+    // stream::checkpoints::Trigger's labels (metrics cannot depend on
+    // stream), so an alert on failed writes sees a series from the start.
+    for trigger in ["interval", "snapshot", "shutdown"] {
+        for outcome in ["ok", "error"] {
+            CHECKPOINT_WRITES.with_label_values(&[trigger, outcome]);
+        }
+    }
     LazyLock::force(&CHECKPOINT_WRITE_DURATION);
     LazyLock::force(&CHECKPOINT_BYTES);
     LazyLock::force(&FLEET_MESSAGES_PUBLISHED);
