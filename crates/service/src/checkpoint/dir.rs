@@ -41,6 +41,22 @@ pub fn prune(dir: &Path, kept: CheckpointName) -> Result<Vec<PathBuf>, Checkpoin
             deleted.push(path);
         }
     }
+    deleted.extend(remove_temporaries(dir)?);
+    if !deleted.is_empty() {
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_error(dir))?;
+    }
+    Ok(deleted)
+}
+
+/// Deletes the temporary files writes left (a process killed mid-write
+/// leaves its whole partial file): called by the one writer before it
+/// writes, not only after a write succeeds, since on a volume sized for
+/// two copies such a leftover makes every later write fail for want of
+/// space, and with them the slot's acknowledgements.
+pub fn remove_temporaries(dir: &Path) -> Result<Vec<PathBuf>, CheckpointError> {
+    let mut deleted = Vec::new();
     for entry in std::fs::read_dir(dir).map_err(io_error(dir))? {
         let entry = entry.map_err(io_error(dir))?;
         let is_temp = entry
@@ -52,11 +68,6 @@ pub fn prune(dir: &Path, kept: CheckpointName) -> Result<Vec<PathBuf>, Checkpoin
             std::fs::remove_file(&path).map_err(io_error(&path))?;
             deleted.push(path);
         }
-    }
-    if !deleted.is_empty() {
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io_error(dir))?;
     }
     Ok(deleted)
 }

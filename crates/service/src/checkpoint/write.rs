@@ -23,7 +23,7 @@ use chrono::Utc;
 use serde::Serialize;
 
 use super::carry::{CountedAttempt, StaleCarry};
-use super::dir::{TEMP_PREFIX, prune};
+use super::dir::{TEMP_PREFIX, prune, remove_temporaries};
 use super::format::{
     ATTEMPT_FRAME_BYTES, ATTEMPTS_PER_FRAME, AttemptsOut, CalendarOut, CountsRecord, END,
     EndRecord, FORMAT_VERSION, Header, HotelRecord, Identity, MAGIC, MAX_SPAN_DAYS, RoomTypeRecord,
@@ -92,6 +92,11 @@ pub fn write(
         lsn: tables.applied,
     };
     let path = dir.join(name.to_string());
+    // A leftover of a write that was killed goes first, so it cannot take
+    // the space this one needs (`dir::remove_temporaries`).
+    if let Err(e) = remove_temporaries(dir) {
+        tracing::warn!(error = %e, "cannot remove a checkpoint write's leftover");
+    }
     // In the same directory, so the rename never crosses a file system;
     // removed on any error before the rename (tempfile's drop).
     let temp = tempfile::Builder::new()
@@ -122,8 +127,12 @@ pub fn write(
     File::open(dir)
         .and_then(|d| d.sync_all())
         .map_err(io_error(dir))?;
-    // Only now is the new one durable: the older ones may go.
-    let pruned = prune(dir, name)?;
+    // Only now is the new one durable: the older ones may go. A prune that
+    // fails does not fail the write, which is durable all the same.
+    let pruned = prune(dir, name).unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "cannot remove checkpoints older than the one written");
+        Vec::new()
+    });
     Ok(Written {
         path,
         name,

@@ -381,9 +381,11 @@ impl HotelStream {
                     room_type_id: rt.id,
                 };
                 if let Some(c) = t.calendars.get(&key) {
+                    // The window's days only, however far the calendar spans.
+                    let from = self.window.from.unwrap_or(NaiveDate::MIN);
+                    let to = self.window.to.unwrap_or(NaiveDate::MAX);
                     nights.extend(
-                        c.iter()
-                            .filter(|(night, _)| self.window.contains(*night))
+                        c.range(from, to)
                             .map(|(night, counts)| NightBody::new(rt.id, night, Some(counts))),
                     );
                 }

@@ -12,7 +12,8 @@
 //! Writes pay for it where they are rare: a new room type restrides its
 //! hotel's block (room types are created once, nights every day), while a
 //! new night appends a row and a past night leaving drops one from the front.
-//! `sell_limit`, set on few nights, lives in a sorted side list per block.
+//! What a night's 8-byte cell cannot say (a limited night's total, a count
+//! past 16 bits) lives in sorted side lists per block (`calendar::Packed`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,7 +21,7 @@ use std::sync::Arc;
 use chrono::NaiveDate;
 
 use super::CalendarKey;
-use super::calendar::{ABSENT, Calendar, NightCounts, Packed, UnstorableValue, date, day};
+use super::calendar::{Calendar, NightCounts, Packed, PackedNight, WideNight, date, day};
 
 /// Rows (days) per page. A write copies the one page it changes, not its
 /// hotel's whole block: 16 rows of 20 room types are 3.8 KB, where a block
@@ -56,9 +57,63 @@ struct Block {
     /// `PAGE_ROWS × types.len()` nights each. Rebuilt when a page comes or
     /// goes (every 16 days at either end of a calendar, or a new column).
     pages: Arc<[Arc<[Packed]>]>,
-    /// `(day, column, sell_limit)` of the nights whose limit is set, sorted;
-    /// shared like the pages, rebuilt when a limit is added or removed.
-    limits: Arc<[SellLimit]>,
+    /// `(day, column, total)` of the nights whose limit is set (their cells
+    /// hold the limit), sorted; shared like the pages, rebuilt when a limit
+    /// is added or removed.
+    limited: Arc<[Side<i32>]>,
+    /// The nights whose cells are `WIDE`, sorted like `limited`; empty in
+    /// every real hotel, which lets search fold a block's cells alone.
+    wide: Arc<[Side<WideNight>]>,
+}
+
+/// What a block keeps beside one night's cell: `(day, column, value)`,
+/// in lists sorted by day, then column, like the rows and their cells.
+type Side<T> = (i32, u32, T);
+
+/// The value kept for day `d`'s cell in `col`.
+fn side_at<T: Copy>(side: &[Side<T>], d: i32, col: usize) -> Option<T> {
+    if side.is_empty() {
+        return None;
+    }
+    side.binary_search_by_key(&(d, col as u32), |(d, c, _)| (*d, *c))
+        .ok()
+        .map(|at| side[at].2)
+}
+
+/// Sets or clears the value kept for day `d`'s cell in `col`.
+fn set_side_at<T: Copy + PartialEq>(
+    side: &mut Arc<[Side<T>]>,
+    d: i32,
+    col: usize,
+    value: Option<T>,
+) {
+    let found = side.binary_search_by_key(&(d, col as u32), |(d, c, _)| (*d, *c));
+    match (found, value) {
+        (Ok(at), Some(v)) if side[at].2 != v => Arc::make_mut(side)[at].2 = v,
+        (Ok(at), None) => {
+            *side = rebuilt(side, |entries| {
+                entries.remove(at);
+            });
+        }
+        (Err(at), Some(v)) => {
+            *side = rebuilt(side, |entries| entries.insert(at, (d, col as u32, v)));
+        }
+        _ => {}
+    }
+}
+
+/// A side list with its columns renumbered for a new or removed column:
+/// `keep` maps an old column to its new one, `None` dropping its entries.
+fn renumbered<T: Copy>(side: &mut Arc<[Side<T>]>, keep: impl Fn(u32) -> Option<u32>) {
+    if side.iter().all(|e| keep(e.1) == Some(e.1)) {
+        return;
+    }
+    *side = rebuilt(side, |entries| {
+        entries.retain(|e| keep(e.1).is_some());
+        for e in entries.iter_mut() {
+            e.1 = keep(e.1).unwrap_or(e.1);
+        }
+    });
 }
 
 impl Default for Block {
@@ -70,7 +125,8 @@ impl Default for Block {
             first: 0,
             end: 0,
             pages: Arc::from([]),
-            limits: Arc::from([]),
+            limited: Arc::from([]),
+            wide: Arc::from([]),
         }
     }
 }
@@ -128,66 +184,48 @@ impl Block {
 
     fn night(&self, col: usize, d: i32) -> Option<NightCounts> {
         let p = self.row(d)?[col];
-        if p.total == ABSENT {
+        if p.is_absent() {
             return None;
         }
-        p.unpack(self.limit_of(d, col))
+        let wide = if p.is_wide() {
+            side_at(&self.wide, d, col)
+        } else {
+            None
+        };
+        p.unpack(side_at(&self.limited, d, col), wide)
     }
 
-    fn limit_of(&self, d: i32, col: usize) -> Option<i32> {
-        if self.limits.is_empty() {
-            return None;
-        }
-        self.limits
-            .binary_search_by_key(&(d, col as u32), |(d, c, _)| (*d, *c))
-            .ok()
-            .map(|at| self.limits[at].2)
-    }
-
-    /// The first limit on day `d` or later (`partition_point(day < d)`).
-    /// Limits are spread over the block's rows, so the search starts where
-    /// `d` would sit if they were spread evenly and walks from there: a
-    /// line or two, where a binary search over a hotel's limits took a
-    /// cache miss per step and was an eighth of a search's fold.
-    fn first_limit_from(&self, d: i32) -> usize {
+    /// The first entry of `side` on day `d` or later (`partition_point(day
+    /// < d)`). Entries are spread over the block's rows, so the search
+    /// starts where `d` would sit if they were spread evenly and walks from
+    /// there: a line or two, where a binary search over a hotel's limits
+    /// took a cache miss per step and was an eighth of a search's fold.
+    fn first_side_from<T>(&self, side: &[Side<T>], d: i32) -> usize {
         const MAX_WALK: usize = 16;
-        let (n, rows) = (self.limits.len(), self.rows());
+        let (n, rows) = (side.len(), self.rows());
         if n == 0 || rows == 0 {
             return 0;
         }
         let offset = (i64::from(d) - i64::from(self.first)).clamp(0, rows as i64) as usize;
         let mut at = (offset * n / rows).min(n);
         for _ in 0..MAX_WALK {
-            if at > 0 && self.limits[at - 1].0 >= d {
+            if at > 0 && side[at - 1].0 >= d {
                 at -= 1;
-            } else if at < n && self.limits[at].0 < d {
+            } else if at < n && side[at].0 < d {
                 at += 1;
             } else {
                 return at;
             }
         }
         // Unevenly spread: fall back to the search.
-        self.limits.partition_point(|l| l.0 < d)
+        side.partition_point(|l| l.0 < d)
     }
 
-    fn set_limit(&mut self, d: i32, col: usize, limit: Option<i32>) {
-        let found = self
-            .limits
-            .binary_search_by_key(&(d, col as u32), |(d, c, _)| (*d, *c));
-        match (found, limit) {
-            (Ok(at), Some(l)) if self.limits[at].2 != l => {
-                Arc::make_mut(&mut self.limits)[at].2 = l
-            }
-            (Ok(at), None) => {
-                self.limits = rebuilt(&self.limits, |limits| {
-                    limits.remove(at);
-                });
-            }
-            (Err(at), Some(l)) => {
-                self.limits = rebuilt(&self.limits, |limits| limits.insert(at, (d, col as u32, l)));
-            }
-            _ => {}
-        }
+    /// Keeps beside day `d`'s cell in `col` what `packed` says goes there,
+    /// and nothing else.
+    fn set_sides(&mut self, d: i32, col: usize, packed: &PackedNight) {
+        set_side_at(&mut self.limited, d, col, packed.limited_total);
+        set_side_at(&mut self.wide, d, col, packed.wide);
     }
 
     /// Every page rebuilt with a cell per row for each column that `keep`
@@ -202,7 +240,7 @@ impl Block {
             .iter()
             .map(|page| {
                 // Empty pages stay one shared page (see `ensure_day`).
-                if page.iter().all(|p| p.total == ABSENT) {
+                if page.iter().all(|p| p.is_absent()) {
                     return empty.clone();
                 }
                 let mut cells = Vec::with_capacity(rows * new_width);
@@ -226,14 +264,10 @@ impl Block {
         });
         self.types = rebuilt(&self.types, |types| types.insert(at, room_type_id));
         self.present = rebuilt(&self.present, |present| present.insert(at, 0));
-        if self.limits.iter().any(|l| l.1 as usize >= at) {
-            for l in Arc::make_mut(&mut self.limits)
-                .iter_mut()
-                .filter(|l| l.1 as usize >= at)
-            {
-                l.1 += 1;
-            }
-        }
+        let at = at as u32;
+        let shift = |col: u32| Some(if col < at { col } else { col + 1 });
+        renumbered(&mut self.limited, shift);
+        renumbered(&mut self.wide, shift);
     }
 
     fn remove_column(&mut self, at: usize) {
@@ -245,14 +279,14 @@ impl Block {
         self.present = rebuilt(&self.present, |present| {
             present.remove(at);
         });
-        if self.limits.iter().any(|l| l.1 as usize >= at) {
-            self.limits = rebuilt(&self.limits, |limits| {
-                limits.retain(|l| l.1 as usize != at);
-                for l in limits.iter_mut().filter(|l| l.1 as usize > at) {
-                    l.1 -= 1;
-                }
-            });
-        }
+        let at = at as u32;
+        let close = |col: u32| match col.cmp(&at) {
+            std::cmp::Ordering::Less => Some(col),
+            std::cmp::Ordering::Equal => None,
+            std::cmp::Ordering::Greater => Some(col - 1),
+        };
+        renumbered(&mut self.limited, close);
+        renumbered(&mut self.wide, close);
         self.trim();
     }
 
@@ -287,7 +321,7 @@ impl Block {
 
     fn day_is_empty(&self, d: i32) -> bool {
         self.row(d)
-            .is_none_or(|row| row.iter().all(|p| p.total == ABSENT))
+            .is_none_or(|row| row.iter().all(|p| p.is_absent()))
     }
 
     /// Narrows the span to the days with nights and drops pages outside it,
@@ -312,7 +346,7 @@ impl Block {
         self.base = page_start(self.first);
     }
 
-    fn set(&mut self, room_type_id: i64, d: i32, packed: Packed, limit: Option<i32>) {
+    fn set(&mut self, room_type_id: i64, d: i32, packed: PackedNight) {
         let col = match self.types.binary_search(&room_type_id) {
             Ok(col) => col,
             Err(at) => {
@@ -325,26 +359,27 @@ impl Block {
             debug_assert!(false, "day {d} is in the span it was just widened to");
             return;
         };
-        let was_absent = row[col].total == ABSENT;
-        row[col] = packed;
+        let was_absent = row[col].is_absent();
+        row[col] = packed.cell;
         if was_absent {
             Arc::make_mut(&mut self.present)[col] += 1;
         }
-        self.set_limit(d, col, limit);
+        self.set_sides(d, col, &packed);
     }
 
     fn remove(&mut self, room_type_id: i64, d: i32) {
         let Ok(col) = self.types.binary_search(&room_type_id) else {
             return;
         };
-        if self.row(d).is_none_or(|row| row[col].total == ABSENT) {
+        if self.row(d).is_none_or(|row| row[col].is_absent()) {
             return;
         }
         if let Some(row) = self.row_mut(d) {
             row[col] = Packed::EMPTY;
         }
         Arc::make_mut(&mut self.present)[col] -= 1;
-        self.set_limit(d, col, None);
+        set_side_at(&mut self.limited, d, col, None);
+        set_side_at(&mut self.wide, d, col, None);
         if self.present[col] == 0 {
             self.remove_column(col);
         } else {
@@ -367,7 +402,8 @@ impl Block {
             .count();
         distinct_pages * PAGE_ROWS as usize * self.width() * std::mem::size_of::<Packed>()
             + self.pages.len() * std::mem::size_of::<Arc<[Packed]>>()
-            + self.limits.len() * std::mem::size_of::<(i32, u32, i32)>()
+            + self.limited.len() * std::mem::size_of::<Side<i32>>()
+            + self.wide.len() * std::mem::size_of::<Side<WideNight>>()
             + self.types.len() * std::mem::size_of::<i64>()
             + self.present.len() * std::mem::size_of::<u32>()
     }
@@ -391,20 +427,23 @@ impl Block {
         // Pages are made as a night lands in them; those none lands in are
         // one shared empty page (see `ensure_day`).
         let mut pages: Vec<Option<Vec<Packed>>> = vec![None; page_count];
-        let mut limits = Vec::new();
+        let (mut limited, mut wide) = (Vec::new(), Vec::new());
         for (col, (_, c)) in kept.iter().enumerate() {
             let offset = (c.first_day() - base) as usize;
             for (i, p) in c.nights().iter().enumerate() {
-                if p.total == ABSENT {
+                if p.is_absent() {
                     continue;
                 }
                 let row = offset + i;
                 let page = pages[row / rows].get_or_insert_with(|| vec![Packed::EMPTY; page_cells]);
                 page[(row % rows) * w + col] = *p;
             }
-            limits.extend(c.limits().iter().map(|&(d, l)| (d, col as u32, l)));
+            limited.extend(c.limited().iter().map(|&(d, t)| (d, col as u32, t)));
+            wide.extend(c.wide().iter().map(|&(d, w)| (d, col as u32, w)));
         }
-        limits.sort_unstable();
+        // By (day, column): a column's entries came in day order.
+        limited.sort_unstable_by_key(|e| (e.0, e.1));
+        wide.sort_unstable_by_key(|e: &Side<WideNight>| (e.0, e.1));
         let empty = Block::empty_page(w);
         Block {
             types: kept.iter().map(|(id, _)| *id).collect(),
@@ -416,7 +455,8 @@ impl Block {
                 .into_iter()
                 .map(|page| page.map_or_else(|| empty.clone(), Arc::from))
                 .collect(),
-            limits: limits.into(),
+            limited: limited.into(),
+            wide: wide.into(),
         }
     }
 }
@@ -483,20 +523,12 @@ impl Calendars {
     }
 
     /// Sets one night of one calendar.
-    pub fn set(
-        &mut self,
-        key: CalendarKey,
-        night: NaiveDate,
-        counts: NightCounts,
-    ) -> Result<(), UnstorableValue> {
-        // Checked before anything changes, so a refused row leaves no column.
-        let packed = Packed::pack(counts).ok_or(UnstorableValue(i32::MIN))?;
+    pub fn set(&mut self, key: CalendarKey, night: NaiveDate, counts: NightCounts) {
         let block = self
             .shard_mut(key.hotel_id)
             .entry(key.hotel_id)
             .or_default();
-        block.set(key.room_type_id, day(night), packed, counts.sell_limit);
-        Ok(())
+        block.set(key.room_type_id, day(night), Packed::pack(counts));
     }
 
     /// Removes one night; a calendar left with none is gone.
@@ -536,10 +568,7 @@ impl Calendars {
         let block = shard.entry(hotel_id).or_default();
         for (room_type_id, calendar) in calendars.iter() {
             for (night, counts) in calendar.iter() {
-                // A calendar holds only storable values, so this always packs.
-                if let Some(packed) = Packed::pack(counts) {
-                    block.set(*room_type_id, day(night), packed, counts.sell_limit);
-                }
+                block.set(*room_type_id, day(night), Packed::pack(counts));
             }
         }
         if block.types.is_empty() {
@@ -654,9 +683,9 @@ impl<'a> HotelCalendars<'a> {
         acc
     }
 
-    /// Reads one word of each cache line that `fold_stay_into` over this
+    /// Reads one word of each cache line that `fold_offers_into` over this
     /// stay will read, for every hotel of `hotels` (the column ids, the
-    /// first sell limit, the stay's rows), and returns a checksum of them,
+    /// stay's rows), and returns a checksum of them,
     /// for the caller to pass to `std::hint::black_box`. Search calls it for
     /// a question's candidates before folding any: a fold that met each
     /// hotel's cache misses in turn spent most of ranking's time waiting.
@@ -678,22 +707,14 @@ impl<'a> HotelCalendars<'a> {
         for hotel in hotels {
             let b = hotel.block;
             sum = sum.wrapping_add(b.types.first().map_or(0, |&id| id as u32));
-            // The line where `first_limit_from` starts its walk, without
-            // the walk: a branch on a value still being fetched would stall
-            // every load after it, those of the next hotels too.
-            let (n, span) = (b.limits.len(), b.rows());
-            if n > 0 && span > 0 {
-                let offset = (i64::from(start) - i64::from(b.first)).clamp(0, span as i64) as usize;
-                sum = sum.wrapping_add(b.limits[(offset * n / span).min(n - 1)].2 as u32);
-            }
             rows.extend((0..nights).filter_map(|i| b.row(start.checked_add(i as i32)?)));
         }
         for cells in rows {
             for p in cells.iter().step_by(CELLS_PER_LINE) {
-                sum = sum.wrapping_add(p.total as u32);
+                sum = sum.wrapping_add(p.free() as u32);
             }
             if let Some(last) = cells.last() {
-                sum = sum.wrapping_add(last.total as u32);
+                sum = sum.wrapping_add(last.free() as u32);
             }
         }
         sum
@@ -704,27 +725,38 @@ impl<'a> HotelCalendars<'a> {
     /// offer accumulator gives, without its generic step. Ranking folds a
     /// city's every hotel this way, and unpacking each night into a
     /// `NightCounts` of `Option`s, then matching on them, was a third of
-    /// its time. A row with a sell limit set (rare) takes the full path.
-    /// (Column by column, each accumulator held in registers over the
-    /// stay's rows, measured no better: the fold waits on memory.)
+    /// its time. A cell holds its night's free units whatever its limit,
+    /// so only a row with a wide night (none in a real hotel) takes the
+    /// full path. (Column by column, each accumulator held in registers
+    /// over the stay's rows, measured no better: the fold waits on memory.)
     pub fn fold_offers_into(&self, check_in: NaiveDate, nights: usize, acc: &mut Vec<StayOffer>) {
+        let b = self.block;
         acc.clear();
-        acc.resize(self.block.width(), StayOffer::START);
+        acc.resize(b.width(), StayOffer::START);
         if nights == 0 {
             acc.iter_mut().for_each(|a| a.absent = true);
             return;
         }
-        for row in self.stay_rows(check_in, nights) {
-            match row {
-                None => acc.iter_mut().for_each(|a| a.absent = true),
-                Some((cells, [])) => {
-                    for (a, p) in acc.iter_mut().zip(cells) {
-                        a.add_packed(*p);
+        if !b.wide.is_empty() {
+            for row in self.stay_rows(check_in, nights) {
+                match row {
+                    None => acc.iter_mut().for_each(|a| a.absent = true),
+                    Some((cells, limited, wide)) => {
+                        for (a, night) in acc.iter_mut().zip(unpacked(cells, limited, wide)) {
+                            a.add(night);
+                        }
                     }
                 }
-                Some((cells, limits)) => {
-                    for (a, night) in acc.iter_mut().zip(unpacked(cells, limits)) {
-                        a.add(night);
+            }
+            return;
+        }
+        let start = day(check_in);
+        for i in 0..nights {
+            match start.checked_add(i as i32).and_then(|d| b.row(d)) {
+                None => acc.iter_mut().for_each(|a| a.absent = true),
+                Some(cells) => {
+                    for (a, p) in acc.iter_mut().zip(cells) {
+                        a.add_packed(*p);
                     }
                 }
             }
@@ -745,8 +777,8 @@ impl<'a> HotelCalendars<'a> {
         acc.resize(self.block.width(), init);
         for row in self.stay_rows(check_in, nights) {
             match row {
-                Some((cells, limits)) => {
-                    for (a, night) in acc.iter_mut().zip(unpacked(cells, limits)) {
+                Some((cells, limited, wide)) => {
+                    for (a, night) in acc.iter_mut().zip(unpacked(cells, limited, wide)) {
                         step(a, night);
                     }
                 }
@@ -755,11 +787,11 @@ impl<'a> HotelCalendars<'a> {
         }
     }
 
-    /// The `nights` rows from `check_in` on, each with the sell limits set
-    /// on its night (sorted by column, usually none), or `None` for a night
-    /// outside the block's span. The limits are sorted by (day, column)
-    /// like the rows: one search for the first night, then a forward walk
-    /// along with the rows.
+    /// The `nights` rows from `check_in` on, each with what its night keeps
+    /// beside its cells (sorted by column, usually nothing), or `None` for
+    /// a night outside the block's span. The side lists are sorted by
+    /// (day, column) like the rows: one search for the first night, then a
+    /// forward walk along with the rows.
     fn stay_rows(
         &self,
         check_in: NaiveDate,
@@ -767,41 +799,59 @@ impl<'a> HotelCalendars<'a> {
     ) -> impl Iterator<Item = Option<StayRow<'a>>> + use<'a> {
         let b = self.block;
         let start = day(check_in);
-        let mut next_limit = b.first_limit_from(start);
+        let mut limited = SideWalk::new(&b.limited, b.first_side_from(&b.limited, start));
+        let mut wide = SideWalk::new(&b.wide, b.first_side_from(&b.wide, start));
         (0..nights).map(move |i| {
             let d = start.checked_add(i as i32)?;
             let cells = b.row(d)?;
-            while b.limits.get(next_limit).is_some_and(|l| l.0 < d) {
-                next_limit += 1;
-            }
-            // A walk, not a search: usually the first limit looked at is
-            // already of a later night.
-            let on_night = b.limits[next_limit..]
-                .iter()
-                .take_while(|l| l.0 == d)
-                .count();
-            Some((cells, &b.limits[next_limit..next_limit + on_night]))
+            Some((cells, limited.on(d), wide.on(d)))
         })
     }
 }
 
-/// A sell limit as a block keeps it: `(day, column, sell_limit)`.
-type SellLimit = (i32, u32, i32);
+/// A forward walk over a side list, along the rows of a stay.
+struct SideWalk<'a, T> {
+    side: &'a [Side<T>],
+    next: usize,
+}
 
-/// One night's row of a stay, with the sell limits set on that night.
-type StayRow<'a> = (&'a [Packed], &'a [SellLimit]);
+impl<'a, T> SideWalk<'a, T> {
+    fn new(side: &'a [Side<T>], next: usize) -> SideWalk<'a, T> {
+        SideWalk { side, next }
+    }
 
-/// A row's nights in column order, each unpacked with its sell limit
-/// (`limits`: the night's, sorted by column): merged along the row rather
-/// than searched for per cell.
+    /// The entries of day `d`, which is no earlier than the last asked.
+    fn on(&mut self, d: i32) -> &'a [Side<T>] {
+        while self.side.get(self.next).is_some_and(|e| e.0 < d) {
+            self.next += 1;
+        }
+        // A walk, not a search: usually the first entry looked at is
+        // already of a later night.
+        let on_night = self.side[self.next..]
+            .iter()
+            .take_while(|e| e.0 == d)
+            .count();
+        &self.side[self.next..self.next + on_night]
+    }
+}
+
+/// One night's row of a stay, with what that night keeps beside its cells.
+type StayRow<'a> = (&'a [Packed], &'a [Side<i32>], &'a [Side<WideNight>]);
+
+/// A row's nights in column order, each unpacked with what it keeps
+/// beside its cell (the night's entries, sorted by column): merged along
+/// the row rather than searched for per cell.
 fn unpacked<'r>(
     cells: &'r [Packed],
-    limits: &'r [SellLimit],
+    limited: &'r [Side<i32>],
+    wide: &'r [Side<WideNight>],
 ) -> impl Iterator<Item = Option<NightCounts>> + 'r {
-    let mut limits = limits.iter().peekable();
+    let mut limited = limited.iter().peekable();
+    let mut wide = wide.iter().peekable();
     cells.iter().enumerate().map(move |(col, p)| {
-        let limit = limits.next_if(|l| l.1 as usize == col).map(|l| l.2);
-        p.unpack(limit)
+        let total = limited.next_if(|e| e.1 as usize == col).map(|e| e.2);
+        let whole = wide.next_if(|e| e.1 as usize == col).map(|e| e.2);
+        p.unpack(total, whole)
     })
 }
 
@@ -846,11 +896,12 @@ impl StayOffer {
         acc
     }
 
-    /// One night with no sell limit, straight from its stored form, with
-    /// no branch on what it holds.
+    /// One night straight from its cell, with no branch on what it holds;
+    /// not a wide one (its cell does not hold its counts).
     fn add_packed(&mut self, night: Packed) {
+        debug_assert!(!night.is_wide());
         self.absent |= night.is_absent();
-        self.min_free = self.min_free.min(night.free_without_limit());
+        self.min_free = self.min_free.min(night.free());
         let (price, unpriced) = night.price_or_null();
         self.unpriced |= unpriced;
         self.price = self.price.wrapping_add(i64::from(price));
@@ -893,15 +944,41 @@ impl<'a> CalendarView<'a> {
 
     /// Every night with a row, in date order.
     pub fn iter(&self) -> impl Iterator<Item = (NaiveDate, NightCounts)> + use<'a> {
-        let (block, col) = (self.block, self.col);
-        (block.first..block.end).filter_map(move |d| Some((date(d), block.night(col, d)?)))
+        self.days().map(|(d, counts)| (date(d), counts))
     }
 
     /// As `iter`, with each night as its day since 1970-01-01 (the
     /// checkpoint's unit): no date conversion per night.
     pub fn days(&self) -> impl DoubleEndedIterator<Item = (i32, NightCounts)> + use<'a> {
+        self.days_between(i32::MIN, i32::MAX)
+    }
+
+    /// The nights with a row on days in `[from, to)`, walked page by page:
+    /// a run of the shared empty page (the gap before a far night, such as
+    /// an owner's 9999-12-31, is one) is skipped whole, where a walk day by
+    /// day spent a second of CPU per request on such a hotel's calendar.
+    fn days_between(
+        &self,
+        from: i32,
+        to: i32,
+    ) -> impl DoubleEndedIterator<Item = (i32, NightCounts)> + use<'a> {
         let (block, col) = (self.block, self.col);
-        (block.first..block.end).filter_map(move |d| Some((d, block.night(col, d)?)))
+        let (from, to) = (from.max(block.first), to.min(block.end));
+        let pages = if from < to {
+            let page_of = |d: i32| ((d - block.base) / PAGE_ROWS) as usize;
+            page_of(from)..page_of(to - 1) + 1
+        } else {
+            0..0
+        };
+        pages
+            // A page at two places of one block is the shared empty one: a
+            // write copies a shared page before it changes it (`row_mut`).
+            .filter(move |&p| p == 0 || !Arc::ptr_eq(&block.pages[p], &block.pages[p - 1]))
+            .flat_map(move |p| {
+                let start = block.base + p as i32 * PAGE_ROWS;
+                (start.max(from)..(start + PAGE_ROWS).min(to))
+                    .filter_map(move |d| Some((d, block.night(col, d)?)))
+            })
     }
 
     /// The `nights` nights from `check_in` on, each `None` when it has no
@@ -915,13 +992,15 @@ impl<'a> CalendarView<'a> {
         (0..nights).map(move |i| block.night(col, d.checked_add(i as i32)?))
     }
 
-    /// Nights in `[from, to)` that have a row.
+    /// Nights in `[from, to)` that have a row: only the days of the range
+    /// are walked, however far the calendar spans.
     pub fn range(
         &self,
         from: NaiveDate,
         to: NaiveDate,
     ) -> impl Iterator<Item = (NaiveDate, NightCounts)> + use<'a> {
-        self.iter().filter(move |(n, _)| *n >= from && *n < to)
+        self.days_between(day(from), day(to))
+            .map(|(d, counts)| (date(d), counts))
     }
 }
 
@@ -969,7 +1048,7 @@ mod tests {
         let mut c = Calendars::default();
         for rt in [3, 1, 2] {
             for n in 0..10 {
-                c.set(key(7, rt), d(n), counts(rt as i32, 0, None)).unwrap();
+                c.set(key(7, rt), d(n), counts(rt as i32, 0, None));
             }
         }
         let block = c.block(7).unwrap();
@@ -980,7 +1059,7 @@ mod tests {
             .row(day(d(4)))
             .unwrap()
             .iter()
-            .map(|p| p.total)
+            .map(|p| p.free())
             .collect();
         assert_eq!(row, vec![1, 2, 3]);
         let stay: Vec<_> = c.get(&key(7, 2)).unwrap().stay(d(8), 3).collect();
@@ -999,11 +1078,11 @@ mod tests {
         let far = NaiveDate::from_ymd_opt(9999, 12, 31).unwrap();
         let mut c = Calendars::default();
         for rt in 1..=20 {
-            c.set(key(1, rt), d(0), counts(5, 0, None)).unwrap();
+            c.set(key(1, rt), d(0), counts(5, 0, None));
         }
-        c.set(key(1, 1), far, counts(5, 0, None)).unwrap();
+        c.set(key(1, 1), far, counts(5, 0, None));
         assert!(c.heap_bytes() < 4 << 20, "{} bytes", c.heap_bytes());
-        c.set(key(1, 21), d(1), counts(2, 0, None)).unwrap();
+        c.set(key(1, 21), d(1), counts(2, 0, None));
         assert!(
             c.heap_bytes() < 4 << 20,
             "after a new room type: {}",
@@ -1011,7 +1090,7 @@ mod tests {
         );
         let published = c.clone();
         let middle = NaiveDate::from_ymd_opt(5000, 6, 1).unwrap();
-        c.set(key(1, 2), middle, counts(7, 1, None)).unwrap();
+        c.set(key(1, 2), middle, counts(7, 1, None));
         assert_eq!(
             c.get(&key(1, 2)).unwrap().get(middle),
             Some(counts(7, 1, None))
@@ -1027,12 +1106,28 @@ mod tests {
             nights,
             vec![(d(0), counts(5, 0, None)), (middle, counts(7, 1, None))]
         );
+        let far_nights: Vec<_> = c.get(&key(1, 1)).unwrap().iter().collect();
+        assert_eq!(
+            far_nights,
+            vec![(d(0), counts(5, 0, None)), (far, counts(5, 0, None))]
+        );
+        let around_middle: Vec<_> = c
+            .get(&key(1, 2))
+            .unwrap()
+            .range(
+                middle - chrono::Days::new(20),
+                middle + chrono::Days::new(1),
+            )
+            .collect();
+        assert_eq!(around_middle, vec![(middle, counts(7, 1, None))]);
+        let up_to_middle = c.get(&key(1, 2)).unwrap().range(d(1), middle).count();
+        assert_eq!(up_to_middle, 0);
 
         let mut laid_out = Calendars::default();
         let mut near = Calendar::default();
-        near.set(d(0), counts(5, 0, None)).unwrap();
+        near.set(d(0), counts(5, 0, None));
         let mut far_too = near.clone();
-        far_too.set(far, counts(5, 0, None)).unwrap();
+        far_too.set(far, counts(5, 0, None));
         laid_out.insert_hotel(1, &mut [(1, far_too), (2, near)]);
         assert!(laid_out.heap_bytes() < 4 << 20, "{}", laid_out.heap_bytes());
         assert_eq!(
@@ -1049,9 +1144,9 @@ mod tests {
         let mut c = Calendars::default();
         let old = NaiveDate::from_ymd_opt(1969, 12, 30).unwrap();
         let older = NaiveDate::from_ymd_opt(1066, 10, 14).unwrap();
-        c.set(key(1, 1), old, counts(5, 1, None)).unwrap();
-        c.set(key(1, 1), older, counts(4, 0, None)).unwrap();
-        c.set(key(1, 2), d(0), counts(3, 0, None)).unwrap();
+        c.set(key(1, 1), old, counts(5, 1, None));
+        c.set(key(1, 1), older, counts(4, 0, None));
+        c.set(key(1, 2), d(0), counts(3, 0, None));
         let nights: Vec<_> = c.get(&key(1, 1)).unwrap().iter().collect();
         assert_eq!(
             nights,
@@ -1075,14 +1170,12 @@ mod tests {
         for hotel in 1..=2 {
             for rt in 1..=3 {
                 for n in 0..100 {
-                    original
-                        .set(key(hotel, rt), d(n), counts(5, 0, None))
-                        .unwrap();
+                    original.set(key(hotel, rt), d(n), counts(5, 0, None));
                 }
             }
         }
         let mut copy = original.clone();
-        copy.set(key(1, 2), d(40), counts(5, 1, None)).unwrap();
+        copy.set(key(1, 2), d(40), counts(5, 1, None));
         let (mine, theirs) = (copy.block(1).unwrap(), original.block(1).unwrap());
         let shared = mine
             .pages
@@ -1107,9 +1200,9 @@ mod tests {
     #[test]
     fn limits_follow_their_column_when_columns_come_and_go() {
         let mut c = Calendars::default();
-        c.set(key(1, 5), d(0), counts(4, 0, Some(6))).unwrap();
-        c.set(key(1, 9), d(0), counts(4, 0, Some(8))).unwrap();
-        c.set(key(1, 2), d(0), counts(4, 0, None)).unwrap();
+        c.set(key(1, 5), d(0), counts(4, 0, Some(6)));
+        c.set(key(1, 9), d(0), counts(4, 0, Some(8)));
+        c.set(key(1, 2), d(0), counts(4, 0, None));
         assert_eq!(
             c.get(&key(1, 9)).unwrap().get(d(0)).unwrap().sell_limit,
             Some(8)
@@ -1129,13 +1222,24 @@ mod tests {
         assert!(c.is_empty());
     }
 
+    /// A cell's markers are values an owner row may hold too: kept whole
+    /// beside the cell, and a stay over them folds as over any night.
     #[test]
-    fn a_refused_value_adds_nothing() {
+    fn the_markers_values_are_stored_and_folded() {
         let mut c = Calendars::default();
-        let bad = counts(i32::MIN, 0, None);
-        assert!(c.set(key(1, 1), d(0), bad).is_err());
-        assert!(c.is_empty());
-        assert_eq!(c.len(), 0);
+        let marked = NightCounts {
+            total: i32::MIN,
+            taken: 0,
+            sell_limit: Some(3),
+            price_cents: Some(i32::MIN),
+        };
+        c.set(key(1, 1), d(0), marked);
+        c.set(key(1, 1), d(1), counts(5, 1, None));
+        assert_eq!(c.get(&key(1, 1)).unwrap().get(d(0)), Some(marked));
+        let mut offers = Vec::new();
+        c.hotel(1).unwrap().fold_offers_into(d(0), 2, &mut offers);
+        let price = i64::from(i32::MIN) + i64::from(counts(5, 1, None).price_cents.unwrap());
+        assert_eq!(offers[0].offer(), Some((3, Some(price))));
     }
 
     #[derive(Debug, Clone)]
@@ -1146,15 +1250,21 @@ mod tests {
         Bulk(i64, Vec<(i64, i64, i32)>),
     }
 
+    /// Mostly counts a cell holds, some that only a wide night does
+    /// (past 16 bits, negative).
+    fn count() -> impl Strategy<Value = i32> {
+        prop_oneof![12 => 0i32..50, 1 => 65_530i32..65_540, 1 => (i32::MIN + 1)..=i32::MAX]
+    }
+
     fn op() -> impl Strategy<Value = Op> {
         let hotel = 0i64..3;
         let rt = 0i64..5;
         let night = 0i64..40;
         prop_oneof![
-            4 => (hotel.clone(), rt.clone(), night.clone(), 0i32..50, 0i32..50, proptest::option::of(0i32..60))
+            4 => (hotel.clone(), rt.clone(), night.clone(), count(), count(), proptest::option::of(count()))
                 .prop_map(|(h, r, n, t, k, s)| Op::Set(h, r, n, t, k, s)),
             3 => (hotel.clone(), rt.clone(), night.clone()).prop_map(|(h, r, n)| Op::Remove(h, r, n)),
-            1 => (hotel, proptest::collection::vec((rt, night, 0i32..50), 0..30))
+            1 => (hotel, proptest::collection::vec((rt, night, count()), 0..30))
                 .prop_map(|(h, rows)| Op::Bulk(h, rows)),
         ]
     }
@@ -1172,10 +1282,10 @@ mod tests {
                         // Some nights unpriced, the others priced apart,
                         // so a stay's price is a sum that can be wrong.
                         let c = NightCounts {
-                            price_cents: (k % 5 != 0).then_some(100 + t),
+                            price_cents: (k % 5 != 0).then_some(100 + t.rem_euclid(1000)),
                             ..counts(t, k, s)
                         };
-                        cals.set(key(h, r), d(n), c).unwrap();
+                        cals.set(key(h, r), d(n), c);
                         map.insert((key(h, r), d(n)), c);
                     }
                     Op::Remove(h, r, n) => {
@@ -1193,7 +1303,7 @@ mod tests {
                                     built.len() - 1
                                 }
                             };
-                            built[at].1.set(d(n), c).unwrap();
+                            built[at].1.set(d(n), c);
                             map.insert((key(h, r), d(n)), c);
                         }
                         cals.insert_hotel(h, &mut built);
@@ -1230,8 +1340,21 @@ mod tests {
                     }
                 }
                 for day in -2..45 {
-                    let want = block.limits.partition_point(|l| l.0 < super::day(d(day)));
-                    prop_assert_eq!(block.first_limit_from(super::day(d(day))), want);
+                    let at = super::day(d(day));
+                    let want = block.limited.partition_point(|l| l.0 < at);
+                    prop_assert_eq!(block.first_side_from(&block.limited, at), want);
+                    let want = block.wide.partition_point(|l| l.0 < at);
+                    prop_assert_eq!(block.first_side_from(&block.wide, at), want);
+                }
+                for (from, to) in [(0, 40), (3, 19), (-5, 2), (16, 17), (39, 80), (20, 10)] {
+                    for rt in hotel.room_type_ids() {
+                        let got: Vec<_> = cals.get(&key(*h, *rt)).unwrap().range(d(from), d(to)).collect();
+                        let want: Vec<_> = map
+                            .range((key(*h, *rt), d(from))..(key(*h, *rt), d(to.max(from))))
+                            .map(|((_, n), c)| (*n, *c))
+                            .collect();
+                        prop_assert_eq!(got, want);
+                    }
                 }
                 for (k, n) in map.keys() {
                     if k.hotel_id == *h {

@@ -31,7 +31,7 @@ use arc_swap::ArcSwap;
 use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 
-pub use calendar::{NightCounts, UnstorableValue};
+pub use calendar::NightCounts;
 pub use calendars::Calendars;
 pub use held::{Changes, HeldBudget, HeldChanges, SpillError};
 pub use room_types::RoomTypes;
@@ -204,13 +204,6 @@ pub struct Tables {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
-    #[error("inventory {hotel_id}/{room_type_id} {night}: {source}")]
-    Unstorable {
-        hotel_id: i64,
-        room_type_id: i64,
-        night: NaiveDate,
-        source: UnstorableValue,
-    },
     /// The transaction's spill file could not be read back: nothing of it
     /// is applied, and the session that fails starts it over from the slot.
     #[error(transparent)]
@@ -319,14 +312,7 @@ impl Tables {
                 }
             }
             Change::UpsertNight { key, night, counts } => {
-                self.calendars
-                    .set(*key, *night, *counts)
-                    .map_err(|source| ApplyError::Unstorable {
-                        hotel_id: key.hotel_id,
-                        room_type_id: key.room_type_id,
-                        night: *night,
-                        source,
-                    })?;
+                self.calendars.set(*key, *night, *counts);
             }
             Change::DeleteNight { key, night } => {
                 self.calendars.remove_night(*key, *night);
@@ -537,9 +523,9 @@ impl ReadModel {
                 ..Applied::default()
             });
         }
-        // No walk to validate first: a bad row (`Unstorable`) or a spill
-        // file that cannot be read whole fails the walk below, and a failed
-        // walk publishes nothing, so the whole transaction stays unapplied.
+        // No walk to validate first: a spill file that cannot be read whole
+        // fails the walk below, and a failed walk publishes nothing, so the
+        // whole transaction stays unapplied.
         // (A spilled transaction's walks each read its file back: one fewer
         // is one fewer read of the file.)
         let applied = self.write(|tables| {
@@ -614,9 +600,7 @@ impl ReadModel {
         let mut owner: HashMap<CalendarKey, std::collections::BTreeMap<NaiveDate, NightCounts>> =
             keys.iter().map(|k| (*k, Default::default())).collect();
         for (key, night, counts) in rows {
-            if counts.is_storable() {
-                owner.entry(*key).or_default().insert(*night, *counts);
-            }
+            owner.entry(*key).or_default().insert(*night, *counts);
         }
         let merged = self.write(|tables| {
             let mut repairs: Vec<Change> = Vec::new();
@@ -638,8 +622,7 @@ impl ReadModel {
                     {
                         continue;
                     }
-                    // Storable was checked above, so this cannot fail.
-                    let _ = tables.calendars.set(key, night, counts);
+                    tables.calendars.set(key, night, counts);
                     repairs.push(Change::UpsertNight { key, night, counts });
                 }
             }
@@ -905,33 +888,37 @@ mod tests {
         assert!(Arc::ptr_eq(&now.room_types, &held.room_types));
     }
 
-    /// A transaction with a row the copy cannot store leaves the copy as it
-    /// was: not one of its rows shows, and the very same copy is served.
+    /// A row holding a value the copy's cells use as a marker applies like
+    /// any other (it was refused, and the refusal replayed forever halted
+    /// every copy of the owner); a replay from before the copy's position
+    /// is skipped, not applied.
     #[test]
-    fn a_refused_transaction_publishes_nothing() {
+    fn every_value_an_owner_row_holds_applies() {
         let model = three_hotels();
-        let before = model.read();
-        let unstorable = Change::UpsertNight {
-            key: CalendarKey {
-                hotel_id: 3,
-                room_type_id: 1,
-            },
-            night: night(1),
-            counts: NightCounts {
-                total: i32::MIN,
-                taken: 0,
-                sell_limit: None,
-                price_cents: None,
-            },
+        let marked = NightCounts {
+            total: i32::MIN,
+            taken: i32::MIN,
+            sell_limit: Some(i32::MIN),
+            price_cents: Some(i32::MIN),
         };
-        let refused = model.apply(&txn(20, vec![upsert(1, 0, 7), unstorable]));
-        assert!(matches!(
-            refused,
-            Err(ApplyError::Unstorable { hotel_id: 3, .. })
-        ));
-        assert!(Arc::ptr_eq(&before, &model.read()));
-        assert_eq!(model.freshness.applied(), Lsn(10));
-        // A replay from before the copy's position is skipped, not applied.
+        let key = CalendarKey {
+            hotel_id: 3,
+            room_type_id: 1,
+        };
+        let row = Change::UpsertNight {
+            key,
+            night: night(1),
+            counts: marked,
+        };
+        let applied = model.apply(&txn(20, vec![upsert(1, 0, 7), row])).unwrap();
+        assert!(!applied.skipped);
+        let copy = model.read();
+        assert_eq!(
+            copy.calendars.get(&key).unwrap().get(night(1)),
+            Some(marked)
+        );
+        assert_eq!(taken(&copy, 1, 0), Some(7));
+        assert!(model.freshness.applied() >= Lsn(20));
         let replay = model.apply(&txn(5, vec![upsert(2, 0, 9)])).unwrap();
         assert!(replay.skipped);
         assert_eq!(taken(&model.read(), 2, 0), Some(0));

@@ -581,18 +581,16 @@ mod tests {
                 room_type_id: 1,
             };
             for n in 0..nights {
-                t.calendars
-                    .set(
-                        key,
-                        day + chrono::Days::new(n),
-                        NightCounts {
-                            total: 3,
-                            taken: 1,
-                            sell_limit: None,
-                            price_cents: None,
-                        },
-                    )
-                    .unwrap();
+                t.calendars.set(
+                    key,
+                    day + chrono::Days::new(n),
+                    NightCounts {
+                        total: 3,
+                        taken: 1,
+                        sell_limit: None,
+                        price_cents: None,
+                    },
+                );
             }
         }
         t

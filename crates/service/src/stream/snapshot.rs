@@ -307,14 +307,7 @@ async fn copy_inventory(
                 }
                 gathering = Some(key.hotel_id);
             }
-            scratch_calendar(&mut gathered, &mut spare, key.room_type_id)
-                .set(night, counts)
-                .map_err(|source| ApplyError::Unstorable {
-                    hotel_id: key.hotel_id,
-                    room_type_id: key.room_type_id,
-                    night,
-                    source,
-                })?;
+            scratch_calendar(&mut gathered, &mut spare, key.room_type_id).set(night, counts);
             ticker.row(progress);
         }
     }
