@@ -880,8 +880,9 @@ async fn observability_every_metric_in_dashboards_and_rules_is_exported() {
             404,
         ),
         (
+            // Past the owner's position: no write gave it.
             format!("/v1/search?city=porto&{stay}&room=2&min_lsn=FFFFFFFF/0"),
-            200,
+            400,
         ),
         ("/v1/search?city=porto&check_in=soon".to_string(), 400),
         (format!("/v1/hotels/2/availability?{stay}&room=2"), 200),

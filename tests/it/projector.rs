@@ -836,6 +836,140 @@ async fn ttl_reread_survives_a_column_of_another_type() {
     app.stop(Duration::from_secs(5)).await;
 }
 
+/// With `stream.schema` set, the TTL re-read reads that schema's
+/// `inventory`. It named the table without one, so the role's
+/// `search_path` chose: with a `public.inventory` beside it (a legacy
+/// table, another tenant's), every re-read merged that table's rows over
+/// the copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttl_rereads_read_the_schema_the_stream_follows() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    client
+        .batch_execute(
+            "CREATE SCHEMA booking;
+             CREATE TABLE booking.hotels (LIKE public.hotels INCLUDING ALL);
+             CREATE TABLE booking.room_types (LIKE public.room_types INCLUDING ALL);
+             CREATE TABLE booking.inventory (LIKE public.inventory INCLUDING ALL);
+             INSERT INTO booking.hotels SELECT * FROM public.hotels;
+             INSERT INTO booking.room_types SELECT * FROM public.room_types;
+             INSERT INTO booking.inventory SELECT * FROM public.inventory;
+             UPDATE public.inventory SET taken = taken + 1;",
+        )
+        .await
+        .unwrap();
+    let mut settings = settings_for(&owner);
+    settings.stream.schema = "booking".into();
+    settings.model.ttl_secs = 2;
+    let app = start_app(settings).await;
+    let booking = owner.client().await;
+    booking
+        .batch_execute("SET search_path = booking")
+        .await
+        .unwrap();
+    caught_up(&app.model, &booking).await;
+    let merged_at_start = app.refresh.merged.load(Ordering::Relaxed);
+    wait_for(
+        "two TTL re-reads of every calendar to be merged",
+        Duration::from_secs(60),
+        || async {
+            (app.refresh.merged.load(Ordering::Relaxed) >= merged_at_start + 2).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(app.refresh.repaired.load(Ordering::Relaxed), 0);
+    assert_eq!(copy_inventory(&app.model), owner_inventory(&booking).await);
+    app.stop(Duration::from_secs(5)).await;
+}
+
+/// A snapshot's copy is as of the slot's creation, and its load takes a
+/// while (most of a minute at 73M rows) as the owner commits on. Swapped in,
+/// it is not caught up until it has applied what the owner committed by
+/// the end of the load: it was taken as "as new as the owner", so a node
+/// answered ready, with lag 0, from a copy that lacked those commits until
+/// the slot's watch next looked. Here a hotel is committed while a load of
+/// a million rows is under way and the stream is stopped: the loaded copy
+/// lacks the hotel and says it is not caught up, until the stream goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_is_not_caught_up_with_what_the_owner_committed_during_its_load() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    // A load that takes a while: about a million more nights.
+    client
+        .batch_execute(
+            "INSERT INTO hotels (id, name, city, country)
+               SELECT h, 'Hotel ' || h, 'Porto', 'PT' FROM generate_series(1000, 1999) h;
+             INSERT INTO room_types (hotel_id, id, name, max_guests)
+               SELECT h, r, 'Room ' || r, 2 FROM generate_series(1000, 1999) h, generate_series(1, 3) r;
+             INSERT INTO inventory (hotel_id, room_type_id, night, total, taken, price_cents)
+               SELECT h, r, DATE '2030-01-01' + n, 5, 0, 10000
+               FROM generate_series(1000, 1999) h, generate_series(1, 3) r, generate_series(0, 364) n;",
+        )
+        .await
+        .unwrap();
+    let mut settings = settings_for(&owner);
+    // Only the copy's own position may say how far it is behind.
+    settings.stream.slot_watch_interval_ms = 600_000;
+    let app = start_app(settings).await;
+    // Rows arrive: the slot is made and its snapshot exported (stopping its
+    // walsender before could stop the slot's creation halfway).
+    wait_for(
+        "the snapshot's load to be under way",
+        Duration::from_secs(30),
+        || async {
+            (app.status.snapshot.rows_loaded.load(Ordering::Relaxed) > 0).then_some(())
+        },
+    )
+    .await;
+    // The slot is not held while the snapshot loads: its walsender is the
+    // one replication connection there is.
+    let walsender: i32 = client
+        .query_one(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'walsender'",
+            &[],
+        )
+        .await
+        .expect("one walsender")
+        .get(0);
+    let signal = |which: &str| {
+        let status = std::process::Command::new("kill")
+            .args([which, &walsender.to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {which} {walsender}");
+    };
+    signal("-STOP");
+    client
+        .batch_execute(
+            "INSERT INTO hotels (id, name, city, country) VALUES (900, 'During the load', 'Porto', 'PT')",
+        )
+        .await
+        .unwrap();
+    let loaded_before_the_hotel = app.model.freshness.is_loaded();
+    wait_for(
+        "the snapshot's copy to be swapped in",
+        Duration::from_secs(60),
+        || async { app.model.freshness.is_loaded().then_some(()) },
+    )
+    .await;
+    let in_copy = app.model.read().hotels.contains_key(&900);
+    let caught_up = app.model.freshness.caught_up();
+    signal("-CONT");
+    assert!(
+        !loaded_before_the_hotel && !in_copy,
+        "the load ended before the hotel was committed: make it longer"
+    );
+    assert!(
+        !caught_up,
+        "a copy without a hotel the owner committed before it was swapped in says it is caught up"
+    );
+    assert_converged(&app.model, &client).await;
+    assert!(app.model.read().hotels.contains_key(&900));
+    app.stop(Duration::from_secs(5)).await;
+}
+
 /// Re-reads racing a busy stream never put an older value over a newer one:
 /// with every change delivered, a correct merge finds nothing to repair.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio_postgres::Client;
 use tokio_postgres::types::PgLsn;
+use vacancy_lab::cluster::StopMode;
 use vacancy_service::Lsn;
 
 use crate::process::{Serve, assert_binary_converged, released_slot};
@@ -339,6 +340,76 @@ async fn every_unusable_checkpoint_falls_back_to_a_snapshot_with_its_reason() {
         &moved,
         "moved",
         "other_owner",
+    )
+    .await;
+}
+
+/// An owner put back to an earlier point on the same system and timeline
+/// (a volume snapshot restored): its WAL is behind the checkpoint, whose
+/// copy holds commits the owner no longer has. The checkpoint was loaded
+/// and the stream started at it, so the owner's new commits below it were
+/// skipped for good; now the start falls back to a snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_past_the_owners_wal_falls_back_to_a_snapshot() {
+    let mut owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    let logs = tempfile::tempdir().unwrap();
+    let dir = logs.path().join("checkpoints");
+    // The slot, and a checkpoint it is acknowledged to.
+    fresh_checkpoint(&owner, &client, logs.path(), &dir, "first").await;
+    drop(client);
+    let saved = logs.path().join("saved-data");
+    let copy_dir = |from: &Path, to: &Path| {
+        let status = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(from)
+            .arg(to)
+            .status()
+            .expect("run cp");
+        assert!(
+            status.success(),
+            "cp -a {} {}",
+            from.display(),
+            to.display()
+        );
+    };
+    owner.cluster.stop(StopMode::Fast).expect("stop the owner");
+    copy_dir(owner.cluster.data_dir(), &saved);
+    owner.cluster.start_again().expect("start the owner");
+    // Commits past the saved point, and a checkpoint of them.
+    let client = owner.client().await;
+    let file = fresh_checkpoint(&owner, &client, logs.path(), &dir, "second").await;
+    drop(client);
+    owner.cluster.stop(StopMode::Fast).expect("stop the owner");
+    std::fs::remove_dir_all(owner.cluster.data_dir()).expect("remove the data directory");
+    copy_dir(&saved, owner.cluster.data_dir());
+    owner
+        .cluster
+        .start_again()
+        .expect("start the restored owner");
+    let client = owner.client().await;
+    let owner_at = vacancy_service::slot::current_wal_lsn(&client)
+        .await
+        .unwrap();
+    let file_at = lsn_of(&file);
+    assert!(
+        file_at > owner_at,
+        "the restored owner ({owner_at}) is behind the checkpoint ({file_at})"
+    );
+    client
+        .batch_execute(
+            "INSERT INTO hotels (id, name, city, country) VALUES (900, 'After the restore', 'Porto', 'PT')",
+        )
+        .await
+        .unwrap();
+    assert_falls_back(
+        &owner,
+        &client,
+        logs.path(),
+        &dir,
+        "restored",
+        "owner_behind",
     )
     .await;
 }

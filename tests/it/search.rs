@@ -662,6 +662,31 @@ async fn min_lsn_reads_your_writes() {
             .unwrap()
             >= lsn
     );
+    // A position no owner write gave (past the owner's, or of a later
+    // timeline) is the guest's error, not a reason to read every candidate
+    // from the owner: it made every such search a full owner read.
+    let timeline: u32 = client
+        .query_one("SELECT timeline_id FROM pg_control_checkpoint()", &[])
+        .await
+        .unwrap()
+        .get::<_, i32>(0) as u32;
+    for ahead in [
+        "FFFFFFFF/0".to_string(),
+        format!("{timeline}/FFFFFFFF/0"),
+        format!("{}/{lsn}", timeline + 1),
+    ] {
+        let (code, _, body) = get(app.addr, &stay_query(&format!("&min_lsn={ahead}"))).await;
+        assert_eq!(code, 400, "min_lsn={ahead}: {body}");
+        let p: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(p["type"], "/problems/invalid-parameter", "{body}");
+        assert_eq!(p["field"], "min_lsn", "{body}");
+    }
+    let (code, _, body) = get(
+        app.addr,
+        &stay_query(&format!("&min_lsn={timeline}/{lsn}")),
+    )
+    .await;
+    assert_eq!(code, 200, "{body}");
     app.stop(Duration::from_secs(5)).await;
 }
 

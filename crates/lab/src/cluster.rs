@@ -393,6 +393,13 @@ impl Cluster {
         self.start_server()
     }
 
+    /// The data directory: a test copies it while the server is stopped
+    /// and puts the copy back later, as an operator restoring a volume
+    /// snapshot would.
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
     /// The server log so far, for test failure messages.
     pub fn log(&self) -> String {
         fs::read_to_string(&self.log_file).unwrap_or_default()

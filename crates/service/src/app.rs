@@ -118,6 +118,7 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
         Search::new(
             &settings.owner,
             &settings.search,
+            &settings.stream.schema,
             model.clone(),
             hotel_index.clone(),
         )
@@ -249,6 +250,7 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
                 "refresher",
                 refresh::run_refresher(
                     settings.owner.clone(),
+                    settings.stream.schema.clone(),
                     settings.model.refresh_batch as usize,
                     model.clone(),
                     refresh.clone(),

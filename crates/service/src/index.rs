@@ -494,7 +494,21 @@ impl HotelIndex {
         let query = BooleanQuery::new(clauses);
         let searcher = self.reader.searcher();
         let limit = (searcher.num_docs() as usize).max(1);
-        let hits = searcher.search(&query, &TopDocs::with_limit(limit).order_by_score())?;
+        let hits = searcher
+            .search(&query, &TopDocs::with_limit(limit).order_by_score())
+            .map_err(|e| match (&q.place, e) {
+                // The guest's text asked for something the index cannot
+                // run: `name:*` parses as an exists query, which fails on a
+                // field that is not a fast one, and `nosuch:*` names none.
+                // A 400, not a 500 and an error in the log per request.
+                (
+                    Place::Text(text),
+                    tantivy::TantivyError::FieldNotFound(_)
+                    | tantivy::TantivyError::SchemaError(_)
+                    | tantivy::TantivyError::InvalidArgument(_),
+                ) => IndexError::BadQuery(text.clone()),
+                (_, e) => IndexError::Tantivy(e),
+            })?;
         let mut out = Vec::with_capacity(hits.len());
         let mut columns = Vec::new();
         for reader in searcher.segment_readers() {
@@ -637,6 +651,26 @@ mod tests {
             assert_ne!(&key(1, &porto), other);
         }
         assert_ne!(key(1, &bbox(0.5)), key(1, &bbox(0.25)));
+    }
+
+    /// Text that asks for what the index cannot run is the guest's error.
+    #[test]
+    fn text_the_index_cannot_run_is_a_bad_query() {
+        let model = ReadModel::new();
+        let index = HotelIndex::new().unwrap();
+        commit(&model, &index, 10, vec![hotel(1, "Porto")]);
+        let text = |t: &str| CandidateQuery {
+            place: Place::Text(t.into()),
+            stars_min: None,
+            amenities: Vec::new(),
+        };
+        for bad in ["name:*", "nosuch:*", "porto city_text:*"] {
+            assert!(
+                matches!(index.candidates(&text(bad)), Err(IndexError::BadQuery(_))),
+                "{bad}"
+            );
+        }
+        assert_eq!(ids(&index.candidates(&text("porto")).unwrap()), vec![1]);
     }
 
     #[test]

@@ -130,6 +130,12 @@ impl ClientLimiter {
             buckets: moka::sync::Cache::builder()
                 .max_capacity(max_clients.max(1) as u64)
                 .time_to_idle(refill)
+                // Full, the least recently seen client goes: moka's default
+                // (TinyLFU) admits a new key only if seen more often than
+                // the one it would evict, so with the map full of busy
+                // clients every new one got a fresh bucket per request and
+                // was never limited.
+                .eviction_policy(moka::policy::EvictionPolicy::lru())
                 .build(),
             quota,
             clock: DefaultClock::default(),
@@ -455,6 +461,30 @@ mod tests {
             assert!(l.check(ip).is_ok(), "a new client has a full bucket");
         }
         assert!(l.clients() <= 10, "{} clients kept", l.clients());
+    }
+
+    /// A map full of busy clients still limits a new one.
+    #[test]
+    fn a_new_client_is_limited_when_the_map_is_full_of_busy_ones() {
+        let quota = Quota::with_period(Duration::from_secs(3600))
+            .unwrap()
+            .allow_burst(NonZeroU32::new(20).unwrap());
+        let l = ClientLimiter::with_quota(quota, 10);
+        for i in 0..10u8 {
+            for _ in 0..15 {
+                let _ = l.check(IpAddr::from([10, 0, 2, i]));
+            }
+        }
+        l.buckets.run_pending_tasks();
+        let newcomer = IpAddr::from([10, 0, 3, 1]);
+        let refused = (0..25)
+            .filter(|_| {
+                let refused = l.check(newcomer).is_err();
+                l.buckets.run_pending_tasks();
+                refused
+            })
+            .count();
+        assert_eq!(refused, 5, "a burst of 20, then refused");
     }
 
     #[test]

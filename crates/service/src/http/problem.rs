@@ -296,6 +296,10 @@ impl From<SearchError> for Problem {
             old @ SearchError::OldTimeline { .. } => Problem::TimelineChanged {
                 detail: old.to_string(),
             },
+            ahead @ SearchError::MinLsnAhead { .. } => Problem::InvalidParameter {
+                field: "min_lsn",
+                detail: ahead.to_string(),
+            },
         }
     }
 }

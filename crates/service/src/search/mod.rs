@@ -143,6 +143,13 @@ pub enum SearchError {
         "min_lsn {asked} is a position of an owner timeline this copy no longer follows (it is on timeline {timeline}: the owner failed over, and what was written there after the new primary branched off is gone); search again without min_lsn, or with a position of this answer's timeline"
     )]
     OldTimeline { asked: Position, timeline: u32 },
+    /// No owner commit could have given this position: the owner has not
+    /// reached it. Without this, such a `min_lsn` made every search read
+    /// every candidate from the owner, on any guest's request.
+    #[error(
+        "min_lsn {asked} is past the owner's current position {owner}: no write could have returned it; search with a position an answer or a write gave"
+    )]
+    MinLsnAhead { asked: Position, owner: Position },
 }
 
 /// What search needs, shared by the handlers.
@@ -274,16 +281,19 @@ impl Search {
         copy
     }
 
+    /// `schema`: the one the stream follows (`stream.schema`), whose
+    /// `inventory` the owner reads read.
     pub fn new(
         owner: &OwnerSettings,
         settings: &SearchSettings,
+        schema: &str,
         model: Arc<ReadModel>,
         index: Arc<HotelIndex>,
     ) -> Search {
         Search {
             model,
             index,
-            owner: OwnerReader::new(owner, settings),
+            owner: OwnerReader::new(owner, settings, schema),
             confirmer: Confirmer::new(owner),
             fresh_reads: settings.fresh_reads,
             owner_budget: Duration::from_millis(settings.owner_read_timeout_ms),
@@ -342,15 +352,48 @@ impl Search {
                     timeline,
                 });
             }
-            Some(asked) if timeline != 0 && asked > timeline => return Ok(false),
+            Some(asked) if timeline != 0 && asked > timeline => {
+                self.refuse_if_owner_lacks(target).await?;
+                return Ok(false);
+            }
             _ => {}
         }
-        Ok(self
+        let reached = self
             .model
             .freshness
             .wait_applied(target.lsn, self.min_lsn_wait)
             .await
-            .is_some())
+            .is_some();
+        if !reached {
+            self.refuse_if_owner_lacks(target).await?;
+        }
+        Ok(reached)
+    }
+
+    /// `MinLsnAhead` when the owner's position (a confirmed read's, shared
+    /// with the searches that read it at the same time) shows that no
+    /// owner commit gave `target`: a later timeline than the owner's, or a
+    /// position past it on the same one. Called only once the copy has not
+    /// reached `target`, before the search reads its every candidate from
+    /// the owner. When the position cannot be read in the owner budget the
+    /// search goes on as before: the owner read is bounded by that budget.
+    async fn refuse_if_owner_lacks(&self, target: Position) -> Result<(), SearchError> {
+        let began = Instant::now();
+        let deadline = tokio::time::Instant::now() + self.owner_budget;
+        let Ok(owner) = self.confirmer.position(began, deadline).await else {
+            return Ok(());
+        };
+        let ahead = match (target.timeline, owner.timeline) {
+            (Some(asked), Some(at)) if asked != at => asked > at,
+            _ => target.lsn > owner.lsn,
+        };
+        if ahead {
+            return Err(SearchError::MinLsnAhead {
+                asked: target,
+                owner,
+            });
+        }
+        Ok(())
     }
 
     /// Answers `req`. With `lagging`, the copy is too far behind to trust
@@ -1643,7 +1686,13 @@ mod confirmed_tests {
         owner.url = "postgresql://vacancy@127.0.0.1:1/none".into();
         settings.owner_read_timeout_ms = 200;
         let model = ReadModel::new();
-        let search = Search::new(&owner, &settings, model.clone(), HotelIndex::new().unwrap());
+        let search = Search::new(
+            &owner,
+            &settings,
+            "public",
+            model.clone(),
+            HotelIndex::new().unwrap(),
+        );
         let key = CalendarKey {
             hotel_id: 1,
             room_type_id: 1,

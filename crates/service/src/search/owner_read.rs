@@ -23,12 +23,18 @@ use crate::owner;
 use crate::owner::OwnerSettings;
 
 /// One index range per calendar (the primary key leads with hotel, room
-/// type, night), whatever the number of keys.
-const READ_SQL: &str =
-    "SELECT i.hotel_id, i.room_type_id, i.night, i.total, i.taken, i.sell_limit, i.price_cents
-     FROM unnest($1::bigint[], $2::bigint[]) AS k(hotel_id, room_type_id)
-     JOIN inventory i USING (hotel_id, room_type_id)
-     WHERE i.night >= $3 AND i.night < $4";
+/// type, night), whatever the number of keys. The table is named with the
+/// schema the stream follows (`stream.schema`, a checked identifier): left
+/// to the role's `search_path`, a read could return another schema's
+/// `inventory`.
+fn read_sql(schema: &str) -> String {
+    format!(
+        "SELECT i.hotel_id, i.room_type_id, i.night, i.total, i.taken, i.sell_limit, i.price_cents
+         FROM unnest($1::bigint[], $2::bigint[]) AS k(hotel_id, room_type_id)
+         JOIN {schema}.inventory i USING (hotel_id, room_type_id)
+         WHERE i.night >= $3 AND i.night < $4"
+    )
+}
 
 /// An open connection and the read prepared on it.
 type Prepared = (Arc<Client>, Statement);
@@ -135,6 +141,8 @@ const TYPICAL_NIGHTS: usize = 3;
 
 pub struct OwnerReader {
     owner: OwnerSettings,
+    /// `read_sql` of the schema the stream follows.
+    sql: String,
     connect_timeout: Duration,
     timeout: Duration,
     clients: Vec<Mutex<Option<Prepared>>>,
@@ -143,9 +151,10 @@ pub struct OwnerReader {
 }
 
 impl OwnerReader {
-    pub fn new(owner: &OwnerSettings, settings: &SearchSettings) -> OwnerReader {
+    pub fn new(owner: &OwnerSettings, settings: &SearchSettings, schema: &str) -> OwnerReader {
         OwnerReader {
             owner: owner.clone(),
+            sql: read_sql(schema),
             connect_timeout: owner.connect_timeout(),
             timeout: Duration::from_millis(settings.owner_read_timeout_ms),
             clients: (0..settings.owner_read_connections)
@@ -329,7 +338,7 @@ impl OwnerReader {
                 .await
                 .map_err(|e| failed(&e))?,
         );
-        let s = c.prepare(READ_SQL).await.map_err(|e| failed(&e))?;
+        let s = c.prepare(&self.sql).await.map_err(|e| failed(&e))?;
         *self.clients[slot].lock().unwrap_or_else(|p| p.into_inner()) =
             Some((c.clone(), s.clone()));
         Ok((slot, c, s))

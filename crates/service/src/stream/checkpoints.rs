@@ -9,7 +9,9 @@
 //! - **Load** (`load_for_start`): at the first session of a process, before
 //!   any snapshot: the newest checkpoint that verifies against the owner
 //!   (system identifier, timeline, slot, publication, columns), then checked
-//!   against the slot (present, not lost, not acknowledged past the file).
+//!   against the owner's WAL (not behind the file: an owner put back to an
+//!   earlier point) and the slot (present, not lost, not acknowledged past
+//!   the file).
 //!   Anything else is a fallback to the full snapshot, with its reason in
 //!   the log, in `/v1/status` and in `vacancy_checkpoint_fallbacks_total`.
 //! - **Write** (`write_now`): from one published copy (immutable while
@@ -277,6 +279,7 @@ impl Checkpoints {
         &self,
         identity: &Identity,
         slot: Option<&SlotInfo>,
+        owner_now: Lsn,
     ) -> Option<Loaded> {
         let dir = self.settings.dir()?.to_path_buf();
         let expected = identity.clone();
@@ -313,6 +316,21 @@ impl Checkpoints {
         };
         let at = loaded.header.lsn();
         let file = path.display().to_string();
+        // The owner's WAL behind the checkpoint, on the same system and
+        // timeline: the owner was put back to an earlier point (a volume
+        // snapshot restored, a base backup brought up without a new
+        // timeline). The copy holds commits the owner no longer has, and a
+        // stream started at the checkpoint would skip the owner's new
+        // commits below it: only a snapshot is right.
+        if at > owner_now {
+            self.fall_back(
+                "owner_behind",
+                format!(
+                    "{file} is at {at}, past the owner's WAL at {owner_now}: the owner was put back to an earlier point"
+                ),
+            );
+            return None;
+        }
         match slot {
             None => {
                 self.fall_back(

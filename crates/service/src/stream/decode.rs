@@ -364,8 +364,23 @@ fn is_unheld_date_text(s: &str) -> bool {
 
 /// Parses PostgreSQL's text form of a one-dimensional `text[]`
 /// (`{wifi,"sea view",NULL}`); NULL elements are dropped. `None` when malformed.
+///
+/// An array whose lower bound is not 1 carries it first (`[0:1]={a,b}`):
+/// `UPDATE hotels SET amenities[0] = 'pool'` makes one. The snapshot's
+/// binary COPY reads such an array like any other, so the stream reads it
+/// too: refused here, it halted every copy of the owner on one legal row.
 pub fn parse_text_array(s: &str) -> Option<Vec<String>> {
-    let inner = s.strip_prefix('{')?.strip_suffix('}')?;
+    let elements = match s.strip_prefix('[') {
+        Some(bounded) => {
+            let (bounds, rest) = bounded.split_once("]=")?;
+            let (lower, upper) = bounds.split_once(':')?;
+            lower.parse::<i32>().ok()?;
+            upper.parse::<i32>().ok()?;
+            rest
+        }
+        None => s,
+    };
+    let inner = elements.strip_prefix('{')?.strip_suffix('}')?;
     let mut out = Vec::new();
     if inner.is_empty() {
         return Some(out);
@@ -675,7 +690,26 @@ mod tests {
             parse_text_array(r#"{"sea view","a \"b\"",NULL,x}"#),
             Some(vec!["sea view".into(), "a \"b\"".into(), "x".into()])
         );
-        for bad in ["", "{", "wifi", "{a,,b}", "{\"a}", "{a\"b}", "{{a}}"] {
+        assert_eq!(
+            parse_text_array("[0:1]={pool,wifi}"),
+            Some(vec!["pool".into(), "wifi".into()])
+        );
+        assert_eq!(
+            parse_text_array("[-3:-3]={\"sea view\"}"),
+            Some(vec!["sea view".into()])
+        );
+        for bad in [
+            "",
+            "{",
+            "wifi",
+            "{a,,b}",
+            "{\"a}",
+            "{a\"b}",
+            "{{a}}",
+            "[0:1]{a,b}",
+            "[x:1]={a}",
+            "[0:1][1:2]={{a,b},{c,d}}",
+        ] {
             assert_eq!(parse_text_array(bad), None, "{bad}");
         }
     }

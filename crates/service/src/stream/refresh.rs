@@ -481,6 +481,7 @@ enum RereadError {
 /// The refresher task: re-reads due calendars in batches between watermarks.
 pub async fn run_refresher(
     owner: OwnerSettings,
+    schema: String,
     batch: usize,
     model: Arc<ReadModel>,
     refresh: Arc<Refresh>,
@@ -530,7 +531,15 @@ pub async fn run_refresher(
         let hidden_limit = owner.query_timeout() / 2;
         let outcome = tokio::time::timeout(
             owner.query_timeout(),
-            reread(c, id, &keys, &refresh, (&model, applied), hidden_limit),
+            reread(
+                c,
+                &schema,
+                id,
+                &keys,
+                &refresh,
+                (&model, applied),
+                hidden_limit,
+            ),
         )
         .await;
         metrics::OWNER_READ_DURATION
@@ -569,6 +578,7 @@ pub async fn run_refresher(
 /// by `applied` (the window is then given up, not merged).
 async fn reread(
     client: &tokio_postgres::Client,
+    schema: &str,
     id: u64,
     keys: &[CalendarKey],
     refresh: &Refresh,
@@ -579,11 +589,14 @@ async fn reread(
     client.execute(emit, &[&format!("low:{id}")]).await?;
     let hotels: Vec<i64> = keys.iter().map(|k| k.hotel_id).collect();
     let room_types: Vec<i64> = keys.iter().map(|k| k.room_type_id).collect();
-    let read = visibility::seeing(
+    // Named with its schema (`stream.schema`, a checked identifier): left
+    // to the role's `search_path`, the re-read could merge another
+    // schema's `inventory` over the copy.
+    let read = visibility::seeing(&format!(
         "SELECT i.hotel_id, i.room_type_id, i.night, i.total, i.taken, i.sell_limit, i.price_cents
          FROM unnest($1::bigint[], $2::bigint[]) AS k(hotel_id, room_type_id)
-         JOIN inventory i USING (hotel_id, room_type_id)",
-    );
+         JOIN {schema}.inventory i USING (hotel_id, room_type_id)"
+    ));
     let Some(rows) = visibility::read_seeing(
         client,
         &read,

@@ -578,12 +578,20 @@ impl Projector {
                 &self.status.snapshot,
             )
             .await?;
+            // Read after the load: the copy is as of the slot's creation,
+            // and a load of millions of rows takes the better part of a
+            // minute, while the owner commits on. Until the copy has
+            // applied this, it is not caught up and its lag is not 0
+            // (`ReadModel::replace_behind`); swapped in as "as new as the
+            // owner", a node answered ready with lag 0 from a copy as old
+            // as its load until the slot's watch next looked.
+            let owner_now = slot::current_wal_lsn(&client).await?;
             let mut tables = self.stamp_new_copy(tables, seen, reason);
             tables.commit_time = tables.commit_time.or(Some(consistent_at));
             let at = tables.applied;
             self.refresh.reset(&tables);
             self.index.copy_coming();
-            self.model.replace(tables);
+            self.model.replace_behind(tables, owner_now);
             self.owner_change_pending.store(false, Ordering::Release);
             self.index.mark_all();
             self.status.resnapshotting.store(false, Ordering::Release);
@@ -699,7 +707,14 @@ impl Projector {
         let Some(identity) = self.checkpoints.identity() else {
             return Ok(()); // checkpoints off
         };
-        let Some(loaded) = self.checkpoints.load_for_start(&identity, slot_info).await else {
+        // Read before the load, to check the checkpoint against: a
+        // checkpoint of this owner is never past its WAL.
+        let owner_before = slot::current_wal_lsn(client).await?;
+        let Some(loaded) = self
+            .checkpoints
+            .load_for_start(&identity, slot_info, owner_before)
+            .await
+        else {
             return Ok(());
         };
         let Loaded {

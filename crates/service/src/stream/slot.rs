@@ -16,10 +16,23 @@ use crate::model::Table;
 #[derive(Debug, thiserror::Error)]
 pub enum SlotError {
     #[error(
-        "publication {publication:?} is missing or lacks tables, and this role may not fix it; \
-         ask a DBA to run:\n  {sql}"
+        "publication {publication:?} is missing, lacks tables or leaves out operations, and this \
+         role may not fix it; ask a DBA to run:\n  {sql}"
     )]
     PublicationNeedsDba { publication: String, sql: String },
+    /// The publication leaves out rows or columns of a table the copy
+    /// holds whole: a copy taken through it would differ from the owner
+    /// forever, so none is taken.
+    #[error(
+        "publication {publication:?} publishes only part of {schema}.{table} ({what}): the copy          would miss what it leaves out; publish the whole table, for example:\n  \
+         ALTER PUBLICATION {publication} SET TABLE {schema}.hotels, {schema}.room_types, {schema}.inventory;"
+    )]
+    PublicationFilters {
+        publication: String,
+        schema: String,
+        table: String,
+        what: &'static str,
+    },
     #[error("owner query failed: {0}")]
     Query(#[from] tokio_postgres::Error),
 }
@@ -65,12 +78,86 @@ fn publication_sql(publication: &str, schema: &str, missing: &[Table], exists: b
     }
 }
 
-/// Makes sure `publication` lists the three tables.
+/// The operations the stream must see: a publication created by hand
+/// without `truncate` (or `delete`) never tells the copy of them.
+const PUBLISH_ALL: &str = "insert, update, delete, truncate";
+
+/// Makes sure `publication` publishes the three tables whole: every row,
+/// every column and every operation, which it fixes where it can (a
+/// missing table, a missing operation) and refuses where it should not
+/// (a row filter or a column list, a DBA's choice).
 pub async fn ensure_publication(
     client: &Client,
     publication: &str,
     schema: &str,
 ) -> Result<(), SlotError> {
+    ensure_tables(client, publication, schema).await?;
+    ensure_whole_tables(client, publication, schema).await?;
+    ensure_operations(client, publication).await
+}
+
+/// Refuses a publication that filters rows of, or lists only some
+/// columns of, one of the three tables (PostgreSQL 15's `WHERE` and column
+/// lists): the snapshot copies every row, the stream would then miss the
+/// changes of the rows left out.
+async fn ensure_whole_tables(
+    client: &Client,
+    publication: &str,
+    schema: &str,
+) -> Result<(), SlotError> {
+    let rows = client
+        .query(
+            "SELECT pt.tablename::text, pt.rowfilter IS NOT NULL,
+                    cardinality(pt.attnames) < (
+                      SELECT count(*) FROM pg_attribute a
+                      WHERE a.attrelid = format('%I.%I', pt.schemaname, pt.tablename)::regclass
+                        AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = '')
+             FROM pg_publication_tables pt
+             WHERE pt.pubname = $1 AND pt.schemaname = $2",
+            &[&publication, &schema],
+        )
+        .await?;
+    for row in rows {
+        let table: String = row.get(0);
+        if Table::from_name(&table).is_none() {
+            continue;
+        }
+        let what = if row.get::<_, bool>(1) {
+            "a row filter"
+        } else if row.get::<_, Option<bool>>(2) == Some(true) {
+            "a column list"
+        } else {
+            continue;
+        };
+        return Err(SlotError::PublicationFilters {
+            publication: publication.to_string(),
+            schema: schema.to_string(),
+            table,
+            what,
+        });
+    }
+    Ok(())
+}
+
+/// Makes the publication publish every operation, if it does not.
+async fn ensure_operations(client: &Client, publication: &str) -> Result<(), SlotError> {
+    let all = client
+        .query_one(
+            "SELECT pubinsert AND pubupdate AND pubdelete AND pubtruncate
+             FROM pg_publication WHERE pubname = $1",
+            &[&publication],
+        )
+        .await?
+        .get::<_, bool>(0);
+    if all {
+        return Ok(());
+    }
+    let sql = format!("ALTER PUBLICATION {publication} SET (publish = '{PUBLISH_ALL}');");
+    run_fix(client, publication, sql).await
+}
+
+/// Makes sure `publication` lists the three tables.
+async fn ensure_tables(client: &Client, publication: &str, schema: &str) -> Result<(), SlotError> {
     let exists = client
         .query_opt(
             "SELECT 1 FROM pg_publication WHERE pubname = $1",
@@ -95,6 +182,11 @@ pub async fn ensure_publication(
         return Ok(());
     }
     let sql = publication_sql(publication, schema, &missing, exists);
+    run_fix(client, publication, sql).await
+}
+
+/// Runs `sql`, which fixes the publication, or says who may run it.
+async fn run_fix(client: &Client, publication: &str, sql: String) -> Result<(), SlotError> {
     match client.batch_execute(&sql).await {
         Ok(()) => {
             tracing::info!(publication, sql = %sql, "publication fixed");
