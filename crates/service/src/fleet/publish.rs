@@ -6,10 +6,17 @@
 //! (`stream::outbox`, where why it reserves before applying is said); the
 //! publisher task sends the messages in position order, with at most
 //! `fleet.max_publishes_in_flight` waiting for their acknowledgement. Each
-//! carries `Nats-Msg-Id` (its position) and `Nats-Expected-Last-Msg-Id`
-//! (the message before it), so JetStream stores the stream in exactly this
-//! order or refuses: if one publish is lost, every later one is refused
-//! too, and nothing is stored out of order. On any failure the publisher
+//! carries `Nats-Msg-Id` (its position) and names the message before it, so
+//! JetStream stores the stream in exactly this order or refuses: if one
+//! publish is lost, every later one is refused too, and nothing is stored
+//! out of order. The first publish after the stream's last stored message
+//! names it by its sequence (`Nats-Expected-Last-Subject-Sequence`), one
+//! after a message still in flight by its id (`Nats-Expected-Last-Msg-Id`,
+//! as its sequence is not known yet). By sequence, not id, at the start:
+//! nats-server 2.9 restores a stream's last message id after a restart only
+//! while that message is within the duplicate window, so after an outage
+//! longer than the window (120 s by default) every publish naming the last
+//! id was refused, for good. On any failure the publisher
 //! reads the stream's last message, drops what is already stored, and sends
 //! the rest again with the same ids. While NATS is down nothing is
 //! acknowledged to the slot, the outbox fills, and the replication loop
@@ -347,7 +354,8 @@ impl Session<'_> {
         {
             return Err(FleetError::Fenced { by: message.holder });
         }
-        let mut last_id = last.as_ref().map(|(m, _)| m.message_id());
+        // The stream's last message, by sequence (0: none on the subject).
+        let mut last_sequence = last.as_ref().map_or(0, |(_, s)| *s);
         let stored = Stored {
             data: last.as_ref().and_then(|(m, _)| m.data_position()),
             sequence: last.as_ref().map_or(0, |(_, s)| *s),
@@ -389,8 +397,8 @@ impl Session<'_> {
             // the projector that holds the slot hands anything over, so a
             // standby's publisher announces nothing.
             if !*announced && !pending.is_empty() {
-                match self.announce(last_id.as_deref(), stored.data).await {
-                    Ok(id) => last_id = Some(id),
+                match self.announce(last_sequence, stored.data).await {
+                    Ok(sequence) => last_sequence = sequence,
                     Err(error) => {
                         requeue(unsent, in_flight, pending, None);
                         return Err(error);
@@ -405,13 +413,10 @@ impl Session<'_> {
                 let mut publish = PublishMessage::build()
                     .payload(ready.payload.clone())
                     .message_id(ready.message_id());
-                let previous = in_flight
-                    .back()
-                    .map(|(r, _)| r.message_id())
-                    .or(last_id.clone());
-                if let Some(previous) = previous {
-                    publish = publish.expected_last_message_id(previous);
-                }
+                publish = match in_flight.back() {
+                    Some((previous, _)) => publish.expected_last_message_id(previous.message_id()),
+                    None => publish.expected_last_subject_sequence(last_sequence),
+                };
                 match log
                     .jetstream
                     .send_publish(log.settings.subject.clone(), publish)
@@ -432,12 +437,16 @@ impl Session<'_> {
                 match ack.await {
                     Ok(ack) => {
                         metrics::FLEET_MESSAGES_PUBLISHED.inc();
-                        last_id = Some(ready.message_id());
+                        last_sequence = ack.sequence;
                         state.note_stored(ready.position.epoch, ready.completes, ack.sequence);
                         state.set_error(None);
                     }
                     Err(error) => {
-                        let wrong_order = error.kind() == PublishErrorKind::WrongLastMessageId;
+                        let wrong_order = matches!(
+                            error.kind(),
+                            PublishErrorKind::WrongLastMessageId
+                                | PublishErrorKind::WrongLastSequence
+                        );
                         requeue(unsent, in_flight, pending, Some(ready));
                         return Err(FleetError::Nats(if wrong_order {
                             format!(
@@ -469,22 +478,20 @@ impl Session<'_> {
 }
 
 impl Session<'_> {
-    /// Publishes this process's takeover marker after `last_id` (the
-    /// stream's last message, whose data position is `after`); returns the
-    /// marker's id.
+    /// Publishes this process's takeover marker after the stream's last
+    /// message (at `last_sequence`, 0 for none; its data position is
+    /// `after`); returns the marker's sequence.
     async fn announce(
         &self,
-        last_id: Option<&str>,
+        last_sequence: u64,
         after: Option<Position>,
-    ) -> Result<String, FleetError> {
+    ) -> Result<u64, FleetError> {
         let log = self.log;
         let marker = Message::takeover(self.holder, after);
-        let mut publish = PublishMessage::build()
+        let publish = PublishMessage::build()
             .payload(Bytes::from(marker.encode()))
-            .message_id(marker.message_id());
-        if let Some(id) = last_id {
-            publish = publish.expected_last_message_id(id);
-        }
+            .message_id(marker.message_id())
+            .expected_last_subject_sequence(last_sequence);
         let ack = log
             .jetstream
             .send_publish(log.settings.subject.clone(), publish)
@@ -498,7 +505,7 @@ impl Session<'_> {
             sequence = ack.sequence,
             "took over the change stream"
         );
-        Ok(marker.message_id())
+        Ok(ack.sequence)
     }
 }
 

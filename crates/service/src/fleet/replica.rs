@@ -377,8 +377,20 @@ impl Replica {
         handover: &CancellationToken,
         shutdown: &CancellationToken,
     ) -> Result<(), FleetError> {
+        // An old copy serves, marked stale, until the new one is in: it
+        // applies nothing of the stream meanwhile. Marked from the start of
+        // the wait for a checkpoint (up to a checkpoint interval, or longer),
+        // not only once one is found.
+        if self.model.freshness.is_loaded() {
+            self.model.freshness.set_replacing(true);
+        }
         let newest = loop {
-            let (first, _) = log.sequences().await?;
+            let (first, last) = log.sequences().await?;
+            // The stream's end moves on while this copy applies nothing:
+            // how far behind it falls is what readiness bounds
+            // (`messages_behind`), so it is read here too, not only while
+            // consuming.
+            self.state.update(|p| p.stream_last_sequence = last);
             let newest = store::list(log).await?.pop();
             match loadable(newest, first, cursor.epoch_at_least) {
                 Ok(stored) => break stored,
@@ -391,11 +403,6 @@ impl Replica {
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
         };
-        // An old copy serves, marked stale, until the new one is in: it
-        // applies nothing of the stream meanwhile.
-        if self.model.freshness.is_loaded() {
-            self.model.freshness.set_replacing(true);
-        }
         let identity = self.owner_identity().await?;
         let name = CheckpointName {
             timeline: identity.timeline,
