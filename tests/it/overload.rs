@@ -206,9 +206,13 @@ async fn a_full_guest_budget_sheds_guests_at_once_and_never_the_probes_or_the_bo
         let answer = search.await.expect("held search task");
         assert_eq!(answer.status, 200, "held search: {}", answer.text());
     }
-    assert_eq!(
-        call(addr, "GET", &plain_search, None).await.status,
-        200,
-        "a guest is admitted again once the budget has room"
-    );
+    // A held search's place is given back when its handler ends, which
+    // can be just after its client has read the whole answer: under a
+    // loaded machine the very next request could still find it taken.
+    wait_for(
+        "a guest to be admitted again once the budget has room",
+        Duration::from_secs(10),
+        || async { (call(addr, "GET", &plain_search, None).await.status == 200).then_some(()) },
+    )
+    .await;
 }
