@@ -918,9 +918,7 @@ async fn a_snapshot_is_not_caught_up_with_what_the_owner_committed_during_its_lo
     wait_for(
         "the snapshot's load to be under way",
         Duration::from_secs(30),
-        || async {
-            (app.status.snapshot.rows_loaded.load(Ordering::Relaxed) > 0).then_some(())
-        },
+        || async { (app.status.snapshot.rows_loaded.load(Ordering::Relaxed) > 0).then_some(()) },
     )
     .await;
     // The slot is not held while the snapshot loads: its walsender is the

@@ -681,11 +681,7 @@ async fn min_lsn_reads_your_writes() {
         assert_eq!(p["type"], "/problems/invalid-parameter", "{body}");
         assert_eq!(p["field"], "min_lsn", "{body}");
     }
-    let (code, _, body) = get(
-        app.addr,
-        &stay_query(&format!("&min_lsn={timeline}/{lsn}")),
-    )
-    .await;
+    let (code, _, body) = get(app.addr, &stay_query(&format!("&min_lsn={timeline}/{lsn}"))).await;
     assert_eq!(code, 200, "{body}");
     app.stop(Duration::from_secs(5)).await;
 }
