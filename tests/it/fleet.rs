@@ -619,6 +619,49 @@ async fn nats_down_and_a_replica_killed_lose_nothing() {
     drop(nats);
 }
 
+/// The change stream deleted (an operator, a NATS that lost its store) and
+/// made again by the projector: its sequences start over. The replica that
+/// was following it, and one started after, both bootstrap from a
+/// checkpoint of the new stream and converge. Before, the first waited at
+/// its old sequence, ready, to apply the new stream's messages from there,
+/// and the second loaded a checkpoint of the old stream and did the same:
+/// every change in between missed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_stream_made_again_is_followed_from_a_new_checkpoint() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    let nats = start_nats().await;
+    let fleet = Fleet::new(&owner, &nats).await;
+    let projector = fleet.projector();
+    wait_ready(&projector, Duration::from_secs(60)).await;
+    let replica = fleet.replica("replica");
+    wait_ready(&replica, Duration::from_secs(60)).await;
+    // Many messages in the old stream, so its sequences stay ahead of the
+    // new one's for the rest of the test.
+    let seed = test_seed();
+    run_workload(&owner, seed, 2, 100).await;
+    assert_binary_converged(&replica, &client).await;
+    let old_end = change_stream_last_sequence(&fleet.nats_url).await;
+    async_nats::jetstream::new(async_nats::connect(&fleet.nats_url).await.expect("nats"))
+        .delete_stream("VACANCY_CHANGES")
+        .await
+        .expect("delete the change stream");
+    run_workload(&owner, seed ^ 5, 2, 10).await;
+    assert_binary_converged(&replica, &client).await;
+    let late = fleet.replica("late");
+    wait_ready(&late, Duration::from_secs(90)).await;
+    run_workload(&owner, seed ^ 6, 2, 5).await;
+    assert_binary_converged(&late, &client).await;
+    assert_binary_converged(&replica, &client).await;
+    let new_end = change_stream_last_sequence(&fleet.nats_url).await;
+    assert!(
+        new_end < old_end,
+        "the new stream ({new_end}) stayed below the old one's end ({old_end})"
+    );
+    drop(nats);
+}
+
 pub(crate) async fn slot_confirmed(client: &Client) -> vacancy_service::Lsn {
     let row = client
         .query_one(

@@ -346,6 +346,18 @@ impl Session<'_> {
         let state = self.state;
         let max_bytes = log.settings.max_chunk_bytes;
         let max_in_flight = log.settings.max_publishes_in_flight.max(1);
+        // A stream that ends below what this process stored was deleted and
+        // made again (`ChangeLog::connect` makes a missing one): a
+        // checkpoint must not name the old stream's sequences.
+        let (_, stream_last) = log.sequences().await?;
+        if stream_last < state.stored_sequence() {
+            tracing::warn!(
+                stream_last,
+                stored = state.stored_sequence(),
+                "the change stream ends before what this projector stored: it was made again"
+            );
+            state.stream_made_again(stream_last);
+        }
         // Where the stream ends now: anything at or below it is stored.
         let last = log.last_message().await?;
         if *announced

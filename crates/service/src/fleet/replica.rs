@@ -174,9 +174,16 @@ enum Applied {
 
 /// The checkpoint a bootstrap may load, `newest` in the bucket, or what it
 /// waits for instead: one the stream still continues (its sequence at or
-/// past the stream's `first` kept, less one) and of `epoch_at_least` or
-/// later.
-fn loadable(newest: Option<Stored>, first: u64, epoch_at_least: u64) -> Result<Stored, String> {
+/// past the stream's `first` kept, less one, and not past its `last`) and
+/// of `epoch_at_least` or later. A checkpoint past the stream's end names a
+/// sequence of a stream since deleted and made again (an operator, a NATS
+/// that lost its store): loaded, its copy would resume at a sequence of the
+/// new stream that holds other changes.
+fn loadable(
+    newest: Option<Stored>,
+    (first, last): (u64, u64),
+    epoch_at_least: u64,
+) -> Result<Stored, String> {
     match newest {
         None => Err("the projector's first checkpoint".to_string()),
         Some(stored) if stored.epoch < epoch_at_least => Err(format!(
@@ -187,8 +194,20 @@ fn loadable(newest: Option<Stored>, first: u64, epoch_at_least: u64) -> Result<S
             "the newest checkpoint ({}) is older than what the stream keeps (from sequence {first}); waiting for the projector's next one",
             stored.object_name()
         )),
+        Some(stored) if stored.sequence > last => Err(format!(
+            "the newest checkpoint ({}) is past the stream's end (sequence {last}): the stream was made again; waiting for the projector's next one",
+            stored.object_name()
+        )),
         Some(stored) => Ok(stored),
     }
+}
+
+/// Whether a stream ending at `last` was made again since a consumer that
+/// expects `next` read it: a stream's last sequence never goes back (its
+/// limits and purges remove messages, not sequences), so a next sequence
+/// more than one past it belongs to a stream since deleted.
+fn made_again(next: u64, last: u64) -> bool {
+    next > last.saturating_add(1)
 }
 
 /// How long an abandoned checkpoint loader may take to stop: its next read
@@ -333,13 +352,20 @@ impl Replica {
     ) -> Result<(), FleetError> {
         let log = ChangeLog::connect(&self.settings).await?;
         if !cursor.bootstrap {
-            let (first, _) = log.sequences().await?;
+            let (first, last) = log.sequences().await?;
             let resume_at = cursor.resume_at();
             if resume_at < first {
                 tracing::warn!(
                     next = resume_at,
                     first,
                     "the stream no longer holds this replica's position; bootstrapping again"
+                );
+                cursor.bootstrap = true;
+            } else if made_again(resume_at, last) {
+                tracing::warn!(
+                    next = resume_at,
+                    last,
+                    "the change stream ends before this replica's position: it was made again; bootstrapping again"
                 );
                 cursor.bootstrap = true;
             } else if let Some(from) = cursor.held_from {
@@ -392,7 +418,7 @@ impl Replica {
             // consuming.
             self.state.update(|p| p.stream_last_sequence = last);
             let newest = store::list(log).await?.pop();
-            match loadable(newest, first, cursor.epoch_at_least) {
+            match loadable(newest, (first, last), cursor.epoch_at_least) {
                 Ok(stored) => break stored,
                 Err(waiting_for) => self.waiting(waiting_for),
             }
@@ -555,6 +581,17 @@ impl Replica {
                     // Where the stream ends, for readiness (`messages_behind`).
                     let (_, last) = log.sequences().await?;
                     self.state.update(|p| p.stream_last_sequence = last);
+                    // An ordered consumer made again after the stream was
+                    // (deleted and made again) waits at this replica's next
+                    // sequence of the new stream, which will hold other
+                    // changes: bootstrap instead.
+                    if made_again(cursor.next_sequence, last) {
+                        cursor.bootstrap = true;
+                        return Err(FleetError::Nats(format!(
+                            "the change stream ends at sequence {last}, before this replica's next ({}): it was made again; bootstrapping again",
+                            cursor.next_sequence
+                        )));
+                    }
                     continue;
                 }
                 next = messages.next() => next,
@@ -828,15 +865,34 @@ mod tests {
             lsn: Lsn(0x500),
             sequence,
         };
-        assert_eq!(loadable(Some(stored(8, 40)), 10, 0), Ok(stored(8, 40)));
-        let waiting = loadable(Some(stored(8, 40)), 10, 9).unwrap_err();
+        let kept = (10, 100);
+        assert_eq!(loadable(Some(stored(8, 40)), kept, 0), Ok(stored(8, 40)));
+        let waiting = loadable(Some(stored(8, 40)), kept, 9).unwrap_err();
         assert!(waiting.contains("new epoch 9"), "{waiting}");
-        assert_eq!(loadable(Some(stored(9, 41)), 10, 9), Ok(stored(9, 41)));
+        assert_eq!(loadable(Some(stored(9, 41)), kept, 9), Ok(stored(9, 41)));
         assert!(
-            loadable(Some(stored(9, 8)), 10, 9).is_err(),
+            loadable(Some(stored(9, 8)), kept, 9).is_err(),
             "trimmed past it"
         );
-        assert!(loadable(None, 1, 0).is_err());
+        assert!(loadable(None, (1, 0), 0).is_err());
+    }
+
+    /// A stream deleted and made again starts its sequences over: a
+    /// checkpoint past its end, or a consumer's next sequence past it, is
+    /// of the old stream.
+    #[test]
+    fn a_stream_made_again_is_told_by_its_end() {
+        let stored = Stored {
+            epoch: 1,
+            lsn: Lsn(0x500),
+            sequence: 1_000,
+        };
+        let waiting = loadable(Some(stored), (1, 40), 0).unwrap_err();
+        assert!(waiting.contains("made again"), "{waiting}");
+        assert_eq!(loadable(Some(stored), (1, 1_000), 0), Ok(stored));
+        assert!(made_again(1_001, 40));
+        assert!(!made_again(41, 40), "the next message to come");
+        assert!(!made_again(1, 0), "an empty stream, read from its start");
     }
 
     /// A drain that keeps reading goes on past the idle bound, up to the

@@ -143,6 +143,13 @@ impl OutboxState {
         }
     }
 
+    /// The change stream was made again, ending at `last` (below what this
+    /// process stored in the old one): sequences start over, so the next
+    /// checkpoint names one of the new stream, not the old one's highest.
+    pub fn stream_made_again(&self, last: u64) {
+        self.stored_sequence.store(last, Ordering::Release);
+    }
+
     /// The stream sequence of the newest message stored. Read before a
     /// checkpoint takes its copy, it is a safe place to resume after: every
     /// message at or below it is in that copy.
