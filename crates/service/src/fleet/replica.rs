@@ -824,8 +824,20 @@ pub async fn run_owner_position(
         // standalone node's lag (`stream::slot_watch`): WAL past the flush
         // holds no commit anyone can see, and an owner whose fsync stalls
         // would otherwise have its stall counted as this replica's lag.
-        match tokio::time::timeout(owner.query_timeout(), slot::wal_positions(connected)).await {
-            Ok(Ok(positions)) => model.freshness.note_server_wal_end(positions.flushed),
+        let read = async {
+            let positions = slot::wal_positions(connected)
+                .await
+                .map_err(|e| e.to_string())?;
+            let identity = owner::identity::read(connected)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>((positions, identity))
+        };
+        match tokio::time::timeout(owner.query_timeout(), read).await {
+            Ok(Ok((positions, identity))) => {
+                model.freshness.note_server_wal_end(positions.flushed);
+                note_owner_timeline(&model, identity.timeline);
+            }
             Ok(Err(error)) => {
                 tracing::debug!(%error, "reading the owner's position failed");
                 client = None;
@@ -835,9 +847,52 @@ pub async fn run_owner_position(
     }
 }
 
+/// Marks the copy stale when the owner writes on another timeline than the
+/// copy's: a failover the projector has not made a new epoch of yet. The
+/// copy's positions then do not compare with the owner's (its lag read 0,
+/// the owner's new positions being below what it had seen), and it may hold
+/// commits the new primary lacks. The new epoch's bootstrap installs a copy
+/// of the owner's timeline and clears the mark.
+fn note_owner_timeline(model: &ReadModel, owner_timeline: u32) {
+    let copy_timeline = model.read().timeline;
+    if copy_timeline != 0
+        && owner_timeline != 0
+        && owner_timeline != copy_timeline
+        && model.freshness.is_loaded()
+        && !model.freshness.is_replacing()
+    {
+        tracing::warn!(
+            copy_timeline,
+            owner_timeline,
+            "the owner writes on another timeline than this replica's copy: answers are marked stale until a copy of the owner's timeline is in"
+        );
+        model.freshness.set_replacing(true);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A copy of timeline 1 while the owner writes on 2 (a failover) is
+    /// marked stale; on its own timeline, or of an unknown one, it is not.
+    #[test]
+    fn a_copy_of_another_timeline_than_the_owners_is_marked_stale() {
+        let model = ReadModel::new();
+        model.replace(crate::model::Tables {
+            timeline: 1,
+            ..crate::model::Tables::default()
+        });
+        note_owner_timeline(&model, 1);
+        assert!(!model.freshness.is_replacing());
+        note_owner_timeline(&model, 2);
+        assert!(model.freshness.is_replacing());
+
+        let unknown = ReadModel::new();
+        unknown.replace(crate::model::Tables::default());
+        note_owner_timeline(&unknown, 2);
+        assert!(!unknown.freshness.is_replacing());
+    }
 
     #[test]
     fn an_abandoned_download_fails_its_next_read() {
