@@ -968,6 +968,128 @@ async fn a_snapshot_is_not_caught_up_with_what_the_owner_committed_during_its_lo
     app.stop(Duration::from_secs(5)).await;
 }
 
+/// A replica identity on an index that leaves out a table's key (a
+/// surrogate key's index) is refused at the start, saying what to run: a
+/// DELETE's old row would come without the key, and the stream would halt
+/// on the first one. Once the DBA ran it, the copy loads and follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_identity_that_leaves_out_the_key_is_refused() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    client
+        .batch_execute(
+            "ALTER TABLE inventory ADD COLUMN row_id bigserial NOT NULL;
+             CREATE UNIQUE INDEX inventory_row_id ON inventory (row_id);
+             ALTER TABLE inventory REPLICA IDENTITY USING INDEX inventory_row_id;",
+        )
+        .await
+        .unwrap();
+    let app = start_app(settings_for(&owner)).await;
+    let error = wait_for(
+        "the start to refuse the replica identity",
+        Duration::from_secs(30),
+        || async {
+            app.status
+                .last_error()
+                .filter(|e| e.contains("replica identity"))
+        },
+    )
+    .await;
+    assert!(
+        error.contains("ALTER TABLE public.inventory REPLICA IDENTITY DEFAULT;"),
+        "{error}"
+    );
+    assert!(!app.model.freshness.is_loaded());
+    client
+        .batch_execute("ALTER TABLE inventory REPLICA IDENTITY DEFAULT")
+        .await
+        .unwrap();
+    caught_up(&app.model, &client).await;
+    client
+        .batch_execute("DELETE FROM inventory WHERE hotel_id = 1")
+        .await
+        .unwrap();
+    assert_converged(&app.model, &client).await;
+    app.stop(Duration::from_secs(5)).await;
+}
+
+/// A publication made by hand that leaves out `truncate` is fixed before
+/// the copy is taken: the copy kept every row a TRUNCATE removed, until
+/// the TTL (inventory) or for good (hotels). One that filters rows is
+/// refused, saying what to run, and no copy is taken: the snapshot would
+/// hold rows whose changes never come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_publication_publishes_every_operation_and_every_row() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    client
+        .batch_execute(
+            "CREATE PUBLICATION vacancy FOR TABLE hotels, room_types, inventory
+               WITH (publish = 'insert, update, delete')",
+        )
+        .await
+        .unwrap();
+    let app = start_app(settings_for(&owner)).await;
+    caught_up(&app.model, &client).await;
+    client.batch_execute("TRUNCATE inventory").await.unwrap();
+    assert_converged(&app.model, &client).await;
+    assert!(copy_inventory(&app.model).is_empty());
+    app.stop(Duration::from_secs(5)).await;
+
+    client
+        .batch_execute(
+            "ALTER PUBLICATION vacancy SET TABLE hotels, room_types, inventory WHERE (hotel_id < 3);
+             SELECT pg_drop_replication_slot('vacancy');",
+        )
+        .await
+        .unwrap();
+    let app = start_app(settings_for(&owner)).await;
+    let error = wait_for(
+        "the start to refuse a publication that filters rows",
+        Duration::from_secs(30),
+        || async {
+            app.status
+                .last_error()
+                .filter(|e| e.contains("a row filter"))
+        },
+    )
+    .await;
+    assert!(
+        error.contains(
+            "ALTER PUBLICATION vacancy SET TABLE public.hotels, public.room_types, public.inventory;"
+        ),
+        "{error}"
+    );
+    assert!(!app.model.freshness.is_loaded());
+    app.stop(Duration::from_secs(5)).await;
+}
+
+/// An array whose lower bound is not 1 (`amenities[0] = 'spa'` makes one)
+/// streams like any other: its text form (`[0:2]={spa,wifi,pool}`) was
+/// refused by the decoder, which halted every copy of the owner on that one
+/// legal row, replaying it forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_array_with_another_lower_bound_streams() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    let app = start_app(settings_for(&owner)).await;
+    caught_up(&app.model, &client).await;
+    client
+        .batch_execute(
+            "UPDATE hotels SET amenities[0] = 'spa' WHERE id = 1;
+             UPDATE inventory SET taken = 1 WHERE hotel_id = 2 AND taken = 0;",
+        )
+        .await
+        .unwrap();
+    assert_converged(&app.model, &client).await;
+    let amenities = app.model.read().hotels[&1].amenities.clone();
+    assert_eq!(amenities, vec!["spa", "wifi", "pool"]);
+    app.stop(Duration::from_secs(5)).await;
+}
+
 /// Re-reads racing a busy stream never put an older value over a newer one:
 /// with every change delivered, a correct merge finds nothing to repair.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -33,6 +33,20 @@ pub enum SlotError {
         table: String,
         what: &'static str,
     },
+    /// A table's replica identity leaves out a column of its key: the old
+    /// row of a DELETE arrives without it, and the stream could not tell
+    /// which row went.
+    #[error(
+        "{schema}.{table}'s replica identity (an index on {columns}) leaves out its key ({key}): \
+         a deleted row could not be told apart; ask a DBA to run:\n  \
+         ALTER TABLE {schema}.{table} REPLICA IDENTITY DEFAULT;"
+    )]
+    ReplicaIdentity {
+        schema: String,
+        table: String,
+        columns: String,
+        key: String,
+    },
     #[error("owner query failed: {0}")]
     Query(#[from] tokio_postgres::Error),
 }
@@ -93,7 +107,56 @@ pub async fn ensure_publication(
 ) -> Result<(), SlotError> {
     ensure_tables(client, publication, schema).await?;
     ensure_whole_tables(client, publication, schema).await?;
-    ensure_operations(client, publication).await
+    ensure_operations(client, publication).await?;
+    ensure_replica_identities(client, schema).await
+}
+
+/// The columns the stream needs in a deleted row's old values: each
+/// table's key.
+fn key_columns(table: Table) -> &'static [&'static str] {
+    match table {
+        Table::Hotels => &["id"],
+        Table::RoomTypes => &["hotel_id", "id"],
+        Table::Inventory => &["hotel_id", "room_type_id", "night"],
+    }
+}
+
+/// Refuses a replica identity `USING INDEX` whose index leaves out a key
+/// column (a surrogate key's index): the default (the primary key) and
+/// `FULL` send the key of every deleted row. A table with no identity at
+/// all makes the owner refuse its updates and deletes, which says so
+/// there.
+async fn ensure_replica_identities(client: &Client, schema: &str) -> Result<(), SlotError> {
+    let rows = client
+        .query(
+            "SELECT c.relname::text,
+                    coalesce((SELECT array_agg(a.attname::text ORDER BY a.attnum)
+                              FROM pg_index i
+                              JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)
+                              WHERE i.indrelid = c.oid AND i.indisreplident), '{}')
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+             WHERE n.nspname = $1 AND c.relreplident = 'i'",
+            &[&schema],
+        )
+        .await?;
+    for row in rows {
+        let name: String = row.get(0);
+        let Some(table) = Table::from_name(&name) else {
+            continue;
+        };
+        let columns: Vec<String> = row.get(1);
+        let key = key_columns(table);
+        if key.iter().all(|k| columns.iter().any(|c| c == k)) {
+            continue;
+        }
+        return Err(SlotError::ReplicaIdentity {
+            schema: schema.to_string(),
+            table: name,
+            columns: columns.join(", "),
+            key: key.join(", "),
+        });
+    }
+    Ok(())
 }
 
 /// Refuses a publication that filters rows of, or lists only some
