@@ -117,11 +117,18 @@ fn lsn_of(v: &Value) -> Lsn {
 }
 
 /// The walsender of vacancy's slot, stopped until continued (or dropped).
-struct HeldStream {
+pub(crate) struct HeldStream {
     pid: i32,
 }
 
 impl HeldStream {
+    /// Stops the walsender `pid` (one not holding the slot: a snapshot's,
+    /// while the copy loads).
+    pub(crate) fn stop(pid: i32) -> HeldStream {
+        signal(pid, "-STOP");
+        HeldStream { pid }
+    }
+
     async fn hold(client: &Client) -> HeldStream {
         let pid: i32 = wait_for("the slot's walsender", Duration::from_secs(20), || async {
             client
@@ -134,12 +141,11 @@ impl HeldStream {
                 .get::<_, Option<i32>>(0)
         })
         .await;
-        signal(pid, "-STOP");
-        HeldStream { pid }
+        HeldStream::stop(pid)
     }
 
     /// Continues the walsender (as dropping does, also when a test fails).
-    fn release(self) {}
+    pub(crate) fn release(self) {}
 }
 
 impl Drop for HeldStream {

@@ -931,14 +931,7 @@ async fn a_snapshot_is_not_caught_up_with_what_the_owner_committed_during_its_lo
         .await
         .expect("one walsender")
         .get(0);
-    let signal = |which: &str| {
-        let status = std::process::Command::new("kill")
-            .args([which, &walsender.to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill {which} {walsender}");
-    };
-    signal("-STOP");
+    let held = crate::confirmed::HeldStream::stop(walsender);
     client
         .batch_execute(
             "INSERT INTO hotels (id, name, city, country) VALUES (900, 'During the load', 'Porto', 'PT')",
@@ -954,7 +947,7 @@ async fn a_snapshot_is_not_caught_up_with_what_the_owner_committed_during_its_lo
     .await;
     let in_copy = app.model.read().hotels.contains_key(&900);
     let caught_up = app.model.freshness.caught_up();
-    signal("-CONT");
+    held.release();
     assert!(
         !loaded_before_the_hotel && !in_copy,
         "the load ended before the hotel was committed: make it longer"
