@@ -362,66 +362,96 @@ fn is_unheld_date_text(s: &str) -> bool {
         && (bc || year.len() > 4)
 }
 
-/// Parses PostgreSQL's text form of a one-dimensional `text[]`
-/// (`{wifi,"sea view",NULL}`); NULL elements are dropped. `None` when malformed.
+/// Parses PostgreSQL's text form of a `text[]` (`{wifi,"sea view",NULL}`)
+/// into its elements in storage order; NULL elements are dropped. `None`
+/// when malformed.
 ///
-/// An array whose lower bound is not 1 carries it first (`[0:1]={a,b}`):
-/// `UPDATE hotels SET amenities[0] = 'pool'` makes one. The snapshot's
-/// binary COPY reads such an array like any other, so the stream reads it
-/// too: refused here, it halted every copy of the owner on one legal row.
+/// Every legal value reads, since the snapshot's binary COPY reads it too
+/// and a refusal here halted every copy of the owner on one legal row:
+/// - An array whose lower bound is not 1 carries its bounds first
+///   (`[0:1]={a,b}`): `UPDATE hotels SET amenities[0] = 'pool'` makes one.
+/// - An array of more dimensions (`{{a,b},{c,d}}`) is flattened, as
+///   PostgreSQL's `'a' = ANY(amenities)` and `unnest` read it: a guest's
+///   amenity filter asks whether the hotel has it anywhere in the array.
 pub fn parse_text_array(s: &str) -> Option<Vec<String>> {
     let elements = match s.strip_prefix('[') {
-        Some(bounded) => {
-            let (bounds, rest) = bounded.split_once("]=")?;
-            let (lower, upper) = bounds.split_once(':')?;
-            lower.parse::<i32>().ok()?;
-            upper.parse::<i32>().ok()?;
+        // `[l:u]` once per dimension, then `=`; the bounds hold no `=`.
+        Some(_) => {
+            let (bounds, rest) = s.split_once('=')?;
+            let inner = bounds.strip_prefix('[')?.strip_suffix(']')?;
+            for bound in inner.split("][") {
+                let (lower, upper) = bound.split_once(':')?;
+                lower.parse::<i32>().ok()?;
+                upper.parse::<i32>().ok()?;
+            }
             rest
         }
         None => s,
     };
-    let inner = elements.strip_prefix('{')?.strip_suffix('}')?;
     let mut out = Vec::new();
-    if inner.is_empty() {
-        return Some(out);
+    let mut chars = elements.chars().peekable();
+    parse_array_level(&mut chars, &mut out, 1)?;
+    match chars.next() {
+        None => Some(out),
+        Some(_) => None,
     }
-    let mut chars = inner.chars().peekable();
+}
+
+/// PostgreSQL's own limit on an array's dimensions (`MAXDIM`); deeper
+/// nesting is malformed, and bounds the recursion on any input.
+const MAX_ARRAY_DIMENSIONS: usize = 6;
+
+/// One `{...}` level: its elements, or its sub-arrays, appended to `out`.
+fn parse_array_level(
+    chars: &mut std::iter::Peekable<std::str::Chars<'_>>,
+    out: &mut Vec<String>,
+    depth: usize,
+) -> Option<()> {
+    if depth > MAX_ARRAY_DIMENSIONS || chars.next()? != '{' {
+        return None;
+    }
+    if chars.peek() == Some(&'}') {
+        chars.next();
+        return Some(());
+    }
     loop {
-        let mut item = String::new();
-        let quoted = chars.peek() == Some(&'"');
-        if quoted {
-            chars.next();
-            loop {
-                match chars.next()? {
-                    '\\' => item.push(chars.next()?),
-                    '"' => break,
-                    c => item.push(c),
-                }
-            }
-            match chars.next() {
-                None => {
-                    out.push(item);
-                    return Some(out);
-                }
-                Some(',') => out.push(item),
-                Some(_) => return None,
-            }
-        } else {
-            loop {
-                match chars.next() {
-                    None => {
-                        push_unquoted(&mut out, item)?;
-                        return Some(out);
+        match chars.peek()? {
+            '{' => parse_array_level(chars, out, depth + 1)?,
+            '"' => {
+                chars.next();
+                let mut item = String::new();
+                loop {
+                    match chars.next()? {
+                        '\\' => item.push(chars.next()?),
+                        '"' => break,
+                        c => item.push(c),
                     }
-                    Some(',') => {
-                        push_unquoted(&mut out, item)?;
-                        break;
-                    }
-                    Some('\\') => item.push(chars.next()?),
-                    Some('{' | '}' | '"') => return None,
-                    Some(c) => item.push(c),
                 }
+                out.push(item);
             }
+            _ => {
+                let mut item = String::new();
+                while let Some(&c) = chars.peek() {
+                    match c {
+                        ',' | '}' => break,
+                        '\\' => {
+                            chars.next();
+                            item.push(chars.next()?);
+                        }
+                        '{' | '"' => return None,
+                        c => {
+                            chars.next();
+                            item.push(c);
+                        }
+                    }
+                }
+                push_unquoted(out, item)?;
+            }
+        }
+        match chars.next()? {
+            ',' => continue,
+            '}' => return Some(()),
+            _ => return None,
         }
     }
 }
@@ -698,6 +728,18 @@ mod tests {
             parse_text_array("[-3:-3]={\"sea view\"}"),
             Some(vec!["sea view".into()])
         );
+        // More dimensions: flattened in storage order, as `unnest` reads them.
+        let flat = |items: &[&str]| Some(items.iter().map(|s| s.to_string()).collect::<Vec<_>>());
+        assert_eq!(parse_text_array("{{a}}"), flat(&["a"]));
+        assert_eq!(
+            parse_text_array(r#"{{wifi,NULL},{"sea view",pool}}"#),
+            flat(&["wifi", "sea view", "pool"])
+        );
+        assert_eq!(
+            parse_text_array("[0:1][1:2]={{a,b},{c,d}}"),
+            flat(&["a", "b", "c", "d"])
+        );
+        assert_eq!(parse_text_array("{{{{{{a}}}}}}"), flat(&["a"]));
         for bad in [
             "",
             "{",
@@ -705,10 +747,12 @@ mod tests {
             "{a,,b}",
             "{\"a}",
             "{a\"b}",
-            "{{a}}",
+            "{a,{b}}x",
+            "{a}}",
+            "{{{{{{{a}}}}}}}",
             "[0:1]{a,b}",
             "[x:1]={a}",
-            "[0:1][1:2]={{a,b},{c,d}}",
+            "[0:1]x[1:2]={{a,b}}",
         ] {
             assert_eq!(parse_text_array(bad), None, "{bad}");
         }
@@ -739,6 +783,18 @@ mod tests {
         fn text_array_round_trips(items in proptest::collection::vec("\\PC{0,12}", 0..6)) {
             let lit = pg_array_literal(&items);
             prop_assert_eq!(parse_text_array(&lit), Some(items));
+        }
+
+        /// Two dimensions read as their rows one after the other.
+        #[test]
+        fn a_text_array_of_two_dimensions_reads_flattened(
+            rows in proptest::collection::vec(proptest::collection::vec("\\PC{0,8}", 3), 1..4),
+        ) {
+            let lit = format!(
+                "{{{}}}",
+                rows.iter().map(|r| pg_array_literal(r)).collect::<Vec<_>>().join(",")
+            );
+            prop_assert_eq!(parse_text_array(&lit), Some(rows.concat()));
         }
 
         #[test]

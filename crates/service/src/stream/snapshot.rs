@@ -11,9 +11,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 use std::time::Instant;
 
+use fallible_iterator::FallibleIterator;
 use futures_util::StreamExt;
 use tokio_postgres::binary_copy::BinaryCopyOutStream;
-use tokio_postgres::types::{PgLsn, Type};
+use tokio_postgres::types::{FromSql, PgLsn, Type};
 use tokio_postgres::{Client, Transaction};
 
 use crate::lsn::Lsn;
@@ -223,17 +224,41 @@ async fn copy_hotels(
             stars: row.try_get(4)?,
             latitude: row.try_get(5)?,
             longitude: row.try_get(6)?,
-            amenities: row
-                .try_get::<Vec<Option<String>>>(7)?
-                .into_iter()
-                .flatten()
-                .collect(),
+            amenities: row.try_get::<FlatTextArray>(7)?.0,
         };
         // The load's own copy: nothing shares it, so this never copies.
         Arc::make_mut(&mut tables.hotels).insert(hotel.id, hotel);
         ticker.row(progress);
     }
     Ok(())
+}
+
+/// A `text[]` of any dimensions, its elements in storage order and its
+/// NULLs dropped, as the stream reads the same value
+/// (`decode::parse_text_array`). tokio-postgres's `Vec<T>` refuses an array
+/// of more than one dimension, and that refusal halted the snapshot on one
+/// legal hotel row.
+struct FlatTextArray(Vec<String>);
+
+impl<'a> FromSql<'a> for FlatTextArray {
+    fn from_sql(
+        _: &Type,
+        raw: &'a [u8],
+    ) -> Result<FlatTextArray, Box<dyn std::error::Error + Sync + Send>> {
+        let array = postgres_protocol::types::array_from_sql(raw)?;
+        let mut elements = Vec::new();
+        let mut values = array.values();
+        while let Some(value) = values.next()? {
+            if let Some(bytes) = value {
+                elements.push(postgres_protocol::types::text_from_sql(bytes)?.to_string());
+            }
+        }
+        Ok(FlatTextArray(elements))
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::TEXT_ARRAY
+    }
 }
 
 async fn copy_room_types(
