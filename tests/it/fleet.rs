@@ -662,6 +662,94 @@ async fn a_change_stream_made_again_is_followed_from_a_new_checkpoint() {
     drop(nats);
 }
 
+/// The change stream deleted and made again, then grown past the sequence
+/// of the old stream's newest checkpoint before the projector writes one of
+/// the new stream: a replica starting then waits for a checkpoint of the
+/// new stream and converges from it. Before, the old checkpoint's sequence
+/// lay within the new stream's end, so the replica loaded it, resumed in
+/// the new stream there and missed every change in between, ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_of_a_stream_made_again_is_not_resumed_in_the_new_one() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    let nats = start_nats().await;
+    let fleet = Fleet::new(&owner, &nats).await;
+    // The checkpoint written soon after the snapshot, then none for the
+    // test's length unless asked for.
+    let projector = fleet.projector_with(
+        "projector",
+        &fleet.owner_url,
+        &fleet.nats_url,
+        &[
+            ("VACANCY_CHECKPOINT__INTERVAL_SECS", "600"),
+            ("VACANCY_FLEET__MAX_AGE_SECS", "1200"),
+        ],
+    );
+    wait_ready(&projector, Duration::from_secs(60)).await;
+    let old_checkpoint = wait_for(
+        "the checkpoint after the snapshot to be uploaded",
+        Duration::from_secs(60),
+        || newest_checkpoint_lsn(&fleet.nats_url),
+    )
+    .await;
+    let old_end = change_stream_last_sequence(&fleet.nats_url).await;
+    async_nats::jetstream::new(async_nats::connect(&fleet.nats_url).await.expect("nats"))
+        .delete_stream("VACANCY_CHANGES")
+        .await
+        .expect("delete the change stream");
+    run_workload(&owner, test_seed(), 2, 10).await;
+    // The projector makes the stream again at its next publish, and the
+    // new stream grows past the old one's end, where the old checkpoint's
+    // sequence lies.
+    wait_for(
+        "the new stream to grow past the old one's end",
+        Duration::from_secs(60),
+        || async {
+            let client = async_nats::connect(&fleet.nats_url).await.ok()?;
+            let mut stream = async_nats::jetstream::new(client)
+                .get_stream("VACANCY_CHANGES")
+                .await
+                .ok()?;
+            let last = stream.info().await.ok()?.state.last_sequence;
+            (last > old_end).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(
+        newest_checkpoint_lsn(&fleet.nats_url).await,
+        Some(old_checkpoint),
+        "no checkpoint of the new stream yet"
+    );
+
+    let late = fleet.replica("late");
+    let waiting = wait_for(
+        "the late replica to say what it waits for",
+        Duration::from_secs(30),
+        || async {
+            let status = late.status().await?;
+            fleet_status(&status)["replica"]["waiting_for"]
+                .as_str()
+                .map(str::to_string)
+        },
+    )
+    .await;
+    assert!(waiting.contains("since made again"), "{waiting}");
+    assert_eq!(
+        readyz(&late).await,
+        Some(503),
+        "ready on the old stream's checkpoint"
+    );
+
+    // A checkpoint of the new stream (the operator's resnapshot writes one
+    // soon after its snapshot) lets it start.
+    ask_resnapshot(&projector).await;
+    wait_ready(&late, Duration::from_secs(90)).await;
+    run_workload(&owner, test_seed() ^ 3, 2, 5).await;
+    assert_binary_converged(&late, &client).await;
+    drop(nats);
+}
+
 pub(crate) async fn slot_confirmed(client: &Client) -> vacancy_service::Lsn {
     let row = client
         .query_one(

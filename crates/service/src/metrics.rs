@@ -627,7 +627,7 @@ pub static FLEET_PUBLISH_BUFFERED_BYTES_PEAK: LazyLock<IntGauge> = LazyLock::new
 pub static FLEET_CHECKPOINT_UPLOADS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter_vec(
         "vacancy_fleet_checkpoint_uploads_total",
-        "Checkpoints the projector uploaded to the object store, by outcome (ok, error)",
+        "Checkpoints the projector uploaded to the object store, by outcome (ok, error, skipped: its sequence is of a change stream that is not there now)",
         &["outcome"],
     )
 });

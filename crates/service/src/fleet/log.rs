@@ -15,6 +15,19 @@ use super::FleetError;
 use super::settings::FleetSettings;
 use super::wire::Message;
 
+/// A stream's first and last sequence, and which stream it is: one deleted
+/// and made again under the same name (an operator, a NATS server that
+/// lost its store) starts its sequences over, so a sequence means nothing
+/// without the stream it is of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamEnds {
+    pub first: u64,
+    pub last: u64,
+    /// When the stream was made (JetStream's `created`), in nanoseconds
+    /// since 1970: the stream's identity. Never 0, which means "unknown".
+    pub made_at_ns: u64,
+}
+
 /// A connected JetStream context and the names it works with.
 #[derive(Clone)]
 pub struct ChangeLog {
@@ -145,23 +158,38 @@ impl ChangeLog {
     /// The change stream's first sequence still kept (retention may have
     /// removed older ones) and its last (0 when empty).
     pub(super) async fn sequences(&self) -> Result<(u64, u64), FleetError> {
+        let ends = self.ends().await?;
+        Ok((ends.first, ends.last))
+    }
+
+    /// The change stream's ends, and which stream it is.
+    pub(super) async fn ends(&self) -> Result<StreamEnds, FleetError> {
         let stream = self.changes().await?;
-        self.sequences_of(stream).await
+        self.ends_of(stream).await
     }
 
     /// As `sequences`, of the outcome stream.
     pub(super) async fn outcome_sequences(&self) -> Result<(u64, u64), FleetError> {
         let stream = self.outcomes().await?;
-        self.sequences_of(stream).await
+        let ends = self.ends_of(stream).await?;
+        Ok((ends.first, ends.last))
     }
 
-    async fn sequences_of(&self, mut stream: stream::Stream) -> Result<(u64, u64), FleetError> {
+    async fn ends_of(&self, mut stream: stream::Stream) -> Result<StreamEnds, FleetError> {
         let name = stream.cached_info().config.name.clone();
         let info = self
             .bounded(stream.info())
             .await?
             .map_err(|e| FleetError::Nats(format!("stream {name}: {e}")))?;
-        Ok((info.state.first_sequence, info.state.last_sequence))
+        Ok(StreamEnds {
+            first: info.state.first_sequence,
+            last: info.state.last_sequence,
+            // Nanoseconds since 1970 fit a u64 until 2554; a time before
+            // 1970 (a clock gone wrong) reads as 1, still not "unknown".
+            made_at_ns: u64::try_from(info.created.unix_timestamp_nanos())
+                .unwrap_or(1)
+                .max(1),
+        })
     }
 
     /// Bounds one JetStream request by `fleet.request_timeout_ms`.

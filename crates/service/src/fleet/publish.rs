@@ -346,17 +346,20 @@ impl Session<'_> {
         let state = self.state;
         let max_bytes = log.settings.max_chunk_bytes;
         let max_in_flight = log.settings.max_publishes_in_flight.max(1);
-        // A stream that ends below what this process stored was deleted and
-        // made again (`ChangeLog::connect` makes a missing one): a
-        // checkpoint must not name the old stream's sequences.
-        let (_, stream_last) = log.sequences().await?;
-        if stream_last < state.stored_sequence() {
+        // A stream of another identity than the one this process stored in,
+        // or one that ends below what it stored, was deleted and made again
+        // (`ChangeLog::connect` makes a missing one): a checkpoint must not
+        // name the old stream's sequences. Within a session the stream
+        // cannot change unseen: every publish names the message before it,
+        // which a stream made again does not hold.
+        let ends = log.ends().await?;
+        let stored_before = state.stored_sequence();
+        if state.stream_is(ends.made_at_ns, ends.last) {
             tracing::warn!(
-                stream_last,
-                stored = state.stored_sequence(),
-                "the change stream ends before what this projector stored: it was made again"
+                stream_last = ends.last,
+                stored = stored_before,
+                "the change stream is not the one this projector stored in: it was made again"
             );
-            state.stream_made_again(stream_last);
         }
         // Where the stream ends now: anything at or below it is stored.
         let last = log.last_message().await?;

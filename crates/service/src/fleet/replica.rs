@@ -27,7 +27,7 @@ use tokio_util::io::SyncIoBridge;
 use tokio_util::sync::CancellationToken;
 
 use super::FleetError;
-use super::log::ChangeLog;
+use super::log::{ChangeLog, StreamEnds};
 use super::settings::FleetSettings;
 use super::store::{self, Stored};
 use super::wire::{Assembly, Body, Message, Position, WireError};
@@ -175,20 +175,30 @@ enum Applied {
 /// The checkpoint a bootstrap may load, `newest` in the bucket, or what it
 /// waits for instead: one the stream still continues (its sequence at or
 /// past the stream's `first` kept, less one, and not past its `last`) and
-/// of `epoch_at_least` or later. A checkpoint past the stream's end names a
+/// of `epoch_at_least` or later, of the stream there is now. A checkpoint
+/// of another stream (`Stored::stream`), or past the stream's end, names a
 /// sequence of a stream since deleted and made again (an operator, a NATS
 /// that lost its store): loaded, its copy would resume at a sequence of the
-/// new stream that holds other changes.
+/// new stream that holds other changes, and skip those in between. The
+/// stream's identity tells it even once the new stream has grown past the
+/// old checkpoint's sequence; a name without one (written before it was
+/// recorded) is told by the end alone.
 fn loadable(
     newest: Option<Stored>,
-    (first, last): (u64, u64),
+    now: StreamEnds,
     epoch_at_least: u64,
 ) -> Result<Stored, String> {
+    let StreamEnds { first, last, .. } = now;
     match newest {
         None => Err("the projector's first checkpoint".to_string()),
         Some(stored) if stored.epoch < epoch_at_least => Err(format!(
             "a checkpoint of the projector's new epoch {epoch_at_least} (the newest, {}, is of an older one)",
             stored.object_name()
+        )),
+        Some(stored) if stored.stream.is_some_and(|s| s != now.made_at_ns) => Err(format!(
+            "the newest checkpoint ({}) is of a change stream since made again (this one was made at {:016x}); waiting for the projector's next one",
+            stored.object_name(),
+            now.made_at_ns
         )),
         Some(stored) if stored.sequence + 1 < first => Err(format!(
             "the newest checkpoint ({}) is older than what the stream keeps (from sequence {first}); waiting for the projector's next one",
@@ -411,14 +421,14 @@ impl Replica {
             self.model.freshness.set_replacing(true);
         }
         let newest = loop {
-            let (first, last) = log.sequences().await?;
+            let now = log.ends().await?;
             // The stream's end moves on while this copy applies nothing:
             // how far behind it falls is what readiness bounds
             // (`messages_behind`), so it is read here too, not only while
             // consuming.
-            self.state.update(|p| p.stream_last_sequence = last);
+            self.state.update(|p| p.stream_last_sequence = now.last);
             let newest = store::list(log).await?.pop();
-            match loadable(newest, (first, last), cursor.epoch_at_least) {
+            match loadable(newest, now, cursor.epoch_at_least) {
                 Ok(stored) => break stored,
                 Err(waiting_for) => self.waiting(waiting_for),
             }
@@ -919,8 +929,9 @@ mod tests {
             epoch,
             lsn: Lsn(0x500),
             sequence,
+            stream: Some(7),
         };
-        let kept = (10, 100);
+        let kept = ends(10, 100, 7);
         assert_eq!(loadable(Some(stored(8, 40)), kept, 0), Ok(stored(8, 40)));
         let waiting = loadable(Some(stored(8, 40)), kept, 9).unwrap_err();
         assert!(waiting.contains("new epoch 9"), "{waiting}");
@@ -929,7 +940,15 @@ mod tests {
             loadable(Some(stored(9, 8)), kept, 9).is_err(),
             "trimmed past it"
         );
-        assert!(loadable(None, (1, 0), 0).is_err());
+        assert!(loadable(None, ends(1, 0, 7), 0).is_err());
+    }
+
+    fn ends(first: u64, last: u64, made_at_ns: u64) -> StreamEnds {
+        StreamEnds {
+            first,
+            last,
+            made_at_ns,
+        }
     }
 
     /// A stream deleted and made again starts its sequences over: a
@@ -937,17 +956,43 @@ mod tests {
     /// of the old stream.
     #[test]
     fn a_stream_made_again_is_told_by_its_end() {
+        // Named before streams were told apart: the end alone tells.
         let stored = Stored {
             epoch: 1,
             lsn: Lsn(0x500),
             sequence: 1_000,
+            stream: None,
         };
-        let waiting = loadable(Some(stored), (1, 40), 0).unwrap_err();
+        let waiting = loadable(Some(stored), ends(1, 40, 8), 0).unwrap_err();
         assert!(waiting.contains("made again"), "{waiting}");
-        assert_eq!(loadable(Some(stored), (1, 1_000), 0), Ok(stored));
+        assert_eq!(loadable(Some(stored), ends(1, 1_000, 8), 0), Ok(stored));
         assert!(made_again(1_001, 40));
         assert!(!made_again(41, 40), "the next message to come");
         assert!(!made_again(1, 0), "an empty stream, read from its start");
+    }
+
+    /// A checkpoint of a stream since made again is refused even once the
+    /// new stream has grown past its sequence, where its end no longer
+    /// tells: resumed there, the copy would skip every change between the
+    /// old stream's last and the new stream's first.
+    #[test]
+    fn a_checkpoint_of_a_stream_made_again_is_refused_past_the_new_streams_end() {
+        let old = Stored {
+            epoch: 1,
+            lsn: Lsn(0x500),
+            sequence: 1_000,
+            stream: Some(7),
+        };
+        let grown = ends(1, 5_000, 8);
+        let waiting = loadable(Some(old), grown, 0).unwrap_err();
+        assert!(waiting.contains("since made again"), "{waiting}");
+        let new = Stored {
+            lsn: Lsn(0x900),
+            sequence: 4_000,
+            stream: Some(8),
+            ..old
+        };
+        assert_eq!(loadable(Some(new), grown, 0), Ok(new));
     }
 
     /// A drain that keeps reading goes on past the idle bound, up to the

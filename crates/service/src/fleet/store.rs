@@ -5,10 +5,14 @@
 //! and loads it exactly as a restarting projector loads its own. What the
 //! object adds is in its name, `checkpoint-<epoch>-<lsn>-<sequence>.vcp`:
 //! the copy's epoch and LSN, and the change stream's sequence to resume
-//! after (every message at or below it is in the copy). Fixed-width hex and
-//! decimal, so names sort like (epoch, LSN, sequence). The name carries
-//! them rather than object metadata, which Debian's nats-server 2.9 era
-//! clients do not all keep.
+//! after (every message at or below it is in the copy), then the identity
+//! of the stream that sequence is of (`-<stream>`, when it was made): a
+//! stream deleted and made again starts its sequences over, and an old
+//! stream's checkpoint resumed in the new one would skip every change in
+//! between. Fixed-width hex and decimal, so names sort like (epoch, LSN,
+//! sequence). The name carries them rather than object metadata, which
+//! Debian's nats-server 2.9 era clients do not all keep. Names without the
+//! stream (before 2026-12-07) still read, as of an unknown stream.
 
 use std::path::Path;
 use std::pin::Pin;
@@ -31,12 +35,16 @@ pub struct Stored {
     pub epoch: u64,
     pub lsn: Lsn,
     pub sequence: u64,
+    /// The change stream `sequence` is of (`log::StreamEnds::made_at_ns`);
+    /// `None` in a name written before it was recorded.
+    pub stream: Option<u64>,
 }
 
 impl Stored {
     pub fn object_name(&self) -> String {
+        let stream = self.stream.map_or(String::new(), |s| format!("-{s:016x}"));
         format!(
-            "checkpoint-{:016x}-{:016x}-{:020}.vcp",
+            "checkpoint-{:016x}-{:016x}-{:020}{stream}.vcp",
             self.epoch, self.lsn.0, self.sequence
         )
     }
@@ -45,13 +53,23 @@ impl Stored {
         let rest = name.strip_prefix("checkpoint-")?.strip_suffix(".vcp")?;
         let mut parts = rest.split('-');
         let (epoch, lsn, sequence) = (parts.next()?, parts.next()?, parts.next()?);
-        if parts.next().is_some() || epoch.len() != 16 || lsn.len() != 16 || sequence.len() != 20 {
+        let stream = parts.next();
+        if parts.next().is_some()
+            || epoch.len() != 16
+            || lsn.len() != 16
+            || sequence.len() != 20
+            || stream.is_some_and(|s| s.len() != 16)
+        {
             return None;
         }
         Some(Stored {
             epoch: u64::from_str_radix(epoch, 16).ok()?,
             lsn: Lsn(u64::from_str_radix(lsn, 16).ok()?),
             sequence: sequence.parse().ok()?,
+            stream: match stream {
+                Some(s) => Some(u64::from_str_radix(s, 16).ok()?),
+                None => None,
+            },
         })
     }
 }
@@ -184,7 +202,15 @@ pub async fn run_uploader(
             let mut backoff = Duration::from_millis(200);
             loop {
                 match upload_one(&settings, &mut log, &newest).await {
-                    Ok(bytes) => {
+                    Ok(None) => {
+                        metrics::FLEET_CHECKPOINT_UPLOADS
+                            .with_label_values(&["skipped"])
+                            .inc();
+                        tracing::warn!(epoch = newest.epoch, lsn = %newest.lsn, sequence = newest.sequence, "checkpoint not uploaded: its sequence is of a change stream that is not there now (made again since, or not read yet)");
+                        uploaded = Some((newest.epoch, newest.lsn, newest.sequence));
+                        break;
+                    }
+                    Ok(Some(bytes)) => {
                         metrics::FLEET_CHECKPOINT_UPLOADS
                             .with_label_values(&["ok"])
                             .inc();
@@ -218,17 +244,25 @@ pub async fn run_uploader(
     }
 }
 
+/// Uploads `durable`; `Ok(None)` when it names a sequence of no stream
+/// there is now (the publisher had not read the stream when it was taken,
+/// or the stream was made again since): a replica could only be misled by
+/// it, and the next checkpoint will name the stream there is.
 async fn upload_one(
     settings: &super::FleetSettings,
     log: &mut Option<ChangeLog>,
     durable: &Durable,
-) -> Result<u64, FleetError> {
+) -> Result<Option<u64>, FleetError> {
     if log.is_none() {
         *log = Some(ChangeLog::connect(settings).await?);
     }
     let Some(connected) = log.as_ref() else {
         return Err(FleetError::Nats("not connected".into()));
     };
+    let now = connected.ends().await?;
+    if durable.stream != now.made_at_ns {
+        return Ok(None);
+    }
     upload(
         connected,
         &durable.path,
@@ -236,9 +270,11 @@ async fn upload_one(
             epoch: durable.epoch,
             lsn: durable.lsn,
             sequence: durable.sequence,
+            stream: Some(durable.stream),
         },
     )
     .await
+    .map(Some)
 }
 
 #[cfg(test)]
@@ -247,20 +283,31 @@ mod tests {
 
     #[test]
     fn names_round_trip_and_sort_like_their_fields() {
+        // Named before the stream was recorded.
         let a = Stored {
             epoch: 0x16b3748,
             lsn: Lsn(0x2_0000_0010),
             sequence: 42,
+            stream: None,
         };
         let b = Stored {
             epoch: 0x16b3748,
             lsn: Lsn(0x10_0000_0000),
             sequence: 7,
+            stream: Some(0x1877_0000_0000_0001),
         };
         assert_eq!(Stored::parse(&a.object_name()), Some(a));
+        assert_eq!(Stored::parse(&b.object_name()), Some(b));
+        assert!(b.object_name().ends_with("-1877000000000001.vcp"));
         assert!(a.object_name() < b.object_name());
         assert!(a < b);
-        for bad in ["checkpoint-1-2-3.vcp", "other.vcp", "checkpoint-.vcp"] {
+        for bad in [
+            "checkpoint-1-2-3.vcp",
+            "other.vcp",
+            "checkpoint-.vcp",
+            "checkpoint-00000000016b3748-0000000200000010-00000000000000000042-12.vcp",
+            "checkpoint-00000000016b3748-0000000200000010-00000000000000000042-1877000000000001-0000000000000001.vcp",
+        ] {
             assert_eq!(Stored::parse(bad), None, "{bad}");
         }
     }

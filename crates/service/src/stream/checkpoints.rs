@@ -157,6 +157,9 @@ pub struct Durable {
     pub epoch: u64,
     pub lsn: Lsn,
     pub sequence: u64,
+    /// The change stream `sequence` is of (`OutboxState::stored_at`); 0
+    /// when the publisher had not read it yet.
+    pub stream: u64,
 }
 
 impl Checkpoints {
@@ -412,7 +415,7 @@ impl Checkpoints {
         let carried = self.carried.get().cloned();
         // Before the copy is taken (inside the writer): a message stored by
         // then is in the copy.
-        let sequence = self.outbox.get().map(|o| o.stored_sequence());
+        let sequence = self.outbox.get().map(|o| o.stored_at());
         let started = Instant::now();
         let written = tokio::task::spawn_blocking(move || {
             let _one_writer = me.writing.lock().unwrap_or_else(|p| p.into_inner());
@@ -466,7 +469,8 @@ impl Checkpoints {
                         path: w.path.clone(),
                         epoch: w.epoch,
                         lsn: w.name.lsn,
-                        sequence,
+                        sequence: sequence.sequence,
+                        stream: sequence.stream,
                     }));
                 }
             }

@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
@@ -105,10 +105,21 @@ pub struct OutboxState {
     /// is stored.
     stored: Mutex<StoredItem>,
     /// The carrier's sequence (JetStream's stream sequence) of the newest
-    /// message stored.
-    stored_sequence: AtomicU64,
+    /// message stored, and the stream it is of: read together, so a
+    /// checkpoint never names a sequence of one stream as another's.
+    stored_sequence: Mutex<StreamSequence>,
     connected: AtomicBool,
     last_error: Mutex<Option<String>>,
+}
+
+/// A sequence of the change stream, and which stream: one deleted and made
+/// again under the same name starts its sequences over.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StreamSequence {
+    /// The stream's identity (`fleet::log::StreamEnds::made_at_ns`); 0
+    /// until the publisher has first read it.
+    pub stream: u64,
+    pub sequence: u64,
 }
 
 /// The newest item stored, and the copy (epoch) it came from.
@@ -143,18 +154,37 @@ impl OutboxState {
         }
     }
 
-    /// The change stream was made again, ending at `last` (below what this
-    /// process stored in the old one): sequences start over, so the next
-    /// checkpoint names one of the new stream, not the old one's highest.
-    pub fn stream_made_again(&self, last: u64) {
-        self.stored_sequence.store(last, Ordering::Release);
+    fn sequence_stored(&self) -> std::sync::MutexGuard<'_, StreamSequence> {
+        self.stored_sequence
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The stream sequence of the newest message stored. Read before a
-    /// checkpoint takes its copy, it is a safe place to resume after: every
-    /// message at or below it is in that copy.
+    /// A publishing session found the change stream `stream` ending at
+    /// `last`. Another stream than the one this process stored in (deleted
+    /// and made again), or one that ends below what was stored in it,
+    /// starts the sequences over: the next checkpoint names one of this
+    /// stream, not the old one's highest. True when it did.
+    pub fn stream_is(&self, stream: u64, last: u64) -> bool {
+        let mut stored = self.sequence_stored();
+        let made_again = (stored.stream != 0 && stored.stream != stream) || stored.sequence > last;
+        if made_again {
+            stored.sequence = last;
+        }
+        stored.stream = stream;
+        made_again
+    }
+
+    /// The stream sequence of the newest message stored.
     pub fn stored_sequence(&self) -> u64 {
-        self.stored_sequence.load(Ordering::Acquire)
+        self.sequence_stored().sequence
+    }
+
+    /// `stored_sequence` with the stream it is of. Read before a checkpoint
+    /// takes its copy, it is a safe place to resume after in that stream:
+    /// every message at or below it is in that copy.
+    pub fn stored_at(&self) -> StreamSequence {
+        *self.sequence_stored()
     }
 
     /// A message of the copy of `epoch` at `sequence` is stored; when it
@@ -170,7 +200,8 @@ impl OutboxState {
                 stored.lsn = stored.lsn.max(lsn);
             }
         }
-        self.stored_sequence.fetch_max(sequence, Ordering::AcqRel);
+        let mut stored = self.sequence_stored();
+        stored.sequence = stored.sequence.max(sequence);
     }
 
     pub fn connected(&self) -> bool {
@@ -221,5 +252,43 @@ mod tests {
         // A replacement by the same or an older epoch changes nothing.
         state.copy_replaced(8);
         assert_eq!(outbox.acknowledgeable(), Lsn(0x2_8000_1000));
+    }
+
+    /// A stream deleted and made again (another identity, or an end below
+    /// what was stored) starts the stored sequence over at its end, and
+    /// the sequence is always read with the stream it is of.
+    #[test]
+    fn a_stream_made_again_starts_the_stored_sequence_over() {
+        let state = OutboxState::default();
+        assert!(!state.stream_is(10, 0), "the first stream read");
+        state.note_stored(1, None, 500);
+        assert!(!state.stream_is(10, 500), "the same stream, reconnected");
+        assert_eq!(
+            state.stored_at(),
+            StreamSequence {
+                stream: 10,
+                sequence: 500
+            }
+        );
+        // Made again, and already longer than the old one was.
+        assert!(state.stream_is(11, 900));
+        assert_eq!(
+            state.stored_at(),
+            StreamSequence {
+                stream: 11,
+                sequence: 900
+            }
+        );
+        state.note_stored(1, None, 901);
+        // Made again and shorter, seen under the same identity (a clock
+        // that repeated itself): told by its end.
+        assert!(state.stream_is(11, 3));
+        assert_eq!(
+            state.stored_at(),
+            StreamSequence {
+                stream: 11,
+                sequence: 3
+            }
+        );
     }
 }
