@@ -12,6 +12,7 @@ use chrono::NaiveDate;
 use serde_json::{Value, json};
 use tokio_postgres::Client;
 use tokio_util::sync::CancellationToken;
+use vacancy_lab::cluster::StopMode;
 use vacancy_lab::http_client::HttpResponse;
 use vacancy_lab::ops;
 use vacancy_lab::simulator::{self, SimOptions};
@@ -722,7 +723,7 @@ async fn divergence_audit_sees_a_missed_change_until_the_ttl_repairs_it() {
 /// restart and again after it counts once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_stale_read_window_and_counted_attempts_survive_a_graceful_restart() {
-    let owner = TestOwner::start().await;
+    let mut owner = TestOwner::start().await;
     let client = owner.client().await;
     hotel(&client, 1, &[(1, 9)], 10).await;
     let checkpoints = tempfile::tempdir().unwrap();
@@ -755,7 +756,15 @@ async fn the_stale_read_window_and_counted_attempts_survive_a_graceful_restart()
     );
     app.stop(Duration::from_secs(30)).await;
 
+    // The owner down at the restart: the checkpoint is not loaded (its
+    // first session waits for the owner), and a report the booking service
+    // retries meanwhile is refused, not counted before the counts the
+    // checkpoint carries.
+    tokio::task::block_in_place(|| owner.cluster.stop(StopMode::Fast)).expect("stop the owner");
     let app = start(settings()).await;
+    let early = post(&app, Some(TOKEN), conflict.as_bytes()).await;
+    assert_problem(&early, 503, "/problems/not-ready", None);
+    tokio::task::block_in_place(|| owner.cluster.start_again()).expect("start the owner");
     wait_for(
         "the copy to load from the checkpoint",
         Duration::from_secs(60),

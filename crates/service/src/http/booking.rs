@@ -25,6 +25,8 @@ use crate::stale::outcomes::{Recording, TakeOutcomeBody};
 /// is published to the fleet's outcome stream and answered once this node
 /// counted it from there (`fleet::outcomes`), so every node counts it, and
 /// the same way; when that stream cannot be reached the answer is 503.
+/// So is a report to a node whose copy is not loaded yet, whose restored
+/// checkpoint may still bring the counts a report must not add to twice.
 
 #[utoipa::path(post, path = "/v1/take-outcomes", tag = "booking service",
     request_body = TakeOutcomeBody,
@@ -36,7 +38,7 @@ use crate::stale::outcomes::{Recording, TakeOutcomeBody};
         (status = 409, description = "attempt id reported before with a different report", body = ProblemBody, content_type = "application/problem+json"),
         (status = 413, description = "body too large", body = ProblemBody, content_type = "application/problem+json"),
         (status = 422, description = "forged, altered or mismatched quote", body = ProblemBody, content_type = "application/problem+json"),
-        (status = 503, description = "a fleet node could not publish the report to the fleet's outcome stream, or had not counted it from there in time; nothing was counted here alone: send it again", body = ProblemBody, content_type = "application/problem+json"),
+        (status = 503, description = "the copy is not loaded yet (`/problems/not-ready`), or a fleet node could not publish the report to the fleet's outcome stream, or had not counted it from there in time; nothing was counted here alone: send it again", body = ProblemBody, content_type = "application/problem+json"),
     ))]
 pub(super) async fn take_outcomes(
     State(state): State<ApiState>,
@@ -46,6 +48,17 @@ pub(super) async fn take_outcomes(
     let authorization = headers.get(header::AUTHORIZATION).map(|v| v.as_bytes());
     if !state.booking_tokens.allows(authorization) {
         return Err(Problem::Unauthorized);
+    }
+    // Reports are taken once the copy is loaded. Until then a checkpoint's
+    // carried counts and attempt ids may yet be restored (the first
+    // session loads it, which waits for the owner): a report counted
+    // before them counted twice when it had been counted before the
+    // restart (the booking service retries one whose answer a shutdown
+    // cut off), and its id no longer told a replay from a reuse.
+    if !state.model.freshness.is_loaded() {
+        return Err(Problem::NotReady {
+            reason: "the copy is not loaded yet: take outcomes are counted once it is".into(),
+        });
     }
     let body = body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
