@@ -76,6 +76,9 @@ impl Standby {
             match ended {
                 RunEnd::Shutdown | RunEnd::OutboxClosed => return,
                 RunEnd::SlotBusy => {
+                    // Like a replica, a standby has no session to say which
+                    // owner is current (`OwnerPin::release`).
+                    self.owner.pin.release();
                     tracing::info!(slot = %self.slot, "another projector holds the slot; standing by");
                 }
             }

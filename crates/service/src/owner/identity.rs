@@ -79,6 +79,9 @@ pub struct OwnerPin {
 #[derive(Debug, Default, Clone)]
 struct PinState {
     current: Option<OwnerIdentity>,
+    /// Whether a replication session of this process stands on `current`
+    /// (`observe`) or stopped streaming since (`release`).
+    held: bool,
     previous: Option<OwnerIdentity>,
     changed_at: Option<DateTime<Utc>>,
     changes: u64,
@@ -87,7 +90,9 @@ struct PinState {
 /// `/v1/status` `owner`.
 #[derive(Debug, Clone, Serialize, utoipa::ToSchema)]
 pub struct OwnerReport {
-    /// The owner the replication stream is on (null before the first session).
+    /// The owner the replication stream is on, or was last on (a standby
+    /// projector's connections are no longer held to it); null before the
+    /// first session.
     pub current: Option<OwnerIdentity>,
     /// The one before the last change, if any.
     pub previous: Option<OwnerIdentity>,
@@ -98,9 +103,22 @@ pub struct OwnerReport {
 }
 
 impl OwnerPin {
-    /// The owner every connection must reach, once a session has said.
+    /// The owner every connection must reach, while a replication session
+    /// of this process stands on it.
     pub fn current(&self) -> Option<OwnerIdentity> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner()).current
+        let state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if state.held { state.current } else { None }
+    }
+
+    /// This process stopped streaming (a fleet projector that lost the slot
+    /// stands by): no session says which owner is current any more, so
+    /// connections are no longer held to the last one. Held, the pin
+    /// refused every connection once the owner failed over, until a
+    /// restart: the standby could never see the slot free, nor bootstrap
+    /// its copy of the new timeline. The last owner seen stays, for
+    /// `/v1/status` and for the next session to tell a change.
+    pub fn release(&self) {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).held = false;
     }
 
     /// Notes the identity a replication session reported; from now on
@@ -118,6 +136,7 @@ impl OwnerPin {
             state.changes += 1;
         }
         state.current = Some(seen);
+        state.held = true;
         observed
     }
 
@@ -178,6 +197,13 @@ mod tests {
         assert_eq!(report.changes, 2);
         assert_eq!(report.previous, Some(id(7, 2)));
         assert!(report.changed_at.is_some());
+        // Released (the session stopped): no connection is held to it, and
+        // the next session still tells a change from the last owner seen.
+        pin.release();
+        assert_eq!(pin.current(), None);
+        assert_eq!(pin.report().current, Some(id(9, 2)));
+        assert_eq!(pin.observe(id(9, 3)), Observed::Changed { from: id(9, 2) });
+        assert_eq!(pin.current(), Some(id(9, 3)));
         // 64-bit identifiers go out as text, not as a lossy JSON number.
         let json = serde_json::to_value(id(u64::MAX, 3)).unwrap();
         assert_eq!(json["system_identifier"], "18446744073709551615");
