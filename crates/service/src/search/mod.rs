@@ -873,9 +873,13 @@ impl Search {
         if keys.is_empty() {
             return None;
         }
-        // Read-your-writes: a read sent before this search began may miss
-        // the write the guest waits for.
-        let not_before = (reason == Reason::MinLsn).then_some(asked_at);
+        // Only a read sent after this search began: one sent before may
+        // miss a write the guest waits for (`min_lsn`), or a take that
+        // committed meanwhile. Shown as `owner`, such a read claimed a
+        // freshness it did not have, and a 409 after it counted as a race
+        // no read could have avoided, hiding the hotel from the bypass
+        // policy. Searches that begin together still share one read.
+        let not_before = Some(asked_at);
         Some(
             match self.owner.read(&keys, stay, reason, not_before).await {
                 Ok(read) => OwnerNights::Read(read),

@@ -5,6 +5,8 @@
 //! search, identical concurrent reads coalesced through a `moka` cache with a
 //! TTL well under a second, a timeout, and a small set of pipelined
 //! connections (a `tokio_postgres::Client` serves concurrent queries).
+//! Search takes only a read sent after it began (`not_before`): numbers
+//! shown as the owner's are never older than the question.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
