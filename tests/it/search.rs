@@ -769,6 +769,65 @@ async fn an_owner_read_is_never_older_than_its_search() {
     app.stop(Duration::from_secs(5)).await;
 }
 
+/// A hotel the owner's numbers rule out of a page does not push the next
+/// page on by one: page 1 (one hotel a page, by price) looks at the
+/// cheapest, which the owner shows sold out, and shows the second; once
+/// the copy has the sale too, page 2 shows the third. Before, the cursor
+/// counted the hotel ruled out, so page 2 began one further on and the
+/// third hotel was never shown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hotel_ruled_out_by_the_owner_does_not_make_the_next_page_skip_one() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    for (hotel, price) in [(1, 100), (2, 200), (3, 300)] {
+        client
+            .batch_execute(&format!(
+                "INSERT INTO hotels (id, name, city) VALUES ({hotel}, 'H{hotel}', 'Lisbon');
+                 INSERT INTO room_types VALUES ({hotel}, 1, 'Double', 2);
+                 INSERT INTO inventory (hotel_id, room_type_id, night, total, price_cents)
+                   SELECT {hotel}, 1, DATE '{}' + n, 1, {price} FROM generate_series(0, 9) n;",
+                today()
+            ))
+            .await
+            .unwrap();
+    }
+    let url = least_privilege_role(&client, &owner.url, None).await;
+    create_publication(&client).await;
+    let mut s = settings_for(&owner);
+    s.owner.url = url;
+    // One free unit is few: every shown room type is read from the owner.
+    s.search.fresh_reads = vacancy_service::FreshReads::Rows;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let app = vacancy_service::start(s, listener).expect("start vacancy");
+    settled(&app, &client).await;
+    hold_copy_back(&client, false).await;
+    client
+        .batch_execute("UPDATE inventory SET taken = 1 WHERE hotel_id = 1")
+        .await
+        .unwrap();
+    let page = |extra: String| async move {
+        let (code, _, body) = get(
+            app.addr,
+            &stay_query(&format!("&limit=1&sort=price{extra}")),
+        )
+        .await;
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str::<Value>(&body).unwrap()
+    };
+    let first = page(String::new()).await;
+    assert_eq!(first["results"][0]["hotel_id"], 2, "{first}");
+    assert_eq!(first["total_hotels"], 2, "{first}");
+    let cursor = first["next_cursor"]
+        .as_str()
+        .expect("a next page")
+        .to_string();
+    hold_copy_back(&client, true).await;
+    settled(&app, &client).await;
+    let second = page(format!("&cursor={cursor}")).await;
+    assert_eq!(second["results"][0]["hotel_id"], 3, "{second}");
+    app.stop(Duration::from_secs(5)).await;
+}
+
 /// Holds the copy back for real: the role loses REPLICATION and its
 /// walsender is ended, so the projector cannot reconnect while the owner
 /// goes on writing; ordinary reads of the owner still work. `undo` gives

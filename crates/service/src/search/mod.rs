@@ -452,15 +452,16 @@ impl Search {
             lag_ms: self.model.freshness.lag_ms(Utc::now()),
         };
         self.sign_quotes(&mut page.results, &quotes);
+        // The copy's count, less the hotels the owner's numbers ruled out here.
+        let total_hotels = ranked.total - page.ruled_out;
         Ok(SearchAnswer {
             lsn,
             position: position.to_string(),
             lag_ms: quotes.lag_ms,
             stale: self.model.freshness.is_replacing(),
             confirmed_lsn: confirmed,
-            // The copy's count, less the hotels the owner's numbers ruled out here.
-            total_hotels: ranked.total - page.ruled_out,
-            next_cursor: (page.next < ranked.total).then(|| Cursor::encode(req, page.next)),
+            total_hotels,
+            next_cursor: (page.next < total_hotels).then(|| Cursor::encode(req, page.next)),
             results: page.results,
             owner_position,
         })
@@ -529,7 +530,7 @@ impl Search {
     /// Few units left: only the hotels about to be shown are read from the
     /// owner, one query for the page. A hotel the owner's numbers rule out
     /// gives its place to the next one, so a page is full when it can be;
-    /// the cursor points past the last hotel looked at.
+    /// the cursor points past the hotels shown (see `Page::next`).
     async fn fill_page(
         &self,
         from_offset: Vec<(Rank, HotelNights)>,
@@ -564,9 +565,10 @@ impl Search {
         }
         // Owner numbers may move a hotel within the page.
         results.sort_by(|a, b| order(&a.rank, &b.rank, req.sort));
+        debug_assert!(next >= req.offset + ruled_out);
         Page {
             results,
-            next,
+            next: next - ruled_out,
             ruled_out,
         }
     }
@@ -1157,7 +1159,13 @@ struct Ranked {
 struct Page {
     /// The hotels shown, in the answer's order.
     results: Vec<HotelResult>,
-    /// The offset past the last hotel looked at: where the next page starts.
+    /// Where the next page starts: past the hotels looked at, less those
+    /// the owner's numbers ruled out. Those numbers are newer than the
+    /// ranking's copy, and the next page's ranking, from a copy at least as
+    /// new, leaves a ruled-out hotel out too: counted, the next page began
+    /// one hotel further on for each, and skipped as many. When the copy
+    /// still shows one (a row read ahead of a lagging copy), the next page
+    /// repeats the last hotel shown instead, which hides nothing.
     next: usize,
     /// Hotels the owner's numbers ruled out while the page was filled.
     ruled_out: usize,
