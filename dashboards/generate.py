@@ -8,7 +8,11 @@ def sel(extra=""):
     return "{" + SEL + ((", " + extra) if extra else "") + "}"
 
 RI = "[$__rate_interval]"
-SEL_COPY = sel('source="copy"')
+# The stale reads: 409s after the copy's unconfirmed numbers (copy, and
+# copy_fallback when the owner did not answer in time), per take the owner
+# answered (taken or conflict; errors are not answers): the API's share.
+SEL_COPY = sel('source=~"copy|copy_fallback"')
+SEL_ANSWERED = sel('outcome=~"taken|conflict"')
 SEL_5XX = sel('status=~"5.."')
 
 def templating():
@@ -115,7 +119,7 @@ def hq(q, metric, by=""):
 def stale():
     b = Board()
     share = (f'sum(rate(vacancy_conflicts_after_shown_available_total{SEL_COPY}{RI}))'
-             f'\n  /\nsum(rate(vacancy_takes_total{sel()}{RI}))')
+             f'\n  /\nsum(rate(vacancy_takes_total{SEL_ANSWERED}{RI}))')
     b.row("Stale reads: 409s after the copy showed the room free")
     b.add("stat", "Stale-read share (service window)",
           "The stale-read share: takes that ended in a 409 conflict after the copy showed the room available (stale reads), per take the owner answered, over the service's own sliding window (vacancy_stale_read_share_ratio, highest instance). Objective: at most 0.001 (the copy adds at most 0.1 percentage points); red above it.",

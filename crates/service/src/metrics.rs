@@ -470,7 +470,7 @@ pub static TAKES: LazyLock<IntCounterVec> = LazyLock::new(|| {
 pub static CONFLICTS_AFTER_SHOWN: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter_vec(
         "vacancy_conflicts_after_shown_available_total",
-        "409s after shown: takes refused by the owner (409) after the quote showed at least the units asked for, by where the numbers came from; source=\"copy\" are the stale reads",
+        "409s after shown: takes refused by the owner (409) after the quote showed at least the units asked for, by where the numbers came from; source=\"copy\" and \"copy_fallback\" (the copy's unconfirmed numbers) are the stale reads",
         &["source"],
     )
 });
