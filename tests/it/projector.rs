@@ -724,6 +724,50 @@ async fn loaded_with_ttl_secs(ttl_secs: u64) -> (TestOwner, Client, App) {
     (owner, client, app)
 }
 
+/// While the stream cannot apply the high watermarks that close re-read
+/// windows (its connection refused here), the refresher keeps at most
+/// `MAX_OPEN_WINDOWS` open, and once it can, the copy converges. Before, a
+/// window opened every tick, each holding its rows until it expired a
+/// minute later to be read again: every calendar falling due was re-read
+/// from the owner every minute for as long as the stream was out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn re_read_windows_stay_bounded_while_the_stream_cannot_close_them() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    let vacancy_url = least_privilege_role(&client, &owner.url, None).await;
+    create_publication(&client).await;
+    let mut settings = settings_for(&owner);
+    settings.owner.url = vacancy_url;
+    // Every calendar due each second, one a window: 18 calendars would
+    // open 18 windows within two seconds.
+    settings.model.ttl_secs = 1;
+    settings.model.refresh_batch = 1;
+    let app = start_app(settings).await;
+    caught_up(&app.model, &client).await;
+    crate::search::hold_copy_back(&client, false).await;
+    let mut most = 0;
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        most = most.max(app.refresh.open_windows());
+    }
+    assert!(
+        most > 0,
+        "the refresher opened no window while the stream was out"
+    );
+    assert!(
+        most <= vacancy_service::MAX_OPEN_WINDOWS,
+        "{most} windows open at once"
+    );
+    crate::search::hold_copy_back(&client, true).await;
+    client
+        .batch_execute("UPDATE inventory SET taken = 1 WHERE hotel_id = 3")
+        .await
+        .unwrap();
+    assert_converged(&app.model, &client).await;
+    app.stop(Duration::from_secs(5)).await;
+}
+
 /// A change the stream never delivered (inventory left out of the
 /// publication for a moment) does not outlive the TTL: the re-read repairs it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

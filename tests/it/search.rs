@@ -832,7 +832,7 @@ async fn a_hotel_ruled_out_by_the_owner_does_not_make_the_next_page_skip_one() {
 /// walsender is ended, so the projector cannot reconnect while the owner
 /// goes on writing; ordinary reads of the owner still work. `undo` gives
 /// the right back.
-async fn hold_copy_back(client: &Client, undo: bool) {
+pub(crate) async fn hold_copy_back(client: &Client, undo: bool) {
     if undo {
         client
             .batch_execute("ALTER ROLE vac REPLICATION")

@@ -77,7 +77,7 @@ pub use owner::{Endpoint, EndpointError, OwnerError, SslMode, connect};
 pub use search::{FreshReads, WhenLagging};
 pub use stale::token::QuoteKey;
 pub use stream::checkpoints::{Checkpoints, Trigger as CheckpointTrigger};
-pub use stream::refresh::Refresh;
+pub use stream::refresh::{MAX_OPEN_WINDOWS, Refresh};
 pub use stream::slot;
 pub use stream::snapshot::SnapshotPhase;
 pub use stream::{Projector, StreamStatus};

@@ -452,6 +452,11 @@ impl Refresh {
         }
     }
 
+    /// Re-read windows waiting for their high watermark.
+    pub fn open_windows(&self) -> usize {
+        self.windows.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
     /// Abandons windows whose high watermark never came.
     fn expire_windows(&self) {
         let stale: Vec<u64> = self
@@ -477,6 +482,16 @@ enum RereadError {
     #[error(transparent)]
     Visibility(#[from] visibility::VisibilityError),
 }
+
+/// Most re-read windows open at once. A window closes when the stream
+/// applies its high watermark, a few milliseconds after its read on a
+/// stream that keeps up; one or two are open then. While the stream cannot
+/// close them (a reconnect's backoff, a resnapshot's load, lag past
+/// `WINDOW_TIMEOUT`), a window a tick would only hold its rows and expire
+/// a minute later to be read again: unbounded, that re-read every falling
+/// due calendar from the owner every minute and held all their rows.
+/// With `model.refresh_batch` calendars each, at most 512 at the default.
+pub const MAX_OPEN_WINDOWS: usize = 8;
 
 /// The refresher task: re-reads due calendars in batches between watermarks.
 pub async fn run_refresher(
@@ -506,6 +521,9 @@ pub async fn run_refresher(
         refresh.confirmations.run_pending_tasks();
         refresh.expire_windows();
         metrics::TTL_DUE.set(refresh.due_len() as i64);
+        if refresh.open_windows() >= MAX_OPEN_WINDOWS || model.freshness.is_replacing() {
+            continue;
+        }
         let keys = refresh.take_due(batch);
         if keys.is_empty() {
             continue;
