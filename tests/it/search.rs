@@ -686,6 +686,39 @@ async fn min_lsn_reads_your_writes() {
     app.stop(Duration::from_secs(5)).await;
 }
 
+/// A `min_lsn` no owner commit gave is refused before the copy is waited
+/// for: with a wait longer than the request may take, it is still a 400,
+/// not the request's timeout. Before, the owner was asked only once the
+/// wait was over, so each such question held a place in the guest budget
+/// for all of `min_lsn_wait_ms`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_min_lsn_past_the_owner_is_refused_before_the_wait() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    one_room_type(&client, 9).await;
+    let mut s = settings_for(&owner);
+    s.search.min_lsn_wait_ms = 60_000;
+    s.http.request_timeout_ms = 3_000;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let app = vacancy_service::start(s, listener).expect("start vacancy");
+    settled(&app, &client).await;
+    let (code, _, body) = get(app.addr, &stay_query("&min_lsn=FFFFFFFF/0")).await;
+    assert_eq!(code, 400, "{body}");
+    let p: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(p["field"], "min_lsn", "{body}");
+    // A position the owner has written is still waited for and answered.
+    client
+        .batch_execute("UPDATE inventory SET taken = 2")
+        .await
+        .unwrap();
+    let lsn = slot::current_wal_lsn(&client).await.unwrap();
+    let (code, _, body) = get(app.addr, &stay_query(&format!("&min_lsn={lsn}"))).await;
+    assert_eq!(code, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["results"][0]["room_types"][0]["free_units"], 7, "{v}");
+    app.stop(Duration::from_secs(5)).await;
+}
+
 /// Read-your-writes never takes a shared owner read from before the
 /// search: with the copy held back, two writes in a row, each followed by a
 /// search with its `min_lsn`, each see their own write, although the owner

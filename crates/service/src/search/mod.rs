@@ -358,13 +358,22 @@ impl Search {
             }
             _ => {}
         }
+        // A position past all the WAL the copy has heard of may be one no
+        // owner commit gave (made up, or another owner's): the owner is
+        // asked first, so such a question is refused at once. Asked only
+        // after the wait, each held a place in the guest budget for all of
+        // `min_lsn_wait_ms`, and eight a second shed every other guest.
+        let heard_of = target.lsn <= self.model.freshness.server_wal_end();
+        if !heard_of {
+            self.refuse_if_owner_lacks(target).await?;
+        }
         let reached = self
             .model
             .freshness
             .wait_applied(target.lsn, self.min_lsn_wait)
             .await
             .is_some();
-        if !reached {
+        if !reached && heard_of {
             self.refuse_if_owner_lacks(target).await?;
         }
         Ok(reached)
@@ -377,6 +386,8 @@ impl Search {
     /// reached `target`, before the search reads its every candidate from
     /// the owner. When the position cannot be read in the owner budget the
     /// search goes on as before: the owner read is bounded by that budget.
+    /// Also called before the wait for a `target` past the WAL the copy
+    /// has heard of (`reached`).
     async fn refuse_if_owner_lacks(&self, target: Position) -> Result<(), SearchError> {
         let began = Instant::now();
         let deadline = tokio::time::Instant::now() + self.owner_budget;
