@@ -141,6 +141,28 @@ pub const OWNER_READ_ENTRY_BYTES: u64 = (size_of::<ReadKey>()
 const TYPICAL_CALENDARS: usize = 20;
 const TYPICAL_NIGHTS: usize = 3;
 
+/// A read on a connection until it is answered. Dropped unanswered (it
+/// failed, timed out, or its caller gave up first: the confirmed read's
+/// fallback ends at its own share of the budget, a request is dropped),
+/// it forgets the connection, since the owner may never answer it and a
+/// later read pipelined behind it would wait for nothing. Forgotten only on
+/// the error paths, a fallback cut short by its caller's deadline kept a
+/// dead connection in the pool.
+struct UnsettledRead<'r> {
+    reader: &'r OwnerReader,
+    slot: usize,
+    client: Arc<Client>,
+    settled: bool,
+}
+
+impl Drop for UnsettledRead<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.reader.forget(self.slot, &self.client);
+        }
+    }
+}
+
 pub struct OwnerReader {
     owner: OwnerSettings,
     /// `read_sql` of the schema the stream follows.
@@ -290,7 +312,8 @@ impl OwnerReader {
     /// path that drops packets it never does, and every later search on
     /// that connection would wait its whole budget for nothing until the
     /// kernel gave up (`owner.tcp_user_timeout_ms`, or about 15 minutes
-    /// without it). The next read on the slot opens a new connection.
+    /// without it). The next read on the slot opens a new connection. So is
+    /// one whose caller gave up first (`UnsettledRead`).
     async fn on_a_client<T, F, Fut>(&self, read: F) -> Result<T, OwnerReadError>
     where
         F: FnOnce(Arc<Client>, Statement) -> Fut,
@@ -302,21 +325,24 @@ impl OwnerReader {
         let (slot, client, statement) = tokio::time::timeout_at(deadline, self.client())
             .await
             .map_err(|_| timed_out())??;
-        match tokio::time::timeout_at(deadline, read(client.clone(), statement)).await {
-            Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(e)) => {
-                self.forget(slot, &client);
-                Err(OwnerReadError::Failed(e.to_string()))
+        let mut unsettled = UnsettledRead {
+            reader: self,
+            slot,
+            client: client.clone(),
+            settled: false,
+        };
+        match tokio::time::timeout_at(deadline, read(client, statement)).await {
+            Ok(Ok(answer)) => {
+                unsettled.settled = true;
+                Ok(answer)
             }
-            Err(_) => {
-                self.forget(slot, &client);
-                Err(timed_out())
-            }
+            Ok(Err(e)) => Err(OwnerReadError::Failed(e.to_string())),
+            Err(_) => Err(timed_out()),
         }
     }
 
-    /// Empties `slot` if it still holds `client`: a search that already
-    /// put a new connection there keeps it.
+    /// Empties `slot` if it still holds `client` (`UnsettledRead`): a
+    /// search that already put a new connection there keeps it.
     fn forget(&self, slot: usize, client: &Arc<Client>) {
         let mut held = self.clients[slot].lock().unwrap_or_else(|p| p.into_inner());
         if held.as_ref().is_some_and(|(c, _)| Arc::ptr_eq(c, client)) {
