@@ -426,7 +426,7 @@ impl Search {
         // Read right before the copy is, so nothing the copy could hold is
         // missing from the owner's side of the bracket.
         let position_before = self.owner_position().await;
-        let (copied, position) = self.copy_out(&candidates, req, reason, &bypassed);
+        let (copied, position, reason) = self.copy_out(&candidates, req, reason, &bypassed);
         let lsn = position.lsn;
         let ranked = match copied {
             Copied::Ranked(ranked) => ranked,
@@ -494,14 +494,23 @@ impl Search {
     /// ranked straight from the calendars, and only the hotels a page may
     /// show are copied out. Otherwise the candidates are copied out whole,
     /// to be read from the owner, then ranked.
+    ///
+    /// Returns the reason to read the owner for this copy: `MinLsn` when
+    /// it does not hold the request's `min_lsn` after all (`holds`).
     fn copy_out(
         &self,
         candidates: &[(i64, f32)],
         req: &SearchRequest,
         reason: Reason,
         bypassed: &HashSet<i64>,
-    ) -> (Copied, Position) {
+    ) -> (Copied, Position, Reason) {
         let t = self.copy();
+        let copied = Position::new(t.timeline, t.applied);
+        let reason = if reason == Reason::FewUnits && !holds(copied, req.min_lsn) {
+            Reason::MinLsn
+        } else {
+            reason
+        };
         let located = locate(&t, candidates, req);
         let trusted = reason == Reason::FewUnits && bypassed.is_empty();
         let copied = if trusted {
@@ -509,7 +518,7 @@ impl Search {
         } else {
             Copied::Unranked(copy_whole(&t, located, req, reason, bypassed))
         };
-        (copied, Position::new(t.timeline, t.applied))
+        (copied, Position::new(t.timeline, t.applied), reason)
     }
 
     /// The copy cannot be trusted for this answer (or for these hotels):
@@ -682,11 +691,15 @@ impl Search {
         };
         // The copy the numbers come from must hold the position, on its
         // timeline: a later round of the page reuses it, and a replica's
-        // bootstrap may swap in an older copy at any await.
+        // bootstrap may swap in an older copy at any await. And it must be
+        // of the timeline the hotels were ranked from: a failover's new
+        // snapshot swapped in since would mix the old copy's ranking (which
+        // may hold commits the new primary lost) with the new one's numbers.
         let read = reached.and_then(|at| {
             let t = self.model.read();
             if !self.model.freshness.is_replacing()
                 && Position::new(t.timeline, at.lsn) == at
+                && copied.timeline == at.timeline
                 && t.applied >= at.lsn
             {
                 Ok((at, t))
@@ -980,7 +993,7 @@ impl Search {
         };
         let position = lsn;
         let lsn = position.lsn;
-        let reason = owner_read_reason(lagging, caught_up);
+        let reason = owner_read_reason(lagging, caught_up && holds(position, req.min_lsn));
         let bypassed = self.bypassed(std::iter::once(hotel_id));
         let mut confirmed = None;
         if reason == Reason::FewUnits && !bypassed.contains(&hotel_id) {
@@ -1184,6 +1197,22 @@ struct Page {
 
 /// Why an answer reads the owner: the copy lags past the bound, missed
 /// `min_lsn`, or (otherwise) only for room types with few units left.
+/// Whether a copy read at `copied` holds `min_lsn`. `reached` waited for
+/// the copy first, but a replica's bootstrap or a resnapshot may swap in
+/// one below the target before the copy is read: answered from it as
+/// caught up, the guest's own write was missing with nothing read from the
+/// owner. A target of unknown timeline, or a copy of unknown timeline,
+/// compares LSNs alone, as `reached` does.
+fn holds(copied: Position, min_lsn: Option<Position>) -> bool {
+    min_lsn.is_none_or(|target| {
+        let same_timeline = match (target.timeline, copied.timeline) {
+            (Some(asked), Some(copy)) => asked == copy,
+            _ => true,
+        };
+        same_timeline && copied.lsn >= target.lsn
+    })
+}
+
 fn owner_read_reason(lagging: bool, caught_up: bool) -> Reason {
     if lagging {
         Reason::Bypass
@@ -1605,6 +1634,17 @@ mod tests {
             sell_limit: None,
             price_cents: price,
         })
+    }
+
+    #[test]
+    fn a_copy_holds_a_min_lsn_at_or_below_it_on_its_timeline() {
+        let at = |timeline, lsn| Position::new(timeline, Lsn(lsn));
+        assert!(holds(at(2, 0x500), None));
+        assert!(holds(at(2, 0x500), Some(at(2, 0x500))));
+        assert!(!holds(at(2, 0x4ff), Some(at(2, 0x500))), "a copy swapped in below it");
+        assert!(!holds(at(2, 0x900), Some(at(3, 0x500))), "another timeline");
+        assert!(holds(at(2, 0x900), Some(at(0, 0x500))), "a bare LSN");
+        assert!(!holds(at(0, 0x400), Some(at(3, 0x500))));
     }
 
     #[test]
