@@ -488,3 +488,73 @@ async fn take_outcomes_posted_to_any_replica_are_counted_once_by_every_node() {
     }
     drop(nats);
 }
+
+/// The outcome stream deleted and made again while a replica is cut off
+/// from NATS: another node makes the new stream and reports go into it.
+/// Back on NATS, the replica counts them too, from the new stream's start,
+/// so every node agrees. Before, it took the new stream up at its end
+/// (below what it had counted in the old one) and never counted them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_stream_made_again_is_counted_from_its_start_by_every_node() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    let nats = start_nats().await;
+    let fleet = Fleet::new(&owner, &nats).await;
+    let projector = fleet.projector_with("projector", &fleet.owner_url, &fleet.nats_url, &SHARED);
+    wait_ready(&projector, Duration::from_secs(60)).await;
+    let mut replica_env = SHARED.to_vec();
+    replica_env.push(("VACANCY_FLEET__REQUEST_TIMEOUT_MS", "5000"));
+    let a = fleet.replica_with("replica-a", &fleet.owner_url, &replica_env);
+    let nats_link = Link::to(([127, 0, 0, 1], nats.port()).into()).await;
+    let nats_via = format!("nats://{}", nats_link.addr);
+    let b = Serve::start_with(
+        &fleet.owner_url,
+        fleet.logs(),
+        "replica-b",
+        &fleet_env("replica", &nats_via, &fleet.tokens, &replica_env),
+    );
+    wait_ready(&a, Duration::from_secs(60)).await;
+    wait_ready(&b, Duration::from_secs(60)).await;
+    let (on_a, on_b) = (offers(&a).await, offers(&b).await);
+    let outcome_of = ["conflict", "taken", "error"];
+
+    // Outcomes in the first stream: every node's position is past the
+    // sequences the new stream will give.
+    let mut expected = Expected::default();
+    for i in 0..6usize {
+        let (node, offered) = if i % 2 == 0 { (&a, &on_a) } else { (&b, &on_b) };
+        let hotel = i % 3;
+        let offer = &offered[hotel][0];
+        post_new(node, &report(&format!("old-{i}"), offer, outcome_of[hotel])).await;
+        expected.add(offer, outcome_of[hotel]);
+    }
+    agree(&[&a, &b, &projector], expected, "the first stream").await;
+
+    nats_link.cut();
+    async_nats::jetstream::new(async_nats::connect(&fleet.nats_url).await.expect("nats"))
+        .delete_stream("VACANCY_OUTCOMES")
+        .await
+        .expect("delete the outcome stream");
+    // Taken once a node has made the stream again (503 until then).
+    let offer = &on_a[1][0];
+    for i in 0..2usize {
+        let body = report(&format!("new-{i}"), offer, "taken");
+        wait_for(
+            "the new outcome stream to take a report",
+            Duration::from_secs(60),
+            || async { (post(&a, &body).await.status == 200).then_some(()) },
+        )
+        .await;
+        expected.add(offer, "taken");
+    }
+    nats_link.restore();
+    wait_for(
+        "the replica back on NATS to count the new stream",
+        Duration::from_secs(60),
+        || async { figures(&b).await.filter(|f| expected.shown_by(f)) },
+    )
+    .await;
+    agree(&[&a, &b, &projector], expected, "the stream made again").await;
+    drop(nats);
+}

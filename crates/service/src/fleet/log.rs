@@ -169,10 +169,9 @@ impl ChangeLog {
     }
 
     /// As `sequences`, of the outcome stream.
-    pub(super) async fn outcome_sequences(&self) -> Result<(u64, u64), FleetError> {
+    pub(super) async fn outcome_ends(&self) -> Result<StreamEnds, FleetError> {
         let stream = self.outcomes().await?;
-        let ends = self.ends_of(stream).await?;
-        Ok((ends.first, ends.last))
+        self.ends_of(stream).await
     }
 
     async fn ends_of(&self, mut stream: stream::Stream) -> Result<StreamEnds, FleetError> {

@@ -42,8 +42,11 @@
 //! - **Retention**: if the stream no longer holds the next sequence, the
 //!   node logs how many outcomes it missed and reads on from the first
 //!   kept (`vacancy_fleet_outcomes_missed_total`); those outcomes count on
-//!   the nodes that read them in time. A stream made again (it ends before
-//!   what the ledger applied) is read from its start.
+//!   the nodes that read them in time. A stream made again (another
+//!   identity than the last session's, or one that ends before what the
+//!   ledger applied) is read from its start; a session checks every
+//!   `STREAM_CHECK` that its stream is still there, and makes it again if
+//!   not.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -67,6 +70,12 @@ use crate::stale::outcomes::{Recording, ReportError, TakeOutcomeBody, TakeReport
 /// How often the task looks whether the copy (and so the ledger's start)
 /// is in, before it begins.
 const START_POLL: Duration = Duration::from_millis(100);
+
+/// How often a session checks that its outcome stream is still the one it
+/// reads. The ordered consumer of a deleted stream does not end: it keeps
+/// trying to make itself again, so without the check no node made the
+/// stream again and every report was answered 503, for good.
+const STREAM_CHECK: Duration = Duration::from_secs(2);
 
 /// Why a take outcome posted to a fleet node has no answer but a refusal.
 #[derive(Debug, thiserror::Error)]
@@ -98,6 +107,12 @@ pub struct OutcomeStream {
     /// The sequence the ledger holds every outcome up to, for requests
     /// waiting on their own.
     applied: watch::Sender<u64>,
+    /// Which outcome stream `applied` is of (`log::StreamEnds::made_at_ns`;
+    /// 0 before the first session): one deleted and made again under the
+    /// same name starts its sequences over. Known from this process's
+    /// sessions only: a checkpoint's carried sequence does not name its
+    /// stream.
+    stream_made_at: std::sync::atomic::AtomicU64,
     progress: Mutex<OutcomesProgress>,
 }
 
@@ -133,6 +148,7 @@ impl OutcomeStream {
             model,
             publisher: watch::Sender::new(None),
             applied: watch::Sender::new(0),
+            stream_made_at: std::sync::atomic::AtomicU64::new(0),
             progress: Mutex::new(OutcomesProgress::default()),
         })
     }
@@ -284,17 +300,26 @@ impl OutcomeStream {
     /// ledger holds, until shutdown or an error.
     async fn session(&self, shutdown: &CancellationToken) -> Result<(), FleetError> {
         let log = ChangeLog::connect_outcomes(&self.settings).await?;
-        let (_, last) = log.outcome_sequences().await?;
+        let ends = log.outcome_ends().await?;
         let ledger = &self.stale.ledger;
-        if last < ledger.applied() {
+        let known = self
+            .stream_made_at
+            .swap(ends.made_at_ns, std::sync::atomic::Ordering::AcqRel);
+        // Another stream than the last session's, or one that ends before
+        // what this node counted: made again. Read from its start, since
+        // this node counted none of it: read from its end, as before, the
+        // reports other nodes put there since were never counted here, and
+        // a new stream already past the old position was not noticed at all.
+        if (known != 0 && known != ends.made_at_ns) || ends.last < ledger.applied() {
+            let before_first = ends.first.saturating_sub(1);
             tracing::warn!(
-                last,
+                last = ends.last,
                 applied = ledger.applied(),
                 stream = %self.settings.outcomes_stream,
-                "the outcome stream ends before what this node counted: it was made again; reading it from its start"
+                "the outcome stream is not the one this node counted: it was made again; reading it from its start"
             );
-            ledger.rebase(last);
-            self.applied.send_replace(last);
+            ledger.rebase(before_first);
+            self.applied.send_replace(before_first);
         }
         self.publisher.send_replace(Some(log.jetstream.clone()));
         let stream = log.outcomes().await?;
@@ -320,12 +345,26 @@ impl OutcomeStream {
             p.last_error = None;
         });
         tracing::info!(from = start_sequence, stream = %self.settings.outcomes_stream, "reading the outcome stream");
+        let mut check =
+            tokio::time::interval_at(tokio::time::Instant::now() + STREAM_CHECK, STREAM_CHECK);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             // No bound on this wait: an idle stream is normal, and the
             // ordered consumer's heartbeats end it when the server is gone.
             let delivered = tokio::select! {
                 biased;
                 _ = shutdown.cancelled() => return Ok(()),
+                _ = check.tick() => {
+                    // Made again if missing; the next session reads it.
+                    let now = log.outcome_ends().await?;
+                    if now.made_at_ns != ends.made_at_ns {
+                        return Err(FleetError::Nats(format!(
+                            "the outcome stream {} was deleted and made again",
+                            self.settings.outcomes_stream
+                        )));
+                    }
+                    continue;
+                }
                 next = messages.next() => next,
             };
             let Some(received) = delivered else {

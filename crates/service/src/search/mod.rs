@@ -1641,7 +1641,10 @@ mod tests {
         let at = |timeline, lsn| Position::new(timeline, Lsn(lsn));
         assert!(holds(at(2, 0x500), None));
         assert!(holds(at(2, 0x500), Some(at(2, 0x500))));
-        assert!(!holds(at(2, 0x4ff), Some(at(2, 0x500))), "a copy swapped in below it");
+        assert!(
+            !holds(at(2, 0x4ff), Some(at(2, 0x500))),
+            "a copy swapped in below it"
+        );
         assert!(!holds(at(2, 0x900), Some(at(3, 0x500))), "another timeline");
         assert!(holds(at(2, 0x900), Some(at(0, 0x500))), "a bare LSN");
         assert!(!holds(at(0, 0x400), Some(at(3, 0x500))));

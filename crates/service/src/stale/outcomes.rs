@@ -617,15 +617,14 @@ impl Ledger {
         position.applied = position.applied.max(sequence);
     }
 
-    /// The stream was made again and ends before what this ledger applied:
-    /// its sequences start over, so the position does too (to `last`, the
-    /// new stream's end). What was counted stays counted.
-    pub fn rebase(&self, last: u64) {
+    /// The stream was made again: its sequences start over, so the
+    /// position does too (to `before_first`, before the new stream's first
+    /// message kept). What was counted stays counted.
+    pub fn rebase(&self, before_first: u64) {
         let mut position = self
             .position()
             .expect("only a shared ledger applies the stream");
-        debug_assert!(last < position.applied);
-        position.applied = last;
+        position.applied = before_first;
     }
 
     /// What won `report`'s attempt id, if the ledger still holds it.
