@@ -331,8 +331,11 @@ async fn ask_copy(app: &App, q: &Question) -> Vec<(i64, Vec<(i64, i64, Option<i6
                 .iter()
                 .map(|t| {
                     let free = t["free_units"].as_i64().unwrap();
-                    // Few units: confirmed against the owner's position (the default).
-                    let expected_source = if free <= 2 { "confirmed" } else { "copy" };
+                    // Few units for this party (fewer than its rooms plus the
+                    // threshold, 2): confirmed against the owner's position
+                    // (the default).
+                    let few = free < q.rooms.len() as i64 + 2;
+                    let expected_source = if few { "confirmed" } else { "copy" };
                     assert_eq!(t["source"], expected_source, "{t}");
                     assert_eq!(t["low_availability"], free <= 2);
                     (

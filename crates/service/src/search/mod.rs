@@ -610,7 +610,7 @@ impl Search {
             .filter(|t| {
                 t.source == Source::Copy
                     && shown(t.max_guests, t.offer, smallest, req.max_price_cents)
-                        .is_some_and(|(free, _)| free <= self.few_units)
+                        .is_some_and(|(free, _)| few_units(free, req.rooms.len(), self.few_units))
             })
             .map(|t| t.key)
             .collect();
@@ -1000,7 +1000,10 @@ impl Search {
             let few: Vec<CalendarKey> = hotel
                 .types
                 .iter()
-                .filter(|t| t.offer.is_some_and(|(free, _)| free <= self.few_units))
+                .filter(|t| {
+                    t.offer
+                        .is_some_and(|(free, _)| few_units(free, req.rooms.len(), self.few_units))
+                })
                 .map(|t| t.key)
                 .collect();
             for read in self
@@ -1197,6 +1200,21 @@ struct Page {
 
 /// Why an answer reads the owner: the copy lags past the bound, missed
 /// `min_lsn`, or (otherwise) only for room types with few units left.
+/// Whether a room type showing `free` units is too close to selling out
+/// to show from the copy for a party of `rooms` rooms: fewer than the
+/// rooms plus the threshold, the margin `/v1/bypass` gives the booking
+/// service (`stale::bypass`). A type showing 4 free to a party of three
+/// rooms, shown from the copy, was two sales from a 409 counted against
+/// the copy, while bypass already said `few_units`. One room: `free <=
+/// threshold`, as before. A threshold of 0 reads nothing (copy only).
+fn few_units(free: i32, rooms: usize, threshold: i32) -> bool {
+    threshold > 0
+        && i64::from(free)
+            < i64::try_from(rooms)
+                .unwrap_or(i64::MAX)
+                .saturating_add(i64::from(threshold))
+}
+
 /// Whether a copy read at `copied` holds `min_lsn`. `reached` waited for
 /// the copy first, but a replica's bootstrap or a resnapshot may swap in
 /// one below the target before the copy is read: answered from it as
@@ -1634,6 +1652,18 @@ mod tests {
             sell_limit: None,
             price_cents: price,
         })
+    }
+
+    #[test]
+    fn few_units_leaves_the_margin_bypass_gives() {
+        // One room: at most the threshold.
+        assert!(few_units(2, 1, 2));
+        assert!(!few_units(3, 1, 2));
+        // Three rooms: fewer than three plus the threshold.
+        assert!(few_units(4, 3, 2));
+        assert!(!few_units(5, 3, 2));
+        // A threshold of 0 reads nothing.
+        assert!(!few_units(1, 3, 0));
     }
 
     #[test]
