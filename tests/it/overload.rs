@@ -4,9 +4,12 @@
 //! probes and the booking service's routes, on budgets of their own, keep
 //! answering 200; once a place is free, guests are admitted again.
 //!
-//! The budget is held full deterministically, not by racing a flood: two
-//! searches ask for a `min_lsn` the copy has not reached and wait
-//! (`search.min_lsn_wait_ms` is long) until the test writes past it.
+//! The budget is held full deterministically, not by racing a flood: the
+//! copy is held back (its replication refused) past a write the owner has,
+//! and two searches ask for that write's `min_lsn` and wait
+//! (`search.min_lsn_wait_ms` is long) until the test lets the copy catch up.
+//! (A `min_lsn` past the owner's own position is refused at once, so it
+//! cannot hold a place.)
 
 use std::time::Duration;
 
@@ -14,15 +17,12 @@ use serde_json::{Value, json};
 use vacancy_lab::http_client::{HttpResponse, http};
 use vacancy_service::{App, Lsn, Settings, slot};
 
-use crate::support::{TestOwner, one_hotel, wait_for};
+use crate::search::hold_copy_back;
+use crate::support::{TestOwner, create_publication, least_privilege_role, one_hotel, wait_for};
 
 const TOKEN: &str = "test-booking-token-overload-0123456789";
 /// The guest budget under test: small, so two held searches fill it.
 const GUEST_BOUND: usize = 2;
-/// How far past the owner's WAL position the held searches' `min_lsn` is:
-/// far more than the heartbeat and background writes make during the test,
-/// so only the test's own write releases them.
-const HOLD_AHEAD_BYTES: u64 = 4 * 1024 * 1024;
 
 fn day(n: u64) -> chrono::NaiveDate {
     chrono::Utc::now().date_naive() + chrono::Days::new(n)
@@ -97,13 +97,19 @@ async fn a_full_guest_budget_sheds_guests_at_once_and_never_the_probes_or_the_bo
     let owner = TestOwner::start().await;
     let client = owner.client().await;
     one_hotel(&client, "Lisbon").await;
+    // A role whose replication the test can refuse, to hold the copy back.
+    let url = least_privilege_role(&client, &owner.url, None).await;
+    create_publication(&client).await;
     let mut settings = Settings::defaults();
-    settings.owner.url = owner.url.clone();
+    settings.owner.url = url;
     settings.stale.booking_tokens = vec![TOKEN.to_string()];
     settings.http.max_guest_requests_in_flight = GUEST_BOUND;
     // The held searches wait for their min_lsn far longer than the test needs.
     settings.search.min_lsn_wait_ms = 100_000;
     settings.http.request_timeout_ms = 110_000;
+    // The copy held back is not ready, nor refused, for the lag alone.
+    settings.http.ready_max_lag_ms = 600_000;
+    settings.search.max_lag_ms = 600_000;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let app = vacancy_service::start(settings, listener).expect("start vacancy");
     let addr = app.addr;
@@ -114,9 +120,17 @@ async fn a_full_guest_budget_sheds_guests_at_once_and_never_the_probes_or_the_bo
     let plain_search = format!("/v1/search?city=Lisbon&{}&room=2", stay());
     assert_eq!(call(addr, "GET", &plain_search, None).await.status, 200);
 
-    // Fill the guest budget with searches that wait.
-    let owner_position = slot::current_wal_lsn(&client).await.unwrap();
-    let hold_until = Lsn(owner_position.0 + HOLD_AHEAD_BYTES);
+    // Fill the guest budget with searches that wait: the copy is held back
+    // past a write the owner has, which their min_lsn names.
+    hold_copy_back(&client, false).await;
+    client
+        .execute(
+            "SELECT pg_logical_emit_message(true, 'test.overload', 'hold')",
+            &[],
+        )
+        .await
+        .expect("a write the copy does not get");
+    let hold_until: Lsn = slot::current_wal_lsn(&client).await.unwrap();
     let held: Vec<_> = (0..GUEST_BOUND)
         .map(|_| tokio::spawn(held_search(addr, hold_until)))
         .collect();
@@ -193,15 +207,9 @@ async fn a_full_guest_budget_sheds_guests_at_once_and_never_the_probes_or_the_bo
         assert!(added >= f64::from(shed), "{series}: +{added}, {shed} shed");
     }
 
-    // Free the places: write past the held searches' min_lsn. They answer
-    // 200 from the copy, and a guest is admitted again.
-    client
-        .execute(
-            "SELECT pg_logical_emit_message(true, 'test.overload', repeat('x', $1))",
-            &[&i32::try_from(HOLD_AHEAD_BYTES + 1024 * 1024).unwrap()],
-        )
-        .await
-        .expect("write past the held min_lsn");
+    // Free the places: let the copy catch up past the held searches'
+    // min_lsn. They answer 200 from the copy, and a guest is admitted again.
+    hold_copy_back(&client, true).await;
     for search in held {
         let answer = search.await.expect("held search task");
         assert_eq!(answer.status, 200, "held search: {}", answer.text());
