@@ -277,6 +277,23 @@ async fn events_send_each_change_once_in_order_and_resume_from_last_event_id() {
     assert_change(&live, 2, (0, 1), 2);
     assert!(live.lsn() > missed[3].lsn());
 
+    // Away across a room type's edit, which the ring keeps as a resync of
+    // the hotel: the resumed stream begins with a fresh state. Its first
+    // event carrying the reconnect delay twice made axum panic, and the
+    // browser reconnected into the same panic until the item left the ring.
+    drop(sse);
+    client
+        .batch_execute("UPDATE room_types SET name = 'Renamed' WHERE hotel_id = 1 AND id = 1")
+        .await
+        .unwrap();
+    settled(&app, &client).await;
+    let mut resumed = SseClient::connect(app.addr, &path, live.id.as_deref()).await;
+    let resync = resumed.next().await;
+    assert_eq!(resync.event, "state");
+    assert_eq!(resync.data["reason"], "resync");
+    assert!(resync.lsn() > live.lsn());
+    drop(resumed);
+
     // An id older than anything the ring holds: a fresh state instead.
     let mut stale = SseClient::connect(app.addr, &path, Some("0/1")).await;
     let fresh = stale.next().await;

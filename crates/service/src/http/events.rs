@@ -267,6 +267,16 @@ impl HotelStream {
     /// The first events: the missed changes when the ring still holds them
     /// all, otherwise the full state.
     fn start(&mut self, last_seen: Option<Position>) {
+        self.queue_first_events(last_seen);
+        // The reconnect delay rides on the first event only: axum panics
+        // on a second `retry` of one event, and a resumed stream's first
+        // event may be a state (a missed item that resyncs the hotel).
+        if let Some(first) = self.pending.pop_front() {
+            self.pending.push_front(first.retry(RETRY));
+        }
+    }
+
+    fn queue_first_events(&mut self, last_seen: Option<Position>) {
         let timeline = self.model.read().timeline;
         let resumable = last_seen
             // LSNs compare only within a timeline: an id of another one (the
@@ -295,9 +305,6 @@ impl HotelStream {
             // Tell the client where it stands (no data: nothing it missed).
             self.pending
                 .push_back(Event::default().comment(format!("resumed after {from}")));
-        }
-        if let Some(first) = self.pending.pop_front() {
-            self.pending.push_front(first.retry(RETRY));
         }
     }
 
@@ -408,8 +415,7 @@ impl HotelStream {
         // the state must go out.
         self.last = body.lsn;
         let id = Position::new(timeline, body.lsn);
-        let event = json_event("state", id, &body).retry(RETRY);
-        self.pending.push_back(event);
+        self.pending.push_back(json_event("state", id, &body));
     }
 }
 
