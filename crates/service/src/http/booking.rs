@@ -97,7 +97,7 @@ pub(super) async fn take_outcomes(
     params(
         ("hotel_id" = i64, Query, description = "hotel id"),
         ("room_type_id" = i64, Query, description = "room type id"),
-        ("check_in" = String, Query, description = "YYYY-MM-DD, not in the past"),
+        ("check_in" = String, Query, description = "YYYY-MM-DD, not in the past anywhere (not before the date in UTC-12)"),
         ("check_out" = String, Query, description = "YYYY-MM-DD, after check_in"),
         ("rooms" = Option<i32>, Query, description = "units the take asks for, default 1"),
     ),

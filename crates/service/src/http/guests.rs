@@ -41,10 +41,19 @@ fn search_ready(state: &ApiState) -> Result<bool, Problem> {
 
 pub(super) fn stay_rules(settings: &ApiSettings) -> StayRules {
     StayRules {
-        today: Utc::now().date_naive(),
+        today: earliest_date_anywhere(Utc::now()),
         horizon_days: settings.search.horizon_days,
         max_stay_nights: settings.search.max_stay_nights,
     }
+}
+
+/// The earliest calendar date it still is somewhere on Earth at `now`
+/// (UTC−12): the first night a guest may still book. The owner's hotels
+/// keep their own time zones, which the copy does not know; with the UTC
+/// date, a guest in New York booking tonight after 20:00 was refused,
+/// "check_in must not be in the past", on search, availability and bypass.
+fn earliest_date_anywhere(now: chrono::DateTime<Utc>) -> chrono::NaiveDate {
+    (now - chrono::Duration::hours(12)).date_naive()
 }
 
 /// A JSON answer with its freshness headers. `size_hint` is about the
@@ -72,7 +81,7 @@ fn fresh_json<T: Serialize>(lsn: Lsn, body: T, size_hint: usize) -> Response {
         ("q" = Option<String>, Query, description = "free text over hotel names, city and room type names"),
         ("bbox" = Option<String>, Query, description = "min_lat,min_lon,max_lat,max_lon"),
         ("hotel_ids" = Option<String>, Query, description = "comma-separated ids, at most 250"),
-        ("check_in" = String, Query, description = "YYYY-MM-DD, not in the past"),
+        ("check_in" = String, Query, description = "YYYY-MM-DD, not in the past anywhere (not before the date in UTC-12)"),
         ("check_out" = String, Query, description = "YYYY-MM-DD, after check_in, at most 30 nights later"),
         ("room" = Vec<i32>, Query, description = "guests in one room; repeat per room, at most 8", explode = true),
         ("stars_min" = Option<i32>, Query, description = "0 to 5"),
@@ -137,4 +146,22 @@ pub(super) async fn availability(
     let nights: usize = answer.room_types.iter().map(|r| r.nights.len()).sum();
     let hint = 512 + 300 * answer.room_types.len() + 64 * nights;
     Ok(fresh_json(answer.lsn, answer, hint))
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::TimeZone;
+
+    use super::*;
+
+    #[test]
+    fn tonight_in_the_americas_is_still_bookable_after_midnight_utc() {
+        // 21:00 in New York (EDT) on the 10th is 01:00 UTC on the 11th.
+        let now = Utc.with_ymd_and_hms(2027, 6, 11, 1, 0, 0).unwrap();
+        let tenth = chrono::NaiveDate::from_ymd_opt(2027, 6, 10).unwrap();
+        assert_eq!(earliest_date_anywhere(now), tenth);
+        // Once it is past noon UTC, the 10th has ended everywhere.
+        let noon = Utc.with_ymd_and_hms(2027, 6, 11, 12, 0, 0).unwrap();
+        assert_eq!(earliest_date_anywhere(noon), tenth.succ_opt().unwrap());
+    }
 }

@@ -58,6 +58,8 @@ impl Sort {
 /// The limits a stay is checked against.
 #[derive(Debug, Clone, Copy)]
 pub struct StayRules {
+    /// The earliest date a stay may begin: today's date in UTC−12, the
+    /// last time zone to leave a day (`http::guests::stay_rules`).
     pub today: NaiveDate,
     pub horizon_days: u32,
     pub max_stay_nights: u32,
@@ -146,7 +148,10 @@ fn stay(pairs: &[(String, String)], rules: StayRules) -> Result<Stay, ParamError
     if check_in < rules.today {
         return Err(err(
             "check_in",
-            format!("must not be in the past (today is {})", rules.today),
+            format!(
+                "must not be in the past (the earliest date anywhere now is {}, UTC-12)",
+                rules.today
+            ),
         ));
     }
     let stay = Stay {
