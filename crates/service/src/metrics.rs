@@ -312,7 +312,7 @@ pub static OWNER_READ_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
 pub static NIGHTS_NOT_HELD: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter_vec(
         "vacancy_nights_not_held_total",
-        "Owner inventory rows left out of the copy because their night is outside years 1 to 9999 (infinity, -infinity, BC, five-digit years): no guest can stay such a night. By where the row came in: snapshot, stream (each arrival, replays included), reread (the TTL re-read). Above 0, an owner row holds such a night",
+        "Owner inventory rows left out of the copy because their night is outside years 1900 to 2199 (an open-ended 9999-12-31, infinity, -infinity, BC, five-digit years): no guest can stay such a night. By where the row came in: snapshot, stream (each arrival, replays included), reread (the TTL re-read). Above 0, an owner row holds such a night",
         &["path"],
     )
 });

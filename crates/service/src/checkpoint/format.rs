@@ -57,15 +57,18 @@ pub const TRAILER_LEN: u64 = 8 + 4 + 4;
 pub const PREAMBLE_LEN: u64 = MAGIC.len() as u64 + 4;
 
 /// The largest payload a frame may declare. The largest real record is a
-/// calendar of `MAX_SPAN_DAYS` nights (about 800 KiB at worst) or the xid
+/// calendar of `MAX_SPAN_DAYS` nights (under 2 MiB at worst) or the xid
 /// ring (65,536 xids, at most 320 KiB); a larger length is corruption, and
 /// refusing it bounds what a read allocates.
 pub const MAX_FRAME: u32 = 4 << 20;
 
-/// The widest span of nights one calendar may cover: 100 years. The copy
+/// The widest span of nights one calendar may cover: every day of the
+/// years the copy holds (`calendar::HELD_YEARS`, 1900 to 2199). The copy
 /// lays a calendar's span out in memory, so a wider one read from a file
-/// could allocate without bound; a copy that holds one is not checkpointed.
-pub const MAX_SPAN_DAYS: i32 = 36_525;
+/// (corrupt) could allocate without bound; every calendar the copy holds
+/// fits, so a copy is always checkpointed. (At 100 years, one room type
+/// with nights in 2026 and 9999 made every checkpoint fail.)
+pub const MAX_SPAN_DAYS: i32 = 109_573;
 
 /// 1970-01-01 in days from the common era: nights are written as days
 /// since then, the model's own unit.

@@ -757,8 +757,9 @@ mod tests {
     use super::*;
     use crate::checkpoint::format::NightRecord;
 
-    /// A checkpoint written before the copy left out nights outside years 1
-    /// to 9999 may hold one; such a calendar is refused (the checkpoint falls
+    /// A checkpoint written before the copy left out nights outside the
+    /// held years (1 to 9999 before 2026-12-07, 1900 to 2199 since) may
+    /// hold one; such a calendar is refused (the checkpoint falls
     /// back to a snapshot), so the copy never starts with a night the stream
     /// would no longer change.
     #[test]
@@ -781,9 +782,15 @@ mod tests {
             }],
         };
         assert!(calendar_of(&record(day_of(2030, 1, 1))).is_ok());
-        assert!(calendar_of(&record(day_of(1, 1, 1))).is_ok());
-        assert!(calendar_of(&record(day_of(9999, 12, 31))).is_ok());
-        for refused in [day_of(0, 12, 31), day_of(-43, 3, 15), day_of(10_000, 1, 1)] {
+        assert!(calendar_of(&record(day_of(1900, 1, 1))).is_ok());
+        assert!(calendar_of(&record(day_of(2199, 12, 31))).is_ok());
+        for refused in [
+            day_of(0, 12, 31),
+            day_of(-43, 3, 15),
+            day_of(10_000, 1, 1),
+            day_of(1, 1, 1),
+            day_of(9999, 12, 31),
+        ] {
             assert!(calendar_of(&record(refused)).is_err(), "day {refused}");
         }
     }

@@ -650,7 +650,7 @@ mod tests {
     }
 
     #[test]
-    fn nights_outside_years_1_to_9999_decode_as_not_held() {
+    fn nights_outside_the_held_years_decode_as_not_held() {
         // PostgreSQL's binary date: days from 2000-01-01; infinity is
         // i32::MAX, -infinity i32::MIN.
         let days_to = |y: i32, m: u32, d: u32| {
@@ -664,6 +664,10 @@ mod tests {
             (1, 2, days_to(10_000, 1, 1), 10, 3, None, None),
             (1, 2, days_to(1, 1, 1), 10, 3, None, None),
             (1, 2, days_to(9999, 12, 31), 10, 3, None, None),
+            (1, 2, days_to(1899, 12, 31), 10, 3, None, None),
+            (1, 2, days_to(2200, 1, 1), 10, 3, None, None),
+            (1, 2, days_to(1900, 1, 1), 10, 3, None, None),
+            (1, 2, days_to(2199, 12, 31), 10, 3, None, None),
         ]);
         let nights: Vec<_> = parse_in_chunks(&bytes, 5)
             .unwrap()
@@ -677,8 +681,12 @@ mod tests {
                 None,
                 None,
                 None,
-                chrono::NaiveDate::from_ymd_opt(1, 1, 1),
-                chrono::NaiveDate::from_ymd_opt(9999, 12, 31),
+                None,
+                None,
+                None,
+                None,
+                chrono::NaiveDate::from_ymd_opt(1900, 1, 1),
+                chrono::NaiveDate::from_ymd_opt(2199, 12, 31),
             ]
         );
     }
