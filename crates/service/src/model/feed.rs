@@ -32,8 +32,18 @@ pub const RING_ITEMS: usize = 4096;
 /// Most night changes the ring keeps, over all its items (bounds memory).
 pub const RING_NIGHTS: usize = 200_000;
 /// A transaction that changed more nights than this is published as "start
-/// over from a full state" instead of night by night (a bulk load).
-pub const MAX_ITEM_NIGHTS: usize = 20_000;
+/// over from a full state" for the hotels it changed, instead of night by
+/// night (a bulk load, a repricing). It bounds what the live channel holds:
+/// a stream whose client stops reading keeps the channel's last
+/// `CHANNEL_CAPACITY` items alive, at most about 100 MB of nights at 2,000
+/// (at 20,000, about 1 GB).
+pub const MAX_ITEM_NIGHTS: usize = 2_000;
+/// Past `MAX_ITEM_NIGHTS`, the most hotels an item names; a transaction
+/// that changed more has every page start over. Below it, only the pages
+/// of the hotels changed rebuild their state: with every page starting
+/// over, one hotel's repricing made every open stream of every hotel
+/// build and send its whole state at once.
+pub const MAX_ITEM_HOTELS: usize = 1_000;
 
 /// Why `FeedItem::from_transaction`'s walk ended before the last change.
 #[derive(Debug)]
@@ -91,15 +101,20 @@ impl FeedItem {
     /// The item for one committed transaction; `None` when it changed
     /// nothing a count reader cares about (a heartbeat, a hotel's name).
     pub fn from_transaction(txn: &Transaction) -> Option<FeedItem> {
-        let mut resync_hotels = Vec::new();
+        let mut resync_hotels = std::collections::BTreeSet::new();
         let mut night_changes = 0usize;
         let mut nights = BTreeMap::new();
+        // Past `MAX_ITEM_NIGHTS`: the hotels changed, not their nights.
+        let mut bulk = false;
         // One walk, which stops as soon as the item is "start over": a
         // spilled transaction is read back from disk for each walk, and a
         // bulk one needs only its first `MAX_ITEM_NIGHTS + 1` nights read
         // to know it is one. The map is bounded by the same figure.
         let walked = txn.changes.for_each(|change| {
             match change {
+                Change::UpsertNight { key, .. } | Change::DeleteNight { key, .. } if bulk => {
+                    resync_hotels.insert(key.hotel_id);
+                }
                 Change::UpsertNight { key, night, counts } => {
                     nights.insert((*key, *night), Some(*counts));
                     night_changes += 1;
@@ -108,9 +123,15 @@ impl FeedItem {
                     nights.insert((*key, *night), None);
                     night_changes += 1;
                 }
-                Change::UpsertRoomType { room_type, .. } => resync_hotels.push(room_type.hotel_id),
-                Change::DeleteRoomType { hotel_id, .. } => resync_hotels.push(*hotel_id),
-                Change::DeleteHotel { id } => resync_hotels.push(*id),
+                Change::UpsertRoomType { room_type, .. } => {
+                    resync_hotels.insert(room_type.hotel_id);
+                }
+                Change::DeleteRoomType { hotel_id, .. } => {
+                    resync_hotels.insert(*hotel_id);
+                }
+                Change::DeleteHotel { id } => {
+                    resync_hotels.insert(*id);
+                }
                 Change::Truncate { tables }
                     if tables
                         .iter()
@@ -120,7 +141,16 @@ impl FeedItem {
                 }
                 Change::Truncate { .. } | Change::UpsertHotel { .. } => {}
             }
-            if night_changes > MAX_ITEM_NIGHTS {
+            if !bulk && night_changes > MAX_ITEM_NIGHTS {
+                bulk = true;
+                resync_hotels.extend(
+                    nights
+                        .keys()
+                        .map(|(key, _): &(CalendarKey, _)| key.hotel_id),
+                );
+                nights.clear();
+            }
+            if resync_hotels.len() > MAX_ITEM_HOTELS {
                 return Err(FeedWalkEnd::StartOver);
             }
             Ok(())
@@ -139,8 +169,7 @@ impl FeedItem {
         if resync_all {
             nights.clear();
         }
-        resync_hotels.sort_unstable();
-        resync_hotels.dedup();
+        let resync_hotels: Vec<i64> = resync_hotels.into_iter().collect();
         let resync = if resync_all {
             Resync::All
         } else if resync_hotels.is_empty() {
@@ -369,8 +398,24 @@ mod tests {
             })
             .collect();
         let item = FeedItem::from_transaction(&txn(10, bulk)).unwrap();
-        assert_eq!(item.resync, Resync::All);
+        assert_eq!(item.resync, Resync::All, "more hotels than an item names");
         assert!(item.nights.is_empty());
+        // Many nights of a few hotels: those hotels start over, no other.
+        let repricing: Vec<Change> = (0..=MAX_ITEM_NIGHTS)
+            .map(|i| Change::UpsertNight {
+                key: key(1 + (i % 3) as i64, 1 + (i / 84) as i64),
+                night: day(1 + ((i / 3) % 28) as u32),
+                counts: counts(0),
+            })
+            .chain([night(9, 1, 1)])
+            .collect();
+        let item = FeedItem::from_transaction(&txn(10, repricing)).unwrap();
+        assert_eq!(item.resync, Resync::Hotels(vec![1, 2, 3, 9]));
+        assert!(
+            item.nights.is_empty(),
+            "the hotels start over; no night is listed"
+        );
+        assert!(item.resyncs(2) && !item.resyncs(4));
         // A truncate of counts or room types ends the walk: start over,
         // whatever came before it.
         for table in [Table::Inventory, Table::RoomTypes] {
