@@ -690,6 +690,43 @@ async fn min_lsn_reads_your_writes() {
     app.stop(Duration::from_secs(5)).await;
 }
 
+/// Read-your-writes covers the hotel index: a hotel the guest's write
+/// created, searched for at once with that write's `min_lsn`, is in the
+/// answer. Before, the copy had applied the write but the index (synced
+/// every 200 ms) did not have the hotel yet, and the answer, stamped at or
+/// past `min_lsn`, left it out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_lsn_covers_a_hotel_the_write_created() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    one_room_type(&client, 9).await;
+    let app = start(&owner).await;
+    settled(&app, &client).await;
+    for id in 2..12 {
+        client
+            .batch_execute(&format!(
+                "INSERT INTO hotels (id, name, city) VALUES ({id}, 'New {id}', 'Faro');
+                 INSERT INTO room_types VALUES ({id}, 1, 'Double', 2);
+                 INSERT INTO inventory (hotel_id, room_type_id, night, total, price_cents)
+                   SELECT {id}, 1, DATE '{}' + n, 3, 10000 FROM generate_series(0, 9) n;",
+                today()
+            ))
+            .await
+            .unwrap();
+        let lsn = slot::current_wal_lsn(&client).await.unwrap();
+        let path = stay_query(&format!("&min_lsn={lsn}")).replace("city=lisbon", "city=faro");
+        let (code, _, body) = get(app.addr, &path).await;
+        assert_eq!(code, 200, "{body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            v["total_hotels"],
+            id - 1,
+            "every hotel created up to min_lsn={lsn}: {v}"
+        );
+    }
+    app.stop(Duration::from_secs(5)).await;
+}
+
 /// A `min_lsn` no owner commit gave is refused before the copy is waited
 /// for: with a wait longer than the request may take, it is still a 400,
 /// not the request's timeout. Before, the owner was asked only once the

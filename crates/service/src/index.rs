@@ -160,6 +160,10 @@ pub struct HotelIndex {
     copies_loaded: AtomicU64,
     copies_indexed: AtomicU64,
     synced: AtomicU64,
+    /// `synced`, for searches that wait for it (`wait_synced`).
+    synced_watch: tokio::sync::watch::Sender<u64>,
+    /// A search waits for the index: sync now, not at the next tick.
+    sync_asked: tokio::sync::Notify,
     /// Bumped after each reload of the reader: part of every cached
     /// answer's key, so no answer of an older reader outlives it.
     generation: AtomicU64,
@@ -231,6 +235,8 @@ impl HotelIndex {
             copies_loaded: AtomicU64::new(0),
             copies_indexed: AtomicU64::new(0),
             synced: AtomicU64::new(0),
+            synced_watch: tokio::sync::watch::Sender::new(0),
+            sync_asked: tokio::sync::Notify::new(),
             generation: AtomicU64::new(0),
             answers: moka::sync::Cache::builder()
                 .max_capacity(cache_bytes)
@@ -349,6 +355,7 @@ impl HotelIndex {
                 .collect();
         if !rebuild && dirty.is_empty() {
             self.synced.fetch_max(at.0, Ordering::AcqRel);
+            self.publish_synced();
             return Ok(0);
         }
         let f = self.fields;
@@ -415,7 +422,30 @@ impl HotelIndex {
         } else {
             self.synced.fetch_max(at.0, Ordering::AcqRel);
         }
+        self.publish_synced();
         Ok(n)
+    }
+
+    fn publish_synced(&self) {
+        self.synced_watch
+            .send_replace(self.synced.load(Ordering::Acquire));
+    }
+
+    /// Waits, at most `timeout`, until the index reflects `target`, asking
+    /// the indexer to sync at once; true once it does. Read-your-writes
+    /// (`min_lsn`) needs it: the copy applying the guest's write says
+    /// nothing of the hotels it created or moved, which candidates come
+    /// from, and the indexer runs only every 200 ms.
+    pub async fn wait_synced(&self, target: Lsn, timeout: std::time::Duration) -> bool {
+        let mut synced = self.synced_watch.subscribe();
+        if *synced.borrow_and_update() >= target.0 {
+            return true;
+        }
+        self.sync_asked.notify_one();
+        matches!(
+            tokio::time::timeout(timeout, synced.wait_for(|s| *s >= target.0)).await,
+            Ok(Ok(_))
+        )
     }
 
     /// Hotel ids matching `q`, with a relevance score (1.0 when the place is
@@ -530,7 +560,8 @@ fn f64_range(field: Field, lo: f64, hi: f64) -> Box<dyn Query> {
     ))
 }
 
-/// Re-indexes dirty hotels every `interval` on a blocking thread.
+/// Re-indexes dirty hotels every `interval` on a blocking thread, and at
+/// once when a search waits for the index (`HotelIndex::wait_synced`).
 pub async fn run_indexer(
     index: Arc<HotelIndex>,
     model: Arc<ReadModel>,
@@ -543,6 +574,7 @@ pub async fn run_indexer(
         tokio::select! {
             biased;
             _ = shutdown.cancelled() => return,
+            _ = index.sync_asked.notified() => {}
             _ = tick.tick() => {}
         }
         if !model.freshness.is_loaded() {

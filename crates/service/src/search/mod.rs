@@ -416,6 +416,13 @@ impl Search {
     ) -> Result<SearchAnswer, SearchError> {
         let asked_at = Instant::now();
         let caught_up = self.reached(req.min_lsn).await?;
+        if let Some(target) = req.min_lsn.filter(|_| caught_up) {
+            // The candidates come from the index: a hotel the guest's write
+            // created or moved must be in it too. Past the wait, the
+            // answer goes out with what the index holds.
+            let left = self.min_lsn_wait.saturating_sub(asked_at.elapsed());
+            self.index.wait_synced(target.lsn, left).await;
+        }
         let candidates = self.index.candidates(&crate::index::CandidateQuery {
             place: req.place.clone(),
             stars_min: req.stars_min,
