@@ -337,7 +337,10 @@ impl PartialEq for Changes {
 
 /// A finished spill file; removed from disk when dropped.
 struct SpillFile {
+    /// Declared before `lock`: the file goes first, then its lock.
     path: TempPath,
+    /// Held while the file is in use (`sweep_stale`).
+    _lock: std::fs::File,
     /// Records written, rolled back ones included.
     records: u64,
     /// Records that count (not in a rolled-back subtransaction).
@@ -711,6 +714,11 @@ fn boxed_bytes(change: &Change) -> usize {
 struct SpillWriter {
     /// Removed when dropped (an abort, a reconnect) unless finished.
     path: TempPath,
+    /// An exclusive `flock` on the file, held from its creation until it is
+    /// removed: what tells `sweep_stale` of another process (another node
+    /// sharing the directory, in a PID namespace of its own) that the file
+    /// is in use.
+    lock: std::fs::File,
     block: Vec<u8>,
     block_records: u32,
     sender: Option<mpsc::Sender<Vec<u8>>>,
@@ -731,6 +739,11 @@ impl SpillWriter {
             .tempfile_in(dir)
             .map_err(|e| SpillError::io(dir, e))?;
         let (file, path) = temp.into_parts();
+        // The same open file as the writer's (a dup), so the lock holds
+        // whatever the writer thread does with its handle.
+        let lock = file.try_clone().map_err(|e| SpillError::io(&path, e))?;
+        lock.try_lock()
+            .map_err(|e| SpillError::io(&path, io::Error::other(e)))?;
         let (sender, mut receiver) = mpsc::channel::<Vec<u8>>(QUEUED_BLOCKS);
         let (report, done) = oneshot::channel();
         let thread_path = path.to_path_buf();
@@ -754,6 +767,7 @@ impl SpillWriter {
             .map_err(|e| SpillError::io(&path, e))?;
         Ok(SpillWriter {
             path,
+            lock,
             block: Vec::with_capacity(BLOCK_BYTES + 1024),
             block_records: 0,
             sender: Some(sender),
@@ -846,6 +860,7 @@ impl SpillWriter {
         }
         Ok(SpillFile {
             path: self.path,
+            _lock: self.lock,
             records: self.records,
             live: self.live,
             aborted: self.aborted,
@@ -871,10 +886,13 @@ fn start_time(pid: u32) -> Option<u64> {
 }
 
 /// Removes spill files in `dir` left by processes that no longer run (a
-/// crash skips every drop). A file of this process, or of one still
-/// running with the same start time (another node sharing the directory),
-/// is kept; so is any file not named by this module. Returns how many it
-/// removed. Blocking: call it at start, off the runtime's hot path.
+/// crash skips every drop): those no process holds the `flock` of. A file
+/// in use, by this process or another sharing the directory, is locked by
+/// its writer until it is removed, so it is kept; so is any file not named
+/// by this module. (The names' pid and start time said it before, and
+/// another node in a PID namespace of its own, its pid 1 our pid 1 too,
+/// read as stopped: its files in use were removed under it.) Returns how
+/// many it removed. Blocking: call it at start, off the runtime's hot path.
 pub fn sweep_stale(dir: &Path) -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
@@ -885,15 +903,14 @@ pub fn sweep_stale(dir: &Path) -> usize {
         let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(SPILL_PREFIX)) else {
             continue;
         };
-        let mut parts = rest.splitn(3, '-');
-        let (Some(pid), Some(started)) = (
-            parts.next().and_then(|p| p.parse::<u32>().ok()),
-            parts.next().and_then(|s| s.parse::<u64>().ok()),
-        ) else {
+        if !rest.ends_with(".spill") {
+            continue;
+        }
+        let Ok(file) = std::fs::File::open(entry.path()) else {
             continue;
         };
-        if start_time(pid) == Some(started) {
-            continue; // its process runs (this one, or another sharing the dir)
+        if file.try_lock().is_err() {
+            continue; // in use (or the lock cannot be asked): kept
         }
         match std::fs::remove_file(entry.path()) {
             Ok(()) => {
@@ -1224,25 +1241,27 @@ mod tests {
     }
 
     #[test]
-    fn the_sweep_removes_only_files_of_processes_that_stopped() {
+    fn the_sweep_removes_only_spill_files_no_process_holds() {
         let dir = tempfile::tempdir().unwrap();
-        let ours = dir
+        // Another node's, in a PID namespace of its own (its pid 1), in use.
+        let held = dir.path().join(format!("{SPILL_PREFIX}1-1-held.spill"));
+        // Named like this process's, but no writer holds it: a leftover.
+        let left = dir
             .path()
-            .join(format!("{SPILL_PREFIX}{}-abc.spill", *PROCESS_TAG));
-        // pid 1 runs, but started at another time: a reused pid, stale.
-        let reused = dir.path().join(format!("{SPILL_PREFIX}1-1-abc.spill"));
-        let gone = dir
-            .path()
-            .join(format!("{SPILL_PREFIX}{}-5-abc.spill", u32::MAX - 1));
+            .join(format!("{SPILL_PREFIX}{}-left.spill", *PROCESS_TAG));
         let other = dir.path().join("vacancy-spillover.txt");
-        for path in [&ours, &reused, &gone, &other] {
+        for path in [&held, &left, &other] {
             std::fs::write(path, b"x").unwrap();
         }
-        let init_started = start_time(1);
-        let removed = sweep_stale(dir.path());
-        assert!(ours.exists() && other.exists());
-        assert!(!gone.exists());
-        assert_eq!(reused.exists(), init_started == Some(1));
-        assert_eq!(removed, 1 + usize::from(init_started != Some(1)));
+        let holder = std::fs::File::open(&held).unwrap();
+        holder.try_lock().unwrap();
+        // A file this process is writing.
+        let writing = SpillWriter::create(dir.path()).unwrap();
+        assert_eq!(sweep_stale(dir.path()), 1);
+        assert!(held.exists() && other.exists() && writing.path.exists());
+        assert!(!left.exists());
+        drop(holder);
+        assert_eq!(sweep_stale(dir.path()), 1, "its holder gone, it goes");
+        assert!(!held.exists() && writing.path.exists());
     }
 }
