@@ -358,6 +358,34 @@ impl HotelIndex {
             self.publish_synced();
             return Ok(0);
         }
+        // Given back if the sync fails, so the next one does the work: taken
+        // and dropped, a failed rebuild left readiness waiting for another
+        // copy, and failed hotels stale in the index while ready.
+        let retry = (!rebuild).then(|| dirty.clone());
+        let synced = self.sync_taken(model, at, rebuild, copies_loaded, dirty);
+        if synced.is_err() {
+            if rebuild {
+                self.rebuild.store(true, Ordering::Release);
+            }
+            if let Some(ids) = retry {
+                self.dirty
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .extend(ids);
+            }
+        }
+        synced
+    }
+
+    /// `sync`'s work, once it has taken what is dirty.
+    fn sync_taken(
+        &self,
+        model: &ReadModel,
+        at: Lsn,
+        rebuild: bool,
+        copies_loaded: u64,
+        dirty: Vec<i64>,
+    ) -> Result<usize, IndexError> {
         let f = self.fields;
         let docs: Vec<(i64, Option<TantivyDocument>)> = {
             let t = model.read();
@@ -583,7 +611,12 @@ pub async fn run_indexer(
         let (index, model) = (index.clone(), model.clone());
         match tokio::task::spawn_blocking(move || index.sync(&model)).await {
             Ok(Ok(_)) => {}
-            Ok(Err(error)) => tracing::error!(%error, "index sync failed"),
+            Ok(Err(error)) => {
+                tracing::error!(%error, "index sync failed; its hotels wait for the next")
+            }
+            // A panic of the sync is this task's: `app::Tasks` stops the
+            // process, as for any background task's.
+            Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
             Err(error) => tracing::error!(%error, "index sync task failed"),
         }
     }
