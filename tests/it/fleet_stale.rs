@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use vacancy_lab::http_client::HttpResponse;
+use vacancy_lab::nats::NatsServer;
 
 use crate::fleet::{Fleet, Link, TOKEN, fleet_env, start_nats, wait_ready};
 use crate::process::Serve;
@@ -243,6 +244,35 @@ async fn metric(serve: &Serve, series: &str) -> f64 {
         .unwrap_or_else(|| panic!("{series} not in /metrics"))
 }
 
+/// The projector and two replicas, all ready: A with `SHARED` and a
+/// request timeout of 5 s (its settings are returned, for a replica started
+/// later like it), and B, with `b_env` over `SHARED`, reaching NATS through
+/// a link the test can cut.
+async fn start_nodes(
+    fleet: &Fleet,
+    nats: &NatsServer,
+    b_env: &[(&'static str, &'static str)],
+) -> (Serve, Serve, Serve, Link, Vec<(&'static str, &'static str)>) {
+    let projector = fleet.projector_with("projector", &fleet.owner_url, &fleet.nats_url, &SHARED);
+    wait_ready(&projector, Duration::from_secs(60)).await;
+    let mut replica_env = SHARED.to_vec();
+    replica_env.push(("VACANCY_FLEET__REQUEST_TIMEOUT_MS", "5000"));
+    let a = fleet.replica_with("replica-a", &fleet.owner_url, &replica_env);
+    let nats_link = Link::to(([127, 0, 0, 1], nats.port()).into()).await;
+    let nats_via = format!("nats://{}", nats_link.addr);
+    let mut b_settings = SHARED.to_vec();
+    b_settings.extend_from_slice(b_env);
+    let b = Serve::start_with(
+        &fleet.owner_url,
+        fleet.logs(),
+        "replica-b",
+        &fleet_env("replica", &nats_via, &fleet.tokens, &b_settings),
+    );
+    wait_ready(&a, Duration::from_secs(60)).await;
+    wait_ready(&b, Duration::from_secs(60)).await;
+    (projector, a, b, nats_link, replica_env)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn take_outcomes_posted_to_any_replica_are_counted_once_by_every_node() {
     let owner = TestOwner::start().await;
@@ -250,28 +280,16 @@ async fn take_outcomes_posted_to_any_replica_are_counted_once_by_every_node() {
     load_inventory(&client).await;
     let nats = start_nats().await;
     let fleet = Fleet::new(&owner, &nats).await;
-    let projector = fleet.projector_with("projector", &fleet.owner_url, &fleet.nats_url, &SHARED);
-    wait_ready(&projector, Duration::from_secs(60)).await;
-    let mut replica_env = SHARED.to_vec();
-    replica_env.push(("VACANCY_FLEET__REQUEST_TIMEOUT_MS", "5000"));
-    let a = fleet.replica_with("replica-a", &fleet.owner_url, &replica_env);
-    // The second replica reaches NATS through a link the test can cut,
-    // and waits less for it (a 503 comes sooner).
-    let nats_link = Link::to(([127, 0, 0, 1], nats.port()).into()).await;
-    let nats_via = format!("nats://{}", nats_link.addr);
-    let mut b_env = SHARED.to_vec();
-    b_env.extend([
-        ("VACANCY_FLEET__REQUEST_TIMEOUT_MS", "2000"),
-        ("VACANCY_HTTP__READY_MAX_LAG_MS", "200"),
-    ]);
-    let b = Serve::start_with(
-        &fleet.owner_url,
-        fleet.logs(),
-        "replica-b",
-        &fleet_env("replica", &nats_via, &fleet.tokens, &b_env),
-    );
-    wait_ready(&a, Duration::from_secs(60)).await;
-    wait_ready(&b, Duration::from_secs(60)).await;
+    // The second replica waits less for NATS (a 503 comes sooner).
+    let (projector, a, b, nats_link, replica_env) = start_nodes(
+        &fleet,
+        &nats,
+        &[
+            ("VACANCY_FLEET__REQUEST_TIMEOUT_MS", "2000"),
+            ("VACANCY_HTTP__READY_MAX_LAG_MS", "200"),
+        ],
+    )
+    .await;
 
     // Quotes from searches on each replica: three hotels in Lisbon.
     let (on_a, on_b) = (offers(&a).await, offers(&b).await);
@@ -501,21 +519,12 @@ async fn an_outcome_stream_made_again_is_counted_from_its_start_by_every_node() 
     load_inventory(&client).await;
     let nats = start_nats().await;
     let fleet = Fleet::new(&owner, &nats).await;
-    let projector = fleet.projector_with("projector", &fleet.owner_url, &fleet.nats_url, &SHARED);
-    wait_ready(&projector, Duration::from_secs(60)).await;
-    let mut replica_env = SHARED.to_vec();
-    replica_env.push(("VACANCY_FLEET__REQUEST_TIMEOUT_MS", "5000"));
-    let a = fleet.replica_with("replica-a", &fleet.owner_url, &replica_env);
-    let nats_link = Link::to(([127, 0, 0, 1], nats.port()).into()).await;
-    let nats_via = format!("nats://{}", nats_link.addr);
-    let b = Serve::start_with(
-        &fleet.owner_url,
-        fleet.logs(),
-        "replica-b",
-        &fleet_env("replica", &nats_via, &fleet.tokens, &replica_env),
-    );
-    wait_ready(&a, Duration::from_secs(60)).await;
-    wait_ready(&b, Duration::from_secs(60)).await;
+    let (projector, a, b, nats_link, _) = start_nodes(
+        &fleet,
+        &nats,
+        &[("VACANCY_FLEET__REQUEST_TIMEOUT_MS", "5000")],
+    )
+    .await;
     let (on_a, on_b) = (offers(&a).await, offers(&b).await);
     let outcome_of = ["conflict", "taken", "error"];
 

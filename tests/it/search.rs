@@ -760,6 +760,25 @@ async fn a_min_lsn_past_the_owner_is_refused_before_the_wait() {
     app.stop(Duration::from_secs(5)).await;
 }
 
+/// A copy of `owner` on the service's own least-privileged role (whose
+/// replication `hold_copy_back` can refuse), with `settings` changed by
+/// `tweak`, started and caught up.
+async fn start_on_service_role(
+    owner: &TestOwner,
+    client: &Client,
+    tweak: impl FnOnce(&mut Settings),
+) -> App {
+    let url = least_privilege_role(client, &owner.url, None).await;
+    create_publication(client).await;
+    let mut s = settings_for(owner);
+    s.owner.url = url;
+    tweak(&mut s);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let app = vacancy_service::start(s, listener).expect("start vacancy");
+    settled(&app, client).await;
+    app
+}
+
 /// Read-your-writes never takes a shared owner read from before the
 /// search: with the copy held back, two writes in a row, each followed by a
 /// search with its `min_lsn`, each see their own write, although the owner
@@ -769,16 +788,12 @@ async fn min_lsn_never_takes_an_owner_read_from_before_the_write() {
     let owner = TestOwner::start().await;
     let client = owner.client().await;
     one_room_type(&client, 9).await;
-    let url = least_privilege_role(&client, &owner.url, None).await;
-    create_publication(&client).await;
-    let mut s = settings_for(&owner);
-    s.owner.url = url;
-    s.search.min_lsn_wait_ms = 100;
-    // Long enough that the first read is still cached at the second search.
-    s.search.owner_read_cache_ms = 900;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let app = vacancy_service::start(s, listener).expect("start vacancy");
-    settled(&app, &client).await;
+    let app = start_on_service_role(&owner, &client, |s| {
+        s.search.min_lsn_wait_ms = 100;
+        // Long enough that the first read is still cached at the second search.
+        s.search.owner_read_cache_ms = 900;
+    })
+    .await;
     hold_copy_back(&client, false).await;
     for taken in [3, 5] {
         client
@@ -816,16 +831,12 @@ async fn an_owner_read_is_never_older_than_its_search() {
         .batch_execute("UPDATE inventory SET taken = 7")
         .await
         .unwrap();
-    let url = least_privilege_role(&client, &owner.url, None).await;
-    create_publication(&client).await;
-    let mut s = settings_for(&owner);
-    s.owner.url = url;
-    s.search.fresh_reads = vacancy_service::FreshReads::Rows;
-    // Long enough that the first read is still cached at the second search.
-    s.search.owner_read_cache_ms = 900;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let app = vacancy_service::start(s, listener).expect("start vacancy");
-    settled(&app, &client).await;
+    let app = start_on_service_role(&owner, &client, |s| {
+        s.search.fresh_reads = vacancy_service::FreshReads::Rows;
+        // Long enough that the first read is still cached at the second search.
+        s.search.owner_read_cache_ms = 900;
+    })
+    .await;
     hold_copy_back(&client, false).await;
     for taken in [7, 8] {
         client
@@ -865,15 +876,11 @@ async fn a_hotel_ruled_out_by_the_owner_does_not_make_the_next_page_skip_one() {
             .await
             .unwrap();
     }
-    let url = least_privilege_role(&client, &owner.url, None).await;
-    create_publication(&client).await;
-    let mut s = settings_for(&owner);
-    s.owner.url = url;
-    // One free unit is few: every shown room type is read from the owner.
-    s.search.fresh_reads = vacancy_service::FreshReads::Rows;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let app = vacancy_service::start(s, listener).expect("start vacancy");
-    settled(&app, &client).await;
+    let app = start_on_service_role(&owner, &client, |s| {
+        // One free unit is few: every shown room type is read from the owner.
+        s.search.fresh_reads = vacancy_service::FreshReads::Rows;
+    })
+    .await;
     hold_copy_back(&client, false).await;
     client
         .batch_execute("UPDATE inventory SET taken = 1 WHERE hotel_id = 1")
@@ -1041,14 +1048,10 @@ async fn a_stamped_answer_brackets_the_owners_position() {
     let client = owner.client().await;
     one_room_type(&client, 9).await;
     // The service's own role: the position must be readable without privileges.
-    let url = least_privilege_role(&client, &owner.url, None).await;
-    create_publication(&client).await;
-    let mut s = settings_for(&owner);
-    s.owner.url = url;
-    s.search.stamp_owner_position = true;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let app = vacancy_service::start(s, listener).expect("start vacancy");
-    settled(&app, &client).await;
+    let app = start_on_service_role(&owner, &client, |s| {
+        s.search.stamp_owner_position = true;
+    })
+    .await;
     client
         .batch_execute("UPDATE inventory SET taken = 1")
         .await
