@@ -273,7 +273,14 @@ impl Tables {
                         hotel.amenities.clone_from(&old.amenities);
                     }
                 }
-                Arc::make_mut(&mut self.hotels).insert(hotel.id, *hotel);
+                // An update of a column the copy does not hold (an owner's
+                // `updated_at`, a popularity counter, written with each
+                // booking) changes nothing here: the map is shared with the
+                // published copy, and inserting copied all of it, every
+                // hotel with its strings, in each such transaction.
+                if self.hotels.get(&hotel.id) != Some(&*hotel) {
+                    Arc::make_mut(&mut self.hotels).insert(hotel.id, *hotel);
+                }
             }
             Change::DeleteHotel { id } => {
                 if self.hotels.contains_key(id)
@@ -852,6 +859,26 @@ mod tests {
         );
         assert!(!t.hotels.contains_key(&7));
         assert_eq!(t.hotels.get(&80).map(|h| h.name.as_str()), Some(""));
+        drop(t);
+
+        // An update of a column the copy does not hold decodes to the same
+        // hotel: the published map is shared, not copied; a real change is.
+        let before = model.read();
+        let same = Change::UpsertHotel {
+            hotel: Box::new(before.hotels[&70].clone()),
+            unsent: Unsent::default(),
+        };
+        model.apply(&txn(40, vec![same])).unwrap();
+        let after = model.read();
+        assert!(Arc::ptr_eq(&before.hotels, &after.hotels));
+        let renamed = Change::UpsertHotel {
+            hotel: Box::new(hotel(70, "Renamed")),
+            unsent: Unsent::default(),
+        };
+        model.apply(&txn(50, vec![renamed])).unwrap();
+        let renamed_copy = model.read();
+        assert!(!Arc::ptr_eq(&before.hotels, &renamed_copy.hotels));
+        assert_eq!(renamed_copy.hotels[&70].name, "Renamed");
     }
 
     /// Three hotels with one night each, applied at LSN 10.
