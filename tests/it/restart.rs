@@ -377,8 +377,19 @@ async fn a_checkpoint_past_the_owners_wal_falls_back_to_a_snapshot() {
     owner.cluster.stop(StopMode::Fast).expect("stop the owner");
     copy_dir(owner.cluster.data_dir(), &saved);
     owner.cluster.start_again().expect("start the owner");
-    // Commits past the saved point, and a checkpoint of them.
+    // Commits past the saved point, and a checkpoint of them: a megabyte
+    // of WAL first, so the restored owner's own writes below (its start,
+    // one insert) cannot reach the checkpoint's position. With only the
+    // few commits of a fresh checkpoint between, they sometimes did, and
+    // the checkpoint was rightly loaded.
     let client = owner.client().await;
+    client
+        .execute(
+            "SELECT pg_logical_emit_message(true, 'test.gap', repeat('x', 1048576))",
+            &[],
+        )
+        .await
+        .expect("a megabyte of WAL past the saved point");
     let file = fresh_checkpoint(&owner, &client, logs.path(), &dir, "second").await;
     drop(client);
     owner.cluster.stop(StopMode::Fast).expect("stop the owner");
