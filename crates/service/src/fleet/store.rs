@@ -244,10 +244,13 @@ pub async fn run_uploader(
     }
 }
 
-/// Uploads `durable`; `Ok(None)` when it names a sequence of no stream
-/// there is now (the publisher had not read the stream when it was taken,
-/// or the stream was made again since): a replica could only be misled by
-/// it, and the next checkpoint will name the stream there is.
+/// Uploads `durable`; `Ok(None)` when it names a sequence of a stream that
+/// is not there now (made again since): a replica could only be misled by
+/// it, and the next checkpoint will name the stream there is. One taken
+/// before the publisher first read the stream (nothing stored yet, stream
+/// 0) goes up unnamed, told by the stream's end alone as before: skipped,
+/// a fleet's first checkpoint after its snapshot could wait a whole
+/// `checkpoint.interval_secs`, and replicas with it.
 async fn upload_one(
     settings: &super::FleetSettings,
     log: &mut Option<ChangeLog>,
@@ -260,7 +263,7 @@ async fn upload_one(
         return Err(FleetError::Nats("not connected".into()));
     };
     let now = connected.ends().await?;
-    if durable.stream != now.made_at_ns {
+    if durable.stream != 0 && durable.stream != now.made_at_ns {
         return Ok(None);
     }
     upload(
@@ -270,7 +273,7 @@ async fn upload_one(
             epoch: durable.epoch,
             lsn: durable.lsn,
             sequence: durable.sequence,
-            stream: Some(durable.stream),
+            stream: (durable.stream != 0).then_some(durable.stream),
         },
     )
     .await
