@@ -716,6 +716,53 @@ async fn streamed_large_transactions_apply_only_at_commit() {
     app.stop(Duration::from_secs(5)).await;
 }
 
+/// Sell limits set and cleared on every night of a hotel in one owner
+/// transaction each (1,200 rows: past the copy's queue of side-list edits,
+/// which then merges on its own mid-transaction), and mixed with deletes
+/// and new nights in one: the copy converges each time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_set_and_cleared_in_bulk_converge() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    client
+        .batch_execute(
+            "INSERT INTO hotels (id, name, city, country, stars, amenities)
+               VALUES (100, 'Hotel 100', 'Lisbon', 'PT', 4, ARRAY['wifi']);
+             INSERT INTO room_types (hotel_id, id, name, max_guests)
+               SELECT 100, r, 'Room ' || r, 2 FROM generate_series(1, 3) r;
+             INSERT INTO inventory (hotel_id, room_type_id, night, total, taken, sell_limit, price_cents)
+               SELECT 100, r, DATE '2030-01-01' + n, 5, n % 3, NULL, 10000
+               FROM generate_series(1, 3) r, generate_series(0, 399) n
+               ORDER BY r, n;",
+        )
+        .await
+        .expect("a hotel of 1,200 nights");
+    let app = start_app(settings_for(&owner)).await;
+    caught_up(&app.model, &client).await;
+    for step in [
+        "UPDATE inventory SET sell_limit = total - 1 WHERE hotel_id = 100",
+        "UPDATE inventory SET sell_limit = NULL
+           WHERE hotel_id = 100 AND (night - DATE '2030-01-01') % 3 <> 0",
+        "BEGIN;
+         UPDATE inventory SET sell_limit = 4 WHERE hotel_id = 100 AND room_type_id <> 2;
+         UPDATE inventory SET sell_limit = NULL WHERE hotel_id = 100 AND night < DATE '2030-03-01';
+         DELETE FROM inventory WHERE hotel_id = 100 AND room_type_id = 3 AND night >= DATE '2030-12-01';
+         INSERT INTO room_types (hotel_id, id, name, max_guests) VALUES (100, 4, 'Room 4', 2);
+         INSERT INTO inventory (hotel_id, room_type_id, night, total, taken, sell_limit, price_cents)
+           SELECT 100, 4, DATE '2030-01-01' + n, 7, 0, 6, 9000 FROM generate_series(0, 399) n;
+         UPDATE inventory SET sell_limit = 3 WHERE hotel_id = 100 AND room_type_id = 1;
+         COMMIT;",
+        "UPDATE inventory SET sell_limit = NULL WHERE hotel_id = 100",
+    ] {
+        if let Err(error) = client.batch_execute(step).await {
+            panic!("{step}: {error:?}");
+        }
+        assert_converged(&app.model, &client).await;
+    }
+    app.stop(Duration::from_secs(5)).await;
+}
+
 /// An owner with the fixed inventory and a copy of it whose calendars are
 /// re-read from the owner every `ttl_secs`.
 async fn loaded_with_ttl_secs(ttl_secs: u64) -> (TestOwner, Client, App) {

@@ -508,6 +508,10 @@ impl ReadModel {
         let mut next = Tables::clone(&self.published.load());
         let (outcome, publish) = write(&mut next);
         if publish == Publish::Yes {
+            // The write's queued side-list edits, merged once for all of
+            // them: a reader never meets a queue.
+            next.calendars.settle();
+            debug_assert!(next.calendars.is_settled());
             let next = Arc::new(next);
             let superseded = self.published.swap(Arc::clone(&next));
             self.freshness.publish(&next);
