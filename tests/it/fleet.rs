@@ -1357,6 +1357,68 @@ async fn a_first_chunk_of_an_older_epoch_is_not_read_again_after_a_reconnect() {
     drop(nats);
 }
 
+/// A projector whose copy is of an older epoch than the change stream
+/// holds takes a new snapshot stamped above the stream's epoch, and the
+/// replicas follow it. The stream is given a newer epoch here by hand, as
+/// the copy of an owner whose positions went back since would have left it
+/// (a restored owner, or a standby promoted behind the old copy, with the
+/// projector started afresh). Before, its publisher refused every message
+/// of the older copy, for good: the replicas waited for a checkpoint of
+/// the newer epoch that never came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_projector_behind_the_streams_epoch_snapshots_above_it_and_replicas_follow() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    let nats = start_nats().await;
+    let fleet = Fleet::new(&owner, &nats).await;
+    let projector = fleet.projector();
+    let replica = fleet.replica("replica");
+    run_workload(&owner, test_seed(), 2, 10).await;
+    wait_ready(&projector, Duration::from_secs(60)).await;
+    wait_ready(&replica, Duration::from_secs(60)).await;
+    assert_binary_converged(&replica, &client).await;
+
+    // The projector stops; the stream then ends with a newer epoch.
+    let mut projector = projector;
+    crate::shutdown::sigterm(&projector);
+    wait_for("the projector to exit", Duration::from_secs(30), || {
+        let exited = projector.child.try_wait().expect("wait on the projector");
+        async move { exited }
+    })
+    .await;
+    let mut newer = stream_messages(&fleet.nats_url)
+        .await
+        .pop()
+        .expect("the stream holds the projector's messages");
+    let old_epoch = newer.position.epoch;
+    newer.position.epoch = old_epoch + (1 << 32);
+    newer.body = vacancy_service::FleetBody::Advance;
+    let stream_epoch = newer.position.epoch;
+    publish_raw(&fleet.nats_url, newer).await;
+
+    // Started again from its own checkpoint, of the older epoch, while the
+    // owner writes on.
+    let projector = fleet.projector();
+    run_workload(&owner, test_seed() ^ 0xe90c, 2, 10).await;
+    assert_binary_converged(&replica, &client).await;
+    let status = replica.status().await.expect("the replica's status");
+    let replica_epoch = fleet_status(&status)["replica"]["epoch"]
+        .as_u64()
+        .expect("the replica's epoch");
+    assert!(
+        replica_epoch > stream_epoch,
+        "the replica follows a copy stamped above the stream's epoch {stream_epoch:x} (it was at {old_epoch:x}): {replica_epoch:x}"
+    );
+    let log = std::fs::read_to_string(&projector.log).expect("the projector's log");
+    assert!(
+        log.contains(
+            "the change stream holds a newer epoch than this copy: taking a new snapshot above it"
+        ),
+        "the projector said why it took a new snapshot"
+    );
+}
+
 /// Stores one message on the change stream as a publisher would; returns
 /// its stream sequence.
 async fn publish_raw(nats_url: &str, message: vacancy_service::FleetMessage) -> u64 {

@@ -57,11 +57,6 @@ pub enum FleetError {
     Checkpoint(#[from] CheckpointError),
     #[error("apply: {0}")]
     Apply(#[from] ApplyError),
-    /// The stream holds messages of a newer epoch than this projector's
-    /// copy: another projector snapshotted since. Nothing is published (or
-    /// acknowledged) until this one's copy is of that epoch or newer.
-    #[error("the change stream is at epoch {stream:x}, this projector's copy at {ours:x}")]
-    EpochBehind { ours: u64, stream: u64 },
     /// Another projector published a takeover marker after this one's: it
     /// must publish nothing more.
     #[error("fenced: projector {by:x} took over the change stream")]

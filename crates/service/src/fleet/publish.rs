@@ -375,15 +375,15 @@ impl Session<'_> {
             data: last.as_ref().and_then(|(m, _)| m.data_position()),
             sequence: last.as_ref().map_or(0, |(_, s)| *s),
         };
+        // A copy must be of this epoch or a newer one to publish here
+        // (`skip_or_keep`); the projector stamps a new copy above it.
+        if let Some(data) = stored.data {
+            state.note_stream_epoch(data.epoch);
+        }
         // Drop what is stored; it counts as acknowledged.
         let mut pending: VecDeque<Ready> = VecDeque::new();
         for ready in unsent.drain(..) {
-            if let Err(error) = stored.skip_or_keep(ready, state, &mut pending) {
-                // As when every message was made at once: the item goes
-                // with the messages the stream is ahead of.
-                *current = None;
-                return Err(error);
-            }
+            stored.skip_or_keep(ready, state, &mut pending);
         }
         let mut in_flight: VecDeque<(Ready, PublishAckFuture)> = VecDeque::new();
         loop {
@@ -393,13 +393,7 @@ impl Session<'_> {
                 && let Some(item) = current.as_mut()
             {
                 match item.next_ready() {
-                    Ok(Some(ready)) => {
-                        if let Err(error) = stored.skip_or_keep(ready, state, &mut pending) {
-                            *current = None;
-                            requeue(unsent, in_flight, pending, None);
-                            return Err(error);
-                        }
-                    }
+                    Ok(Some(ready)) => stored.skip_or_keep(ready, state, &mut pending),
                     // Done: the transaction (its spill file) goes.
                     Ok(None) => *current = None,
                     Err(error) => {
@@ -539,22 +533,35 @@ impl Stored {
     /// the stream holds only in part (a projector that stopped in the
     /// middle of it) is sent again whole, from its first chunk: consumers
     /// start a transaction over at a first chunk.
-    fn skip_or_keep(
-        &self,
-        ready: Ready,
-        state: &OutboxState,
-        pending: &mut VecDeque<Ready>,
-    ) -> Result<(), FleetError> {
+    fn skip_or_keep(&self, ready: Ready, state: &OutboxState, pending: &mut VecDeque<Ready>) {
         let position = ready.position;
         let Some(stored) = self.data else {
             pending.push_back(ready);
-            return Ok(());
+            return;
         };
         if position.epoch < stored.epoch {
-            return Err(FleetError::EpochBehind {
-                ours: position.epoch,
-                stream: stored.epoch,
-            });
+            // Another projector snapshotted since (or this one's copy is of
+            // an owner whose positions went back: a restored owner, or a
+            // standby promoted behind the old copy). Consumers ignore an
+            // older epoch, so the message can never be of use: it is
+            // dropped, never acknowledged (the slot keeps it), and the
+            // projector takes a new snapshot stamped above the stream's
+            // epoch (`replicate`), which replicas bootstrap from. Refused
+            // instead, it stopped the publisher for good.
+            state.note_stream_epoch(stored.epoch);
+            if state.note_behind(position.epoch) {
+                metrics::FLEET_PUBLISH_ERRORS.inc();
+                tracing::error!(
+                    ours = position.epoch,
+                    stream = stored.epoch,
+                    "the change stream holds a newer epoch than this projector's copy: nothing of it is published until a new snapshot replaces it"
+                );
+                state.set_error(Some(format!(
+                    "the change stream is at epoch {:x}, this projector's copy at {:x}: taking a new snapshot",
+                    stored.epoch, position.epoch
+                )));
+            }
+            return;
         }
         let partly_stored = stored.kind == Kind::Chunk
             && position.epoch == stored.epoch
@@ -571,7 +578,6 @@ impl Stored {
         } else {
             pending.push_back(ready);
         }
-        Ok(())
     }
 }
 
@@ -709,25 +715,58 @@ mod tests {
         };
         let state = OutboxState::default();
         let mut pending = VecDeque::new();
-        stored
-            .skip_or_keep(advance(0x500), &state, &mut pending)
-            .unwrap();
+        stored.skip_or_keep(advance(0x500), &state, &mut pending);
         assert!(pending.is_empty(), "stored before: not sent again");
         assert_eq!(state.stored_lsn(), Lsn(0x500));
         assert_eq!(state.stored_sequence(), 0, "0x900 is not in the copy yet");
 
-        stored
-            .skip_or_keep(advance(0x900), &state, &mut pending)
-            .unwrap();
+        stored.skip_or_keep(advance(0x900), &state, &mut pending);
         assert!(pending.is_empty());
         assert_eq!(state.stored_lsn(), Lsn(0x900));
         assert_eq!(state.stored_sequence(), 100);
 
-        stored
-            .skip_or_keep(advance(0xa00), &state, &mut pending)
-            .unwrap();
+        stored.skip_or_keep(advance(0xa00), &state, &mut pending);
         assert_eq!(pending.len(), 1, "past the end: sent");
         assert_eq!(state.stored_sequence(), 100);
+    }
+
+    /// A copy of an older epoch than the stream holds publishes nothing
+    /// and acknowledges nothing; the stream's epoch is noted (the
+    /// projector snapshots above it) and told once per copy.
+    #[test]
+    fn a_copy_behind_the_streams_epoch_publishes_nothing_and_notes_the_epoch() {
+        let advance = |epoch, lsn| {
+            ItemMessages::new(
+                Outgoing::Advanced {
+                    epoch,
+                    lsn: Lsn(lsn),
+                },
+                4096,
+                1,
+            )
+            .next_ready()
+            .unwrap()
+            .expect("one message")
+        };
+        let stored = Stored {
+            data: Some(wire::advance_message(9, Lsn(0x900)).position),
+            sequence: 100,
+        };
+        let state = OutboxState::default();
+        let mut pending = VecDeque::new();
+        stored.skip_or_keep(advance(5, 0xa00), &state, &mut pending);
+        assert!(pending.is_empty(), "an older epoch's message is not sent");
+        assert_eq!(state.stored_lsn(), Lsn::ZERO, "nor acknowledged");
+        assert_eq!(state.stream_epoch(), 9);
+        assert!(!state.note_behind(5), "told once for the copy of epoch 5");
+        assert!(
+            state.note_behind(6),
+            "a newer copy found behind is told again"
+        );
+
+        // The copy stamped above the stream's epoch publishes.
+        stored.skip_or_keep(advance(10, 0x100), &state, &mut pending);
+        assert_eq!(pending.len(), 1);
     }
 
     #[test]

@@ -14,7 +14,7 @@
 
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
@@ -110,6 +110,14 @@ pub struct OutboxState {
     stored_sequence: Mutex<StreamSequence>,
     connected: AtomicBool,
     last_error: Mutex<Option<String>>,
+    /// The newest epoch the change stream holds, as the publisher last
+    /// read it (0: none read yet). A copy of an older epoch can publish
+    /// nothing there: the projector takes a new snapshot stamped above it
+    /// (`replicate::next_epoch`).
+    stream_epoch: AtomicU64,
+    /// The newest copy epoch found behind the stream's, so each is told
+    /// once, not once per message dropped.
+    behind_told: AtomicU64,
 }
 
 /// A sequence of the change stream, and which stream: one deleted and made
@@ -202,6 +210,23 @@ impl OutboxState {
         }
         let mut stored = self.sequence_stored();
         stored.sequence = stored.sequence.max(sequence);
+    }
+
+    /// The publisher read messages of `epoch` in the change stream; true
+    /// when that is newer than any it read before.
+    pub fn note_stream_epoch(&self, epoch: u64) -> bool {
+        self.stream_epoch.fetch_max(epoch, Ordering::AcqRel) < epoch
+    }
+
+    /// A message of the copy of `epoch` was found behind the stream's
+    /// epoch; true the first time for that copy.
+    pub fn note_behind(&self, epoch: u64) -> bool {
+        self.behind_told.fetch_max(epoch, Ordering::AcqRel) < epoch
+    }
+
+    /// The newest epoch the change stream was found to hold (0: none yet).
+    pub fn stream_epoch(&self) -> u64 {
+        self.stream_epoch.load(Ordering::Acquire)
     }
 
     pub fn connected(&self) -> bool {

@@ -668,9 +668,12 @@ impl Projector {
     /// it was taken on, and an epoch past the copy it replaces. The epoch
     /// is the snapshot's consistent point, which after a failover may be
     /// below the old one's; the fleet orders epochs (a replica bootstraps
-    /// again only for a newer one, the publisher refuses an older one), so
-    /// it must grow whatever the owner. Past an owner change the xids the
-    /// copy applied are forgotten (`AppliedXids::clear`).
+    /// again only for a newer one, the publisher drops an older one), so
+    /// it must grow whatever the owner: past the copy it replaces, and past
+    /// the newest epoch the change stream holds (a process started after a
+    /// failover has no copy to go past, and its stream was written by the
+    /// copy of the old owner). Past an owner change the xids the copy
+    /// applied are forgotten (`AppliedXids::clear`).
     fn stamp_new_copy(
         &self,
         mut tables: crate::model::Tables,
@@ -678,12 +681,13 @@ impl Projector {
         reason: SnapshotReason,
     ) -> crate::model::Tables {
         tables.timeline = seen.timeline;
-        let previous = self
+        let replaced = self
             .model
             .freshness
             .is_loaded()
             .then(|| self.model.read().epoch);
-        tables.epoch = next_epoch(tables.epoch, previous);
+        let in_stream = self.stream_epoch();
+        tables.epoch = next_epoch(tables.epoch, replaced.max(in_stream));
         if matches!(reason, SnapshotReason::OwnerChanged) {
             self.model.xids.clear();
         }
@@ -901,6 +905,17 @@ impl Projector {
             if stop.is_cancelled() {
                 return Ok(());
             }
+            if self.behind_the_stream() {
+                // Ends this session (its token is cancelled); the next one
+                // takes the snapshot, stamped above the stream's epoch.
+                tracing::error!(
+                    copy_epoch = self.model.read().epoch,
+                    stream_epoch = self.stream_epoch(),
+                    "the change stream holds a newer epoch than this copy: taking a new snapshot above it"
+                );
+                self.status.request_resnapshot();
+                return Ok(());
+            }
             let boundary = Lsn(stream.current_lsn() + 1);
             let between = assembler.is_idle() && !take_held;
             take_held = false;
@@ -1062,6 +1077,21 @@ impl Projector {
                 None => Err(StreamError::OutboxClosed),
             },
         }
+    }
+
+    /// The newest epoch the fleet's change stream holds, once the
+    /// publisher has read it (`None`: no fleet, or not read yet).
+    fn stream_epoch(&self) -> Option<u64> {
+        let outbox = self.outbox.as_ref()?;
+        Some(outbox.state().stream_epoch()).filter(|epoch| *epoch > 0)
+    }
+
+    /// Whether this copy is of an older epoch than the change stream holds:
+    /// nothing of it can be published (`fleet::publish` drops it), so the
+    /// replicas would follow no change of it, for good.
+    fn behind_the_stream(&self) -> bool {
+        self.stream_epoch()
+            .is_some_and(|in_stream| in_stream > self.model.read().epoch)
     }
 
     /// Tells the server everything below `lsn` is applied (sent with the
