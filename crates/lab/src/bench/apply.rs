@@ -61,7 +61,7 @@ pub(super) async fn run(owner: &Owner, options: &ApplyOptions) -> Result<(), Ben
 
     let pgoutput = PgoutputOptions::of(&vacancy.settings);
     let mut results = Vec::new();
-    for shape in [Shape::Bulk, Shape::SingleRow] {
+    for shape in [Shape::Bulk, Shape::Limits, Shape::SingleRow] {
         // Moves vacancy's restart_lsn up to now (a checkpoint logs the running
         // transactions, and the projector acknowledges past them), so its
         // backlog starts where the baseline's new slot starts.
@@ -217,10 +217,13 @@ impl PgoutputOptions {
     }
 }
 
-/// The two shapes of workload: few big transactions, many one-row ones.
+/// The shapes of workload: few big transactions, the same of sell limits
+/// (a night gaining or losing its limit changes the length of its hotel's
+/// side list, `model::calendars`), many one-row ones.
 #[derive(Debug, Clone, Copy)]
 enum Shape {
     Bulk,
+    Limits,
     SingleRow,
 }
 
@@ -246,10 +249,26 @@ async fn run_workload(
                 "workload: {} updates in {} transactions",
                 options.bulk_rows, options.bulk_transactions
             );
-            let rows = bulk_workload(client, options).await?;
+            let rows = bulk_workload(client, options, BULK_PRICE).await?;
             Ok(WorkloadRun {
                 label: format!(
                     "{} updates in {} transactions",
+                    options.bulk_rows, options.bulk_transactions
+                ),
+                rows,
+                transactions: options.bulk_transactions,
+                elapsed: started.elapsed(),
+            })
+        }
+        Shape::Limits => {
+            eprintln!(
+                "workload: {} sell limits set or cleared in {} transactions",
+                options.bulk_rows, options.bulk_transactions
+            );
+            let rows = bulk_workload(client, options, BULK_LIMIT).await?;
+            Ok(WorkloadRun {
+                label: format!(
+                    "{} sell limits set or cleared in {} transactions",
                     options.bulk_rows, options.bulk_transactions
                 ),
                 rows,
@@ -342,22 +361,34 @@ fn print_table(pgoutput: &PgoutputOptions, results: &[ApplyRow]) {
     }
 }
 
-/// Updates `bulk_rows` inventory rows (in primary-key order) in
-/// `bulk_transactions` transactions; returns the rows changed.
-async fn bulk_workload(client: &Client, options: &ApplyOptions) -> Result<u64, BenchError> {
+/// The bulk shape's change of a row: its price.
+const BULK_PRICE: &str = "price_cents = coalesce(i.price_cents, 0) + 1";
+/// The limits shape's: a limit set where there is none, cleared where
+/// there is one (kept where it is what allows `taken` past `total`), so
+/// each run of the bench changes the side lists the other way.
+const BULK_LIMIT: &str =
+    "sell_limit = CASE WHEN i.sell_limit IS NULL THEN greatest(i.total, i.taken)
+                              WHEN i.taken <= i.total THEN NULL ELSE i.sell_limit END";
+
+/// Sets `set` on `bulk_rows` inventory rows (in primary-key order: room
+/// type by room type within a hotel, as an owner's bulk UPDATE sends them)
+/// in `bulk_transactions` transactions; returns the rows changed.
+async fn bulk_workload(
+    client: &Client,
+    options: &ApplyOptions,
+    set: &str,
+) -> Result<u64, BenchError> {
     let per = (options.bulk_rows / options.bulk_transactions) as i64;
+    let update = format!(
+        "UPDATE inventory i SET {set}
+         FROM (SELECT hotel_id, room_type_id, night FROM inventory
+               ORDER BY hotel_id, room_type_id, night OFFSET $1 LIMIT $2) s
+         WHERE i.hotel_id = s.hotel_id AND i.room_type_id = s.room_type_id
+           AND i.night = s.night"
+    );
     let mut rows = 0;
     for k in 0..options.bulk_transactions as i64 {
-        rows += client
-            .execute(
-                "UPDATE inventory i SET price_cents = coalesce(i.price_cents, 0) + 1
-                 FROM (SELECT hotel_id, room_type_id, night FROM inventory
-                       ORDER BY hotel_id, room_type_id, night OFFSET $1 LIMIT $2) s
-                 WHERE i.hotel_id = s.hotel_id AND i.room_type_id = s.room_type_id
-                   AND i.night = s.night",
-                &[&(k * per), &per],
-            )
-            .await?;
+        rows += client.execute(&update, &[&(k * per), &per]).await?;
     }
     Ok(rows)
 }

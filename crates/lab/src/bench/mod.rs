@@ -79,13 +79,14 @@ pub enum BenchCommand {
     Apply {
         #[command(flatten)]
         owner: OwnerArgs,
-        /// Row changes in the bulk shape.
+        /// Row changes in the bulk shape (prices), and in the limits shape
+        /// (sell limits set or cleared).
         #[arg(long, default_value_t = 1_000_000)]
         bulk_rows: u64,
-        /// Transactions the bulk shape is split into.
+        /// Transactions each bulk shape is split into.
         #[arg(long, default_value_t = 10)]
         bulk_transactions: u64,
-        /// One-row transactions in the second shape (run by pgbench).
+        /// One-row transactions in the last shape (run by pgbench).
         #[arg(long, default_value_t = 100_000)]
         single_transactions: u64,
         /// pgbench clients for the one-row shape.

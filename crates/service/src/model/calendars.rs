@@ -67,11 +67,6 @@ struct Block {
     /// The nights whose cells are `WIDE`, sorted like `limited`; empty in
     /// every real hotel, which lets search fold a block's cells alone.
     wide: Arc<[Side<WideNight>]>,
-    /// Side-list edits of the write in progress, not yet merged into
-    /// `limited` and `wide`. Always `None` in a published copy: a write
-    /// settles every block it left unsettled before it publishes
-    /// (`Calendars::settle`).
-    unsettled: Option<Box<Unsettled>>,
 }
 
 /// Side-list edits that change a list's length (a night gains or loses its
@@ -86,7 +81,10 @@ struct Block {
 /// (`SETTLE_AT` at least), so the merges cost about nine copies of the
 /// final list, and the queue's memory stays a fraction of the list's. A
 /// read within the write consults the queue (`Block::night`, the folds'
-/// slow path); readers of a published copy never see one.
+/// slow path); readers of a published copy never see one. Kept beside the
+/// blocks (`Calendars::unsettled`), not in them: a block is read by every
+/// search, and a field more made each one longer for a state no reader of
+/// a published copy meets.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct Unsettled {
     limited: BTreeMap<(i32, u32), Option<i32>>,
@@ -198,7 +196,6 @@ impl Default for Block {
             pages: Arc::from([]),
             limited: Arc::from([]),
             wide: Arc::from([]),
-            unsettled: None,
         }
     }
 }
@@ -254,12 +251,13 @@ impl Block {
         Some(&mut Arc::make_mut(&mut Arc::make_mut(&mut self.pages)[page])[at..at + w])
     }
 
-    fn night(&self, col: usize, d: i32) -> Option<NightCounts> {
+    /// The night of `col` on day `d`, with `queued` (the block's
+    /// unsettled edits, if any) over its side lists.
+    fn night(&self, col: usize, d: i32, queued: Option<&Unsettled>) -> Option<NightCounts> {
         let p = self.row(d)?[col];
         if p.is_absent() {
             return None;
         }
-        let queued = self.unsettled.as_deref();
         let wide = if p.is_wide() {
             side_value(&self.wide, queued.map(|q| &q.wide), d, col)
         } else {
@@ -305,42 +303,31 @@ impl Block {
         col: usize,
         limited_total: Option<i32>,
         wide: Option<WideNight>,
+        queue: &mut Option<Unsettled>,
     ) {
         let key = (d, col as u32);
-        let queued = self.unsettled.as_deref_mut();
-        if let Some(edit) = side_edit(
-            &mut self.limited,
-            queued.map(|q| &mut q.limited),
-            key,
-            limited_total,
-        ) {
-            self.unsettled
-                .get_or_insert_default()
-                .limited
-                .insert(key, edit);
+        let queued = queue.as_mut().map(|q| &mut q.limited);
+        if let Some(edit) = side_edit(&mut self.limited, queued, key, limited_total) {
+            queue.get_or_insert_default().limited.insert(key, edit);
         }
-        let queued = self.unsettled.as_deref_mut();
-        if let Some(edit) = side_edit(&mut self.wide, queued.map(|q| &mut q.wide), key, wide) {
-            self.unsettled
-                .get_or_insert_default()
-                .wide
-                .insert(key, edit);
+        let queued = queue.as_mut().map(|q| &mut q.wide);
+        if let Some(edit) = side_edit(&mut self.wide, queued, key, wide) {
+            queue.get_or_insert_default().wide.insert(key, edit);
         }
-        if self
-            .unsettled
+        if queue
             .as_ref()
             .is_some_and(|q| q.is_large(self.limited.len(), self.wide.len()))
         {
-            self.settle();
+            self.settle(queue);
         }
     }
 
     /// Merges the queued side-list edits (`Unsettled`) into the lists.
-    fn settle(&mut self) {
-        let Some(queued) = self.unsettled.take() else {
+    fn settle(&mut self, queue: &mut Option<Unsettled>) {
+        let Some(queued) = queue.take() else {
             return;
         };
-        let Unsettled { limited, wide } = *queued;
+        let Unsettled { limited, wide } = queued;
         if !limited.is_empty() {
             self.limited = merged(&self.limited, limited);
         }
@@ -376,7 +363,7 @@ impl Block {
     }
 
     /// A new, empty column at `at`: every page is rewritten once.
-    fn insert_column(&mut self, at: usize, room_type_id: i64) {
+    fn insert_column(&mut self, at: usize, room_type_id: i64, queue: &mut Option<Unsettled>) {
         let width = self.width() + 1;
         self.relayout(width, |col| match col.cmp(&at) {
             std::cmp::Ordering::Less => Some(col),
@@ -384,7 +371,7 @@ impl Block {
             std::cmp::Ordering::Greater => Some(col - 1),
         });
         // The queued edits name columns of the old layout.
-        self.settle();
+        self.settle(queue);
         self.types = rebuilt(&self.types, |types| types.insert(at, room_type_id));
         self.present = rebuilt(&self.present, |present| present.insert(at, 0));
         let at = at as u32;
@@ -393,9 +380,9 @@ impl Block {
         renumbered(&mut self.wide, shift);
     }
 
-    fn remove_column(&mut self, at: usize) {
+    fn remove_column(&mut self, at: usize, queue: &mut Option<Unsettled>) {
         // The queued edits name columns of the old layout.
-        self.settle();
+        self.settle(queue);
         let width = self.width() - 1;
         self.relayout(width, |col| Some(if col < at { col } else { col + 1 }));
         self.types = rebuilt(&self.types, |types| {
@@ -471,11 +458,17 @@ impl Block {
         self.base = page_start(self.first);
     }
 
-    fn set(&mut self, room_type_id: i64, d: i32, packed: PackedNight) {
+    fn set(
+        &mut self,
+        room_type_id: i64,
+        d: i32,
+        packed: PackedNight,
+        queue: &mut Option<Unsettled>,
+    ) {
         let col = match self.types.binary_search(&room_type_id) {
             Ok(col) => col,
             Err(at) => {
-                self.insert_column(at, room_type_id);
+                self.insert_column(at, room_type_id, queue);
                 at
             }
         };
@@ -489,10 +482,10 @@ impl Block {
         if was_absent {
             Arc::make_mut(&mut self.present)[col] += 1;
         }
-        self.set_sides(d, col, packed.limited_total, packed.wide);
+        self.set_sides(d, col, packed.limited_total, packed.wide, queue);
     }
 
-    fn remove(&mut self, room_type_id: i64, d: i32) {
+    fn remove(&mut self, room_type_id: i64, d: i32, queue: &mut Option<Unsettled>) {
         let Ok(col) = self.types.binary_search(&room_type_id) else {
             return;
         };
@@ -503,17 +496,25 @@ impl Block {
             row[col] = Packed::EMPTY;
         }
         Arc::make_mut(&mut self.present)[col] -= 1;
-        self.set_sides(d, col, None, None);
+        self.set_sides(d, col, None, None, queue);
         if self.present[col] == 0 {
-            self.remove_column(col);
+            self.remove_column(col, queue);
         } else {
             self.trim();
         }
     }
 
-    fn view(&self, room_type_id: i64) -> Option<CalendarView<'_>> {
+    fn view<'a>(
+        &'a self,
+        room_type_id: i64,
+        queued: Option<&'a Unsettled>,
+    ) -> Option<CalendarView<'a>> {
         let col = self.types.binary_search(&room_type_id).ok()?;
-        Some(CalendarView { block: self, col })
+        Some(CalendarView {
+            block: self,
+            col,
+            queued,
+        })
     }
 
     fn heap_bytes(&self) -> usize {
@@ -581,7 +582,6 @@ impl Block {
                 .collect(),
             limited: limited.into(),
             wide: wide.into(),
-            unsettled: None,
         }
     }
 }
@@ -607,16 +607,16 @@ type Shard = HashMap<i64, Block, rustc_hash::FxBuildHasher>;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Calendars {
     shards: Vec<Arc<Shard>>,
-    /// Hotels whose blocks hold queued side-list edits (`Unsettled`):
-    /// empty in a published copy (`settle`).
-    unsettled: Vec<i64>,
+    /// The queued side-list edits of the write in progress, by hotel
+    /// (`Unsettled`): empty in a published copy (`settle`).
+    unsettled: HashMap<i64, Unsettled, rustc_hash::FxBuildHasher>,
 }
 
 impl Default for Calendars {
     fn default() -> Calendars {
         Calendars {
             shards: vec![Arc::default(); SHARDS],
-            unsettled: Vec::new(),
+            unsettled: HashMap::default(),
         }
     }
 }
@@ -643,39 +643,63 @@ impl Calendars {
     }
 
     pub fn get(&self, key: &CalendarKey) -> Option<CalendarView<'_>> {
-        self.block(key.hotel_id)?.view(key.room_type_id)
+        self.block(key.hotel_id)?
+            .view(key.room_type_id, self.queued(key.hotel_id))
     }
 
     /// One hotel's calendars, for reading several of its room types.
     pub fn hotel(&self, hotel_id: i64) -> Option<HotelCalendars<'_>> {
-        self.block(hotel_id).map(|block| HotelCalendars { block })
+        self.block(hotel_id).map(|block| HotelCalendars {
+            block,
+            queued: self.queued(hotel_id),
+        })
+    }
+
+    /// The queued edits of `hotel_id`'s block, in a write that left some.
+    fn queued(&self, hotel_id: i64) -> Option<&Unsettled> {
+        if self.unsettled.is_empty() {
+            return None;
+        }
+        self.unsettled.get(&hotel_id)
+    }
+
+    /// Takes `hotel_id`'s queue out for a write to its block (`keep_queue`
+    /// puts it back).
+    fn take_queue(&mut self, hotel_id: i64) -> Option<Unsettled> {
+        if self.unsettled.is_empty() {
+            return None;
+        }
+        self.unsettled.remove(&hotel_id)
+    }
+
+    fn keep_queue(&mut self, hotel_id: i64, queue: Option<Unsettled>) {
+        if let Some(queue) = queue {
+            self.unsettled.insert(hotel_id, queue);
+        }
     }
 
     /// Sets one night of one calendar.
     pub fn set(&mut self, key: CalendarKey, night: NaiveDate, counts: NightCounts) {
+        let mut queue = self.take_queue(key.hotel_id);
         let block = self
             .shard_mut(key.hotel_id)
             .entry(key.hotel_id)
             .or_default();
-        let was_settled = block.unsettled.is_none();
-        block.set(key.room_type_id, day(night), Packed::pack(counts));
-        let now_unsettled = block.unsettled.is_some();
-        self.note_unsettled(key.hotel_id, was_settled && now_unsettled);
-    }
-
-    /// Remembers a hotel whose block a write has just left unsettled.
-    fn note_unsettled(&mut self, hotel_id: i64, newly: bool) {
-        if newly {
-            self.unsettled.push(hotel_id);
-        }
+        block.set(
+            key.room_type_id,
+            day(night),
+            Packed::pack(counts),
+            &mut queue,
+        );
+        self.keep_queue(key.hotel_id, queue);
     }
 
     /// Merges every block's queued side-list edits: a write calls it before
     /// it publishes, so no reader of a published copy meets a queue.
     pub fn settle(&mut self) {
-        for hotel_id in std::mem::take(&mut self.unsettled) {
+        for (hotel_id, queue) in std::mem::take(&mut self.unsettled) {
             if let Some(block) = self.shard_mut(hotel_id).get_mut(&hotel_id) {
-                block.settle();
+                block.settle(&mut Some(queue));
             }
         }
     }
@@ -690,24 +714,21 @@ impl Calendars {
         let d = day(night);
         // Looked at through the shared copy first: a night that is not
         // there costs no copy of its block.
-        let present = self
-            .get(&key)
-            .is_some_and(|view| view.block.night(view.col, d).is_some());
+        let present = self.get(&key).is_some_and(|view| view.get_day(d).is_some());
         if !present {
             return;
         }
+        let mut queue = self.take_queue(key.hotel_id);
         let shard = self.shard_mut(key.hotel_id);
-        let mut newly_unsettled = false;
         if let Some(block) = shard.get_mut(&key.hotel_id) {
-            let was_settled = block.unsettled.is_none();
-            block.remove(key.room_type_id, d);
-            newly_unsettled = was_settled && block.unsettled.is_some();
+            block.remove(key.room_type_id, d, &mut queue);
             if block.types.is_empty() {
                 shard.remove(&key.hotel_id);
-                newly_unsettled = false;
+                // Its edits went with it.
+                queue = None;
             }
         }
-        self.note_unsettled(key.hotel_id, newly_unsettled);
+        self.keep_queue(key.hotel_id, queue);
     }
 
     /// Adds a hotel's calendars, built one room type at a time (the snapshot
@@ -716,6 +737,7 @@ impl Calendars {
     pub fn insert_hotel(&mut self, hotel_id: i64, calendars: &mut [(i64, Calendar)]) {
         calendars.sort_unstable_by_key(|(id, _)| *id);
         let distinct = calendars.windows(2).all(|w| w[0].0 != w[1].0);
+        let mut queue = self.take_queue(hotel_id);
         let shard = self.shard_mut(hotel_id);
         if distinct && !shard.contains_key(&hotel_id) {
             let block = Block::from_calendars(calendars);
@@ -727,12 +749,12 @@ impl Calendars {
         let block = shard.entry(hotel_id).or_default();
         for (room_type_id, calendar) in calendars.iter() {
             for (night, counts) in calendar.iter() {
-                block.set(*room_type_id, day(night), Packed::pack(counts));
+                block.set(*room_type_id, day(night), Packed::pack(counts), &mut queue);
             }
         }
         // A merge of whole calendars, rare (a hotel's rows split across the
-        // load's batches): settled here rather than tracked.
-        block.settle();
+        // load's batches): settled here rather than kept.
+        block.settle(&mut queue);
         if block.types.is_empty() {
             shard.remove(&hotel_id);
         }
@@ -757,13 +779,14 @@ impl Calendars {
 
     pub fn iter(&self) -> impl Iterator<Item = (CalendarKey, CalendarView<'_>)> + '_ {
         self.blocks().flat_map(|(&hotel_id, block)| {
+            let queued = self.queued(hotel_id);
             block.types.iter().enumerate().map(move |(col, &id)| {
                 (
                     CalendarKey {
                         hotel_id,
                         room_type_id: id,
                     },
-                    CalendarView { block, col },
+                    CalendarView { block, col, queued },
                 )
             })
         })
@@ -816,11 +839,13 @@ impl Calendars {
 #[derive(Debug, Clone, Copy)]
 pub struct HotelCalendars<'a> {
     block: &'a Block,
+    /// Its queued edits, in a write that left some (`Unsettled`).
+    queued: Option<&'a Unsettled>,
 }
 
 impl<'a> HotelCalendars<'a> {
     pub fn room_type(&self, room_type_id: i64) -> Option<CalendarView<'a>> {
-        self.block.view(room_type_id)
+        self.block.view(room_type_id, self.queued)
     }
 
     /// The hotel's room types that have nights, sorted: the order of
@@ -899,7 +924,7 @@ impl<'a> HotelCalendars<'a> {
             acc.iter_mut().for_each(|a| a.absent = true);
             return;
         }
-        if b.unsettled.is_some() {
+        if self.queued.is_some() {
             self.fold_unsettled(check_in, nights, acc, StayOffer::add);
             return;
         }
@@ -941,7 +966,7 @@ impl<'a> HotelCalendars<'a> {
     ) {
         acc.clear();
         acc.resize(self.block.width(), init);
-        if self.block.unsettled.is_some() {
+        if self.queued.is_some() {
             self.fold_unsettled(check_in, nights, acc, step);
             return;
         }
@@ -972,7 +997,7 @@ impl<'a> HotelCalendars<'a> {
         for i in 0..nights {
             let d = start.checked_add(i as i32);
             for (col, a) in acc.iter_mut().enumerate() {
-                step(a, d.and_then(|d| b.night(col, d)));
+                step(a, d.and_then(|d| b.night(col, d, self.queued)));
             }
         }
     }
@@ -990,7 +1015,7 @@ impl<'a> HotelCalendars<'a> {
         let b = self.block;
         // Walked below are the merged lists only.
         debug_assert!(
-            b.unsettled.is_none(),
+            self.queued.is_none(),
             "a stay folded while its block is unsettled"
         );
         let start = day(check_in);
@@ -1121,11 +1146,18 @@ impl StayOffer {
 pub struct CalendarView<'a> {
     block: &'a Block,
     col: usize,
+    /// Its block's queued edits, in a write that left some (`Unsettled`).
+    queued: Option<&'a Unsettled>,
 }
 
 impl<'a> CalendarView<'a> {
     pub fn get(&self, night: NaiveDate) -> Option<NightCounts> {
-        self.block.night(self.col, day(night))
+        self.get_day(day(night))
+    }
+
+    /// `get` of a day since 1970-01-01.
+    fn get_day(&self, d: i32) -> Option<NightCounts> {
+        self.block.night(self.col, d, self.queued)
     }
 
     /// Nights that have a row.
@@ -1157,7 +1189,7 @@ impl<'a> CalendarView<'a> {
         from: i32,
         to: i32,
     ) -> impl DoubleEndedIterator<Item = (i32, NightCounts)> + use<'a> {
-        let (block, col) = (self.block, self.col);
+        let (block, col, queued) = (self.block, self.col, self.queued);
         let (from, to) = (from.max(block.first), to.min(block.end));
         let pages = if from < to {
             let page_of = |d: i32| ((d - block.base) / PAGE_ROWS) as usize;
@@ -1172,7 +1204,7 @@ impl<'a> CalendarView<'a> {
             .flat_map(move |p| {
                 let start = block.base + p as i32 * PAGE_ROWS;
                 (start.max(from)..(start + PAGE_ROWS).min(to))
-                    .filter_map(move |d| Some((d, block.night(col, d)?)))
+                    .filter_map(move |d| Some((d, block.night(col, d, queued)?)))
             })
     }
 
@@ -1183,8 +1215,8 @@ impl<'a> CalendarView<'a> {
         check_in: NaiveDate,
         nights: usize,
     ) -> impl Iterator<Item = Option<NightCounts>> + use<'a> {
-        let (block, col, d) = (self.block, self.col, day(check_in));
-        (0..nights).map(move |i| block.night(col, d.checked_add(i as i32)?))
+        let (block, col, queued, d) = (self.block, self.col, self.queued, day(check_in));
+        (0..nights).map(move |i| block.night(col, d.checked_add(i as i32)?, queued))
     }
 
     /// Nights in `[from, to)` that have a row: only the days of the range
@@ -1417,7 +1449,7 @@ mod tests {
                         merges += 1;
                         list = Arc::as_ptr(&block.limited);
                     }
-                    let queued = block.unsettled.as_ref().map_or(0, |q| q.limited.len());
+                    let queued = c.unsettled.get(&1).map_or(0, |q| q.limited.len());
                     assert!(queued <= SETTLE_AT.max(block.limited.len() / 8));
                     assert_eq!(
                         c.get(&key(1, rt)).unwrap().get(d(n)).unwrap().sell_limit,
@@ -1565,7 +1597,7 @@ mod tests {
             // the published copy do.
             answers_like(&cals, &map)?;
             cals.settle();
-            prop_assert!(cals.blocks().all(|(_, b)| b.unsettled.is_none()));
+            prop_assert!(cals.unsettled.is_empty());
             answers_like(&cals, &map)?;
         }
     }
