@@ -691,24 +691,27 @@ mod tests {
         );
     }
 
+    /// The one message of an advance of the copy of `epoch` to `lsn`.
+    fn advance_ready(epoch: u64, lsn: u64) -> Ready {
+        ItemMessages::new(
+            Outgoing::Advanced {
+                epoch,
+                lsn: Lsn(lsn),
+            },
+            4096,
+            1,
+        )
+        .next_ready()
+        .unwrap()
+        .expect("one message")
+    }
+
     /// A standby that took over replays what the old holder stored: each
     /// item is acknowledged, but the stream's end names a checkpoint only
     /// once the copy holds the last position stored.
     #[test]
     fn a_replay_of_stored_items_moves_the_sequence_only_at_the_last() {
-        let advance = |lsn| {
-            ItemMessages::new(
-                Outgoing::Advanced {
-                    epoch: 1,
-                    lsn: Lsn(lsn),
-                },
-                4096,
-                1,
-            )
-            .next_ready()
-            .unwrap()
-            .expect("one message")
-        };
+        let advance = |lsn| advance_ready(1, lsn);
         let stored = Stored {
             data: Some(wire::advance_message(1, Lsn(0x900)).position),
             sequence: 100,
@@ -735,19 +738,7 @@ mod tests {
     /// projector snapshots above it) and told once per copy.
     #[test]
     fn a_copy_behind_the_streams_epoch_publishes_nothing_and_notes_the_epoch() {
-        let advance = |epoch, lsn| {
-            ItemMessages::new(
-                Outgoing::Advanced {
-                    epoch,
-                    lsn: Lsn(lsn),
-                },
-                4096,
-                1,
-            )
-            .next_ready()
-            .unwrap()
-            .expect("one message")
-        };
+        let advance = advance_ready;
         let stored = Stored {
             data: Some(wire::advance_message(9, Lsn(0x900)).position),
             sequence: 100,
