@@ -172,12 +172,14 @@ impl OutboxState {
     /// `last`. Another stream than the one this process stored in (deleted
     /// and made again), or one that ends below what was stored in it,
     /// starts the sequences over: the next checkpoint names one of this
-    /// stream, not the old one's highest. True when it did.
+    /// stream, not the old one's highest, and the old stream's epoch no
+    /// longer says what a copy must be above. True when it did.
     pub fn stream_is(&self, stream: u64, last: u64) -> bool {
         let mut stored = self.sequence_stored();
         let made_again = (stored.stream != 0 && stored.stream != stream) || stored.sequence > last;
         if made_again {
             stored.sequence = last;
+            self.stream_epoch.store(0, Ordering::Release);
         }
         stored.stream = stream;
         made_again
@@ -295,8 +297,11 @@ mod tests {
                 sequence: 500
             }
         );
-        // Made again, and already longer than the old one was.
+        // Made again, and already longer than the old one was: the old
+        // stream's epoch is forgotten with it.
+        state.note_stream_epoch(0x700);
         assert!(state.stream_is(11, 900));
+        assert_eq!(state.stream_epoch(), 0);
         assert_eq!(
             state.stored_at(),
             StreamSequence {
