@@ -905,7 +905,10 @@ impl Projector {
             if stop.is_cancelled() {
                 return Ok(());
             }
-            if self.behind_the_stream() {
+            // Between transactions only: once per transaction, not per
+            // change (each look loads the published copy), and a session
+            // never ends inside one for it.
+            if assembler.is_idle() && self.behind_the_stream() {
                 // Ends this session (its token is cancelled); the next one
                 // takes the snapshot, stamped above the stream's epoch.
                 tracing::error!(
