@@ -65,6 +65,42 @@ async fn sigterm_drains_requests_acknowledges_the_applied_lsn_and_exits_zero() {
     );
     let seed = test_seed();
     run_workload(&owner, seed, 3, 20).await;
+    // The workload may have filled or moved any hotel: one sure to be shown
+    // (in Lisbon, units free on both nights), so the search below has a
+    // room type to read from the owner. Its holds (`taken`) stay: the
+    // workload after SIGTERM releases them.
+    client
+        .batch_execute(
+            "INSERT INTO hotels (id, name, city, country, stars, amenities)
+               VALUES (2, 'Hotel 2', 'Lisbon', 'PT', 3, ARRAY['wifi'])
+               ON CONFLICT (id) DO UPDATE SET city = 'Lisbon';
+             INSERT INTO room_types (hotel_id, id, name, max_guests) VALUES (2, 1, 'Room 1', 2)
+               ON CONFLICT (hotel_id, id) DO UPDATE SET max_guests = greatest(room_types.max_guests, 2);
+             INSERT INTO inventory (hotel_id, room_type_id, night, total, taken, sell_limit, price_cents)
+               SELECT 2, 1, n, 3, 0, NULL, 10000
+               FROM unnest(ARRAY[DATE '2030-01-02', DATE '2030-01-03']) n
+               ON CONFLICT (hotel_id, room_type_id, night)
+               DO UPDATE SET total = greatest(inventory.total, inventory.taken) + 3, sell_limit = NULL",
+        )
+        .await
+        .expect("a room type sure to be shown");
+    let path = "/v1/search?city=Lisbon&check_in=2030-01-02&check_out=2030-01-04&room=1";
+    // The hotel index follows the copy a moment later.
+    wait_for(
+        "hotel 2 shown in Lisbon",
+        Duration::from_secs(30),
+        || async {
+            let (code, _, body) = get(serve.addr, path).await;
+            let answer: Value = serde_json::from_str(&body).ok()?;
+            (code == 200
+                && answer["results"]
+                    .as_array()?
+                    .iter()
+                    .any(|h| h["hotel_id"] == 2))
+            .then_some(())
+        },
+    )
+    .await;
     let target = slot::current_wal_lsn(&client).await.unwrap();
     serve.caught_up(target, Duration::from_secs(90)).await;
     let before: Lsn = serve.status().await.expect("status")["applied_lsn"]
@@ -83,15 +119,7 @@ async fn sigterm_drains_requests_acknowledges_the_applied_lsn_and_exits_zero() {
         .expect("lock the inventory");
     let addr = serve.addr;
     let search = tokio::spawn(async move {
-        vacancy_lab::http_client::http(
-            addr,
-            "GET",
-            "/v1/search?city=Lisbon&check_in=2030-01-02&check_out=2030-01-04&room=1",
-            None,
-            None,
-            Duration::from_secs(30),
-        )
-        .await
+        vacancy_lab::http_client::http(addr, "GET", path, None, None, Duration::from_secs(30)).await
     });
     wait_for(
         "the search to be in flight, its owner read waiting on the lock",
