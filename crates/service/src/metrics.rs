@@ -463,8 +463,14 @@ pub fn set_cache_size(cache: &str, entries: u64, estimated_bytes: u64) {
 pub static TAKES: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter_vec(
         "vacancy_takes_total",
-        "Takes reported by the booking service, by outcome (taken, conflict, error) and by where the numbers the guest saw came from (copy, owner, copy_fallback, confirmed, none)",
+        "Takes reported by the booking service, by outcome (taken, conflict, error) and by where the numbers the guest saw came from (copy, owner, copy_fallback, confirmed, none: no quote, or one older than stale.max_quote_age_secs)",
         &["outcome", "source"],
+    )
+});
+pub static EXPIRED_QUOTES: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "vacancy_take_quotes_expired_total",
+        "Takes reported with a quote shown longer ago than stale.max_quote_age_secs: counted as unquoted (source none), so a take made long after its search never counts against the copy",
     )
 });
 pub static CONFLICTS_AFTER_SHOWN: LazyLock<IntCounterVec> = LazyLock::new(|| {
@@ -846,6 +852,7 @@ pub fn init() {
         BYPASS_ADVICE.with_label_values(&[reason]);
     }
     LazyLock::force(&STALE_SHARE);
+    LazyLock::force(&EXPIRED_QUOTES);
     LazyLock::force(&CONFLICT_SHOW_LAG);
     LazyLock::force(&DIVERGENCE_CHECKED);
     LazyLock::force(&DIVERGENCE_MISMATCHES);

@@ -226,7 +226,17 @@ impl OutcomeStream {
                 waited: started.elapsed(),
             })?
             .map_err(|_| OutcomeError::Unavailable("the outcome consumer stopped".into()))?;
-        let answer = report.answer();
+        // The answer as the ledger counted it: its quote judged at the
+        // stream's time of the winning message (`apply`); an id the ledger
+        // no longer holds, at this moment, just after that time.
+        let mut counted = report.clone();
+        counted.quote_expired = match self.stale.ledger.winner(report) {
+            Some(winner) => winner
+                .quote_expired
+                .unwrap_or_else(|| self.stale.ledger.aged(report, Utc::now()).quote_expired),
+            None => self.stale.ledger.aged(report, Utc::now()).quote_expired,
+        };
+        let answer = counted.answer();
         // Counted by this request only if its publish was stored (not a
         // duplicate) and that message won the id. An id the ledger no
         // longer holds (its capacity evicted it within this wait) is
@@ -276,7 +286,7 @@ impl OutcomeStream {
         let checked =
             TakeOutcomeBody::from_json(payload).and_then(|body| body.check(&self.stale.key));
         let result = match checked {
-            Ok(report) => match ledger.apply(sequence, &report, age) {
+            Ok(report) => match ledger.apply(sequence, &report, age, stored_at(published_ns)) {
                 Ok(Recording::New(_)) => "new",
                 Ok(Recording::Replay(_)) => "replay",
                 Err(_) => "refused",
@@ -384,6 +394,14 @@ impl OutcomeStream {
             self.apply(sequence, published_ns, &message.payload);
         }
     }
+}
+
+/// The stream's time of a message, from nanoseconds since the Unix epoch
+/// (clamped into what a timestamp holds).
+fn stored_at(published_ns: i128) -> chrono::DateTime<Utc> {
+    let clamped =
+        i64::try_from(published_ns).unwrap_or(if published_ns < 0 { i64::MIN } else { i64::MAX });
+    chrono::DateTime::from_timestamp_nanos(clamped)
 }
 
 /// The message id of an attempt's report: hex SHA-256 of the attempt id,

@@ -141,6 +141,8 @@ impl StaleReadState {
                 bucket_width: width,
                 buckets: s.window_buckets as usize,
                 max_hotels: s.max_hotels,
+                max_quote_age: (s.max_quote_age_secs > 0)
+                    .then(|| Duration::from_secs(s.max_quote_age_secs)),
             }),
             policy: Policy {
                 few_units_threshold,
@@ -558,7 +560,9 @@ mod tests {
             .collect();
         let apply = |node: &StaleReadState, from: usize, to: usize| {
             for (i, r) in stream.iter().enumerate().take(to).skip(from) {
-                let _ = node.ledger.apply(i as u64 + 1, r, Duration::ZERO);
+                let _ = node
+                    .ledger
+                    .apply(i as u64 + 1, r, Duration::ZERO, chrono::Utc::now());
             }
         };
         apply(&first, 0, 12);

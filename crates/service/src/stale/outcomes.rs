@@ -98,6 +98,11 @@ pub struct TakeReport {
     pub rooms: i32,
     pub outcome: Outcome,
     pub commit_lsn: Option<Lsn>,
+    /// The quote was shown longer than `stale.max_quote_age_secs` before
+    /// the report was first recorded (`Ledger`): the take counts as
+    /// unquoted. Not part of the report's fingerprint, which is what the
+    /// booking service sent.
+    pub quote_expired: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -257,13 +262,15 @@ impl TakeOutcomeBody {
             rooms,
             outcome,
             commit_lsn: self.commit_lsn,
+            quote_expired: false,
         })
     }
 }
 
 impl TakeReport {
     /// The answer to this report, whether counted now or a retry: a
-    /// function of the report alone.
+    /// function of the report and of whether its quote had expired when it
+    /// was first recorded.
     pub fn answer(&self) -> Recorded {
         Recorded {
             attempt_id: self.attempt_id.clone(),
@@ -271,16 +278,45 @@ impl TakeReport {
             source: source_label(self.source()),
             shown_available: self.shown_available(),
             stale_read: self.stale_read(),
+            quote_expired: self.quote_expired,
         }
     }
 
+    /// Marks the quote expired when it was shown more than `max_age` before
+    /// `reported_at` (`None`: quotes never expire). A quote shown "after"
+    /// the report (another clock ahead) is not expired.
+    ///
+    /// Why: a take made long after its search says nothing of the copy's
+    /// freshness (the guest's own wait let others book the room), yet as a
+    /// conflict after a copy showing it counted as a stale read and could
+    /// flag its hotel for bypass. Counted as unquoted instead, not refused:
+    /// the take itself is still counted, no report is lost.
+    pub fn expire_quote(
+        &mut self,
+        reported_at: chrono::DateTime<chrono::Utc>,
+        max_age: Option<Duration>,
+    ) {
+        self.quote_expired = match (self.quote, max_age) {
+            (Some(q), Some(max_age)) => (reported_at - q.shown_at)
+                .to_std()
+                .is_ok_and(|age| age > max_age),
+            _ => false,
+        };
+    }
+
+    /// The quote the take is counted under: none when it expired.
+    fn counted_quote(&self) -> Option<Quote> {
+        self.quote.filter(|_| !self.quote_expired)
+    }
+
     pub fn source(&self) -> Option<Source> {
-        self.quote.map(|q| q.source)
+        self.counted_quote().map(|q| q.source)
     }
 
     /// The quote showed at least as many units free as the take asked for.
     pub fn shown_available(&self) -> bool {
-        self.quote.is_some_and(|q| q.free_units >= self.rooms)
+        self.counted_quote()
+            .is_some_and(|q| q.free_units >= self.rooms)
     }
 
     /// A conflict after the copy's own unconfirmed numbers (not the
@@ -365,6 +401,9 @@ pub struct Recorded {
     /// Counted as a stale read: a conflict after the copy's unconfirmed
     /// numbers (copy, copy_fallback) showed enough units.
     pub stale_read: bool,
+    /// The quote was shown longer than `stale.max_quote_age_secs` before
+    /// the report: the take is counted as unquoted (`source` none).
+    pub quote_expired: bool,
 }
 
 /// How the ledger sizes itself.
@@ -375,6 +414,9 @@ pub struct LedgerSettings {
     pub bucket_width: Duration,
     pub buckets: usize,
     pub max_hotels: usize,
+    /// A quote shown longer than this before its report counts as none
+    /// (`TakeReport::expire_quote`); `None`: never.
+    pub max_quote_age: Option<Duration>,
 }
 
 /// Totals since start, per instance (the metrics are process-wide), carried
@@ -392,11 +434,17 @@ pub struct Totals {
     pub takes_by_source: std::collections::BTreeMap<String, u64>,
 }
 
-/// What the ledger keeps of a counted attempt. Not its answer: that is a
-/// function of the report alone, and a retry with the same fingerprint is
-/// the same report, so its answer is computed again, equal.
+/// What the ledger keeps of a counted attempt. Not its answer: a retry with
+/// the same fingerprint is the same report, so its answer is computed again
+/// from it and from `quote_expired`, equal.
 struct Entry {
     fingerprint: [u8; 32],
+    /// Whether the report's quote had expired when it was counted; `None`
+    /// for an id a checkpoint carried (the carry does not say), whose
+    /// retry is then judged at its own time. A retry comes within seconds,
+    /// so only one straddling both a restart and the age limit can be
+    /// answered otherwise than the first time; it is counted once either way.
+    quote_expired: Option<bool>,
     /// When the ledger took the entry, and for how long from then it keeps
     /// it: `attempt_ttl` for a report (less its age, for one read from the
     /// fleet's stream), what was left for an id a checkpoint carried.
@@ -466,6 +514,9 @@ pub struct Winner {
     pub same_report: bool,
     /// The outcome-stream sequence the winner was counted at (0: none).
     pub sequence: u64,
+    /// Whether the winner's quote had expired when it was counted (`None`:
+    /// an id a checkpoint carried).
+    pub quote_expired: Option<bool>,
 }
 
 /// One remembered attempt id, in bytes, for the soak's accounting
@@ -488,6 +539,7 @@ pub struct Ledger {
     attempts: moka::sync::Cache<String, Arc<Entry>>,
     attempt_ttl: Duration,
     attempt_capacity: u64,
+    max_quote_age: Option<Duration>,
     /// A std Mutex: every critical section is a few hash operations, never
     /// held across an await.
     window: Mutex<SlidingWindow>,
@@ -521,6 +573,7 @@ impl Ledger {
                 .build(),
             attempt_ttl: s.attempt_ttl,
             attempt_capacity: s.attempt_capacity,
+            max_quote_age: s.max_quote_age,
             window: Mutex::new(SlidingWindow::new(
                 Instant::now(),
                 s.bucket_width,
@@ -562,7 +615,7 @@ impl Ledger {
             !self.is_shared(),
             "a shared ledger records only the stream's outcomes"
         );
-        self.record_as(report, 0, Duration::ZERO)
+        self.record_as(report, 0, Duration::ZERO, chrono::Utc::now())
     }
 
     /// The consumer of the outcome stream begins: from now on a carried
@@ -582,16 +635,19 @@ impl Ledger {
         self.position().map_or(0, |p| p.applied)
     }
 
-    /// Records the outcome the stream stored at `sequence`, `age` before
-    /// now: in stream order, so the first report of an id in the stream
-    /// wins on every node, and a different one under the id is refused by
-    /// every node. Its window bucket is that of its time, and its id is
-    /// kept `attempt_ttl` from then.
+    /// Records the outcome the stream stored at `sequence`, at
+    /// `stored_at` (the stream's clock), `age` before now: in stream order,
+    /// so the first report of an id in the stream wins on every node, and
+    /// a different one under the id is refused by every node. Its window
+    /// bucket is that of its time, its id is kept `attempt_ttl` from then,
+    /// and its quote's age is judged at `stored_at`, the same time on
+    /// every node.
     pub fn apply(
         &self,
         sequence: u64,
         report: &TakeReport,
         age: Duration,
+        stored_at: chrono::DateTime<chrono::Utc>,
     ) -> Result<Recording, ReportError> {
         let mut position = self
             .position()
@@ -602,7 +658,7 @@ impl Ledger {
             "outcome {sequence} applied after {}",
             position.applied
         );
-        let recording = self.record_as(report, sequence, age);
+        let recording = self.record_as(report, sequence, age, stored_at);
         position.applied = position.applied.max(sequence);
         recording
     }
@@ -633,20 +689,34 @@ impl Ledger {
         Some(Winner {
             same_report: bool::from(entry.fingerprint.ct_eq(&report.fingerprint())),
             sequence: entry.sequence,
+            quote_expired: entry.quote_expired,
         })
     }
 
-    /// Records `report` once per attempt id: counted (at `age` before now)
-    /// if its id is new, a replay if the same report won it, refused if
-    /// another did.
+    /// `report` with its quote judged at `reported_at` against
+    /// `stale.max_quote_age_secs`.
+    pub fn aged(
+        &self,
+        report: &TakeReport,
+        reported_at: chrono::DateTime<chrono::Utc>,
+    ) -> TakeReport {
+        let mut aged = report.clone();
+        aged.expire_quote(reported_at, self.max_quote_age);
+        aged
+    }
+
+    /// Records `report` once per attempt id: counted (at `age` before now,
+    /// its quote judged at `reported_at`) if its id is new, a replay if the
+    /// same report won it, refused if another did.
     fn record_as(
         &self,
         report: &TakeReport,
         sequence: u64,
         age: Duration,
+        reported_at: chrono::DateTime<chrono::Utc>,
     ) -> Result<Recording, ReportError> {
+        let report = &self.aged(report, reported_at);
         let fingerprint = report.fingerprint();
-        let answer = report.answer();
         // `entry().or_insert_with` runs the insert once for concurrent
         // reports of one attempt: exactly one of them sees `is_fresh`.
         let entry = self
@@ -655,6 +725,7 @@ impl Ledger {
             .or_insert_with(|| {
                 Arc::new(Entry {
                     fingerprint,
+                    quote_expired: Some(report.quote_expired),
                     created: Instant::now(),
                     // Kept `attempt_ttl` from the outcome's time, so every
                     // node forgets the id at the same moment, however late
@@ -676,10 +747,12 @@ impl Ledger {
                 .unwrap_or_else(|p| p.into_inner())
                 .replays += 1;
             // The same fingerprint, the same report: the first answer.
-            return Ok(Recording::Replay(answer));
+            let mut first = report.clone();
+            first.quote_expired = entry.value().quote_expired.unwrap_or(report.quote_expired);
+            return Ok(Recording::Replay(first.answer()));
         }
         self.count(report, age);
-        Ok(Recording::New(answer))
+        Ok(Recording::New(report.answer()))
     }
 
     /// Counts a new report, `age` before now: metrics, per-instance totals,
@@ -689,6 +762,9 @@ impl Ledger {
         metrics::TAKES
             .with_label_values(&[report.outcome.label(), source])
             .inc();
+        if report.quote_expired {
+            metrics::EXPIRED_QUOTES.inc();
+        }
         if report.outcome == Outcome::Conflict && report.shown_available() {
             metrics::CONFLICTS_AFTER_SHOWN
                 .with_label_values(&[source])
@@ -877,6 +953,7 @@ impl Ledger {
             let entry = self.attempts.entry(attempt.attempt_id).or_insert_with(|| {
                 Arc::new(Entry {
                     fingerprint: attempt.fingerprint,
+                    quote_expired: None,
                     created: now,
                     ttl: left,
                     sequence: 0,
@@ -1022,6 +1099,116 @@ mod tests {
         }
     }
 
+    /// `body`, its quote shown `ago` before now.
+    fn body_shown(
+        key: &QuoteKey,
+        source: Source,
+        outcome: Outcome,
+        ago: chrono::TimeDelta,
+    ) -> TakeOutcomeBody {
+        let quote = key
+            .sign(&Quote {
+                source,
+                hotel_id: 1,
+                room_type_id: 2,
+                check_in: day(1),
+                check_out: day(3),
+                free_units: 2,
+                lsn: Lsn(99),
+                shown_at: Utc::now() - ago,
+                lag_ms: 40,
+            })
+            .unwrap();
+        TakeOutcomeBody {
+            quote: Some(quote),
+            ..body(key, source, 2, outcome)
+        }
+    }
+
+    /// A conflict long after a copy showing counts as a take without a
+    /// quote, not as a stale read; its retry, later still, gets the same
+    /// answer; a quote within the age is counted under its source.
+    #[test]
+    fn a_quote_older_than_the_limit_counts_as_none() {
+        let key = QuoteKey::random();
+        let l = ledger();
+        let minutes = chrono::TimeDelta::minutes;
+        let old = body_shown(&key, Source::Copy, Outcome::Conflict, minutes(16))
+            .check(&key)
+            .unwrap();
+        let Ok(Recording::New(answer)) = l.record(&old) else {
+            panic!("counted")
+        };
+        assert!(answer.quote_expired);
+        assert_eq!(
+            (answer.source, answer.stale_read, answer.shown_available),
+            ("none", false, false)
+        );
+        let t = l.totals();
+        assert_eq!((t.conflicts, t.stale_reads), (1, 0));
+        assert_eq!(t.takes_by_source.get("none"), Some(&1));
+        assert_eq!(l.overall().stale, 0);
+        assert_eq!(l.record(&old), Ok(Recording::Replay(answer)));
+
+        let fresh = TakeOutcomeBody {
+            attempt_id: Some("a-2".into()),
+            ..body_shown(&key, Source::Copy, Outcome::Conflict, minutes(14))
+        }
+        .check(&key)
+        .unwrap();
+        let Ok(Recording::New(answer)) = l.record(&fresh) else {
+            panic!("counted")
+        };
+        assert!(!answer.quote_expired && answer.stale_read);
+        assert_eq!(l.totals().stale_reads, 1);
+    }
+
+    /// The first answer stands: a report counted while its quote was fresh
+    /// is answered so again when retried after the quote's age has passed;
+    /// a fleet node judges the quote at the stream's time of the message.
+    #[test]
+    fn a_retry_after_the_quote_aged_gets_the_first_answer() {
+        let key = QuoteKey::random();
+        let l = ledger().shared();
+        l.begin_consuming();
+        let minutes = chrono::TimeDelta::minutes;
+        let report = body_shown(&key, Source::Copy, Outcome::Conflict, minutes(20))
+            .check(&key)
+            .unwrap();
+        // Stored by the stream 19 minutes ago: judged then, on every node.
+        let stored_at = Utc::now() - minutes(19);
+        let age = Duration::from_secs(19 * 60);
+        let Ok(Recording::New(first)) = l.apply(1, &report, age, stored_at) else {
+            panic!("counted")
+        };
+        assert!(
+            !first.quote_expired && first.stale_read,
+            "a minute old when stored"
+        );
+        assert_eq!(l.winner(&report).and_then(|w| w.quote_expired), Some(false));
+        let Ok(Recording::Replay(again)) = l.apply(2, &report, Duration::ZERO, Utc::now()) else {
+            panic!("a replay")
+        };
+        assert_eq!(again, first);
+    }
+
+    /// With no limit a quote never expires, and a quote shown "after" its
+    /// report (a clock ahead) is not expired either.
+    #[test]
+    fn quotes_expire_only_past_a_set_limit() {
+        let key = QuoteKey::random();
+        let days = chrono::TimeDelta::days;
+        let mut r = body_shown(&key, Source::Copy, Outcome::Conflict, days(3))
+            .check(&key)
+            .unwrap();
+        r.expire_quote(Utc::now(), None);
+        assert!(!r.quote_expired && r.stale_read());
+        r.expire_quote(Utc::now(), Some(Duration::from_secs(60)));
+        assert!(r.quote_expired && !r.stale_read());
+        r.expire_quote(Utc::now() - days(4), Some(Duration::from_secs(60)));
+        assert!(!r.quote_expired, "shown after the report: no age");
+    }
+
     fn ledger() -> Ledger {
         Ledger::new(&LedgerSettings {
             attempt_capacity: 100,
@@ -1029,6 +1216,7 @@ mod tests {
             bucket_width: Duration::from_secs(5),
             buckets: 60,
             max_hotels: 10,
+            max_quote_age: Some(Duration::from_secs(900)),
         })
     }
 
@@ -1227,6 +1415,7 @@ mod tests {
             rooms: 1,
             outcome: Outcome::Conflict,
             commit_lsn: None,
+            quote_expired: false,
         };
         let hex: String = report
             .fingerprint()
@@ -1325,15 +1514,15 @@ mod tests {
         let mut other = first.clone();
         other.outcome = Outcome::Taken;
         assert!(matches!(
-            l.apply(1, &first, Duration::ZERO),
+            l.apply(1, &first, Duration::ZERO, Utc::now()),
             Ok(Recording::New(_))
         ));
         assert_eq!(
-            l.apply(2, &other, Duration::ZERO),
+            l.apply(2, &other, Duration::ZERO, Utc::now()),
             Err(ReportError::AttemptReused)
         );
         assert!(matches!(
-            l.apply(3, &first, Duration::ZERO),
+            l.apply(3, &first, Duration::ZERO, Utc::now()),
             Ok(Recording::Replay(_))
         ));
         l.skip(4);
@@ -1344,7 +1533,8 @@ mod tests {
             l.winner(&first),
             Some(Winner {
                 same_report: true,
-                sequence: 1
+                sequence: 1,
+                quote_expired: Some(false),
             })
         );
         assert_eq!(l.winner(&other).map(|w| w.same_report), Some(false));
@@ -1353,7 +1543,7 @@ mod tests {
         // in the totals, not in the window.
         let old = numbered(&key, 5, Outcome::Taken);
         assert!(matches!(
-            l.apply(5, &old, l.span() + Duration::from_secs(1)),
+            l.apply(5, &old, l.span() + Duration::from_secs(1), Utc::now()),
             Ok(Recording::New(_))
         ));
         assert_eq!(l.totals().taken, 1);
@@ -1386,7 +1576,12 @@ mod tests {
         let source = ledger().shared();
         source.begin_consuming();
         source
-            .apply(7, &numbered(&key, 1, Outcome::Taken), Duration::ZERO)
+            .apply(
+                7,
+                &numbered(&key, 1, Outcome::Taken),
+                Duration::ZERO,
+                Utc::now(),
+            )
             .unwrap();
         let fleet_carry = source.carry(Instant::now());
         assert_eq!(fleet_carry.outcomes_sequence, Some(7));
@@ -1420,6 +1615,7 @@ mod tests {
                 bucket_width: Duration::from_secs(5),
                 buckets: 60,
                 max_hotels: 10,
+                max_quote_age: Some(Duration::from_secs(900)),
             })
             .shared(),
         );
@@ -1431,7 +1627,8 @@ mod tests {
             let l = l.clone();
             std::thread::spawn(move || {
                 for (i, report) in reports.iter().enumerate() {
-                    l.apply(i as u64 + 1, report, Duration::ZERO).unwrap();
+                    l.apply(i as u64 + 1, report, Duration::ZERO, Utc::now())
+                        .unwrap();
                 }
             })
         };

@@ -23,6 +23,7 @@ pub struct StaleSettings {
     pub top_hotels: usize,
     pub hotel_min_takes: u64,
     pub hotel_share_bound: f64,
+    pub max_quote_age_secs: u64,
     pub bypass_max_lag_ms: u64,
     pub max_body_bytes: usize,
     pub audit_interval_ms: u64,
@@ -56,6 +57,7 @@ impl std::fmt::Debug for StaleSettings {
             .field("top_hotels", &self.top_hotels)
             .field("hotel_min_takes", &self.hotel_min_takes)
             .field("hotel_share_bound", &self.hotel_share_bound)
+            .field("max_quote_age_secs", &self.max_quote_age_secs)
             .field("bypass_max_lag_ms", &self.bypass_max_lag_ms)
             .field("max_body_bytes", &self.max_body_bytes)
             .field("audit_interval_ms", &self.audit_interval_ms)
@@ -122,6 +124,12 @@ impl StaleSettings {
             return Err(invalid(
                 "stale.hotel_share_bound",
                 "must be a ratio from 0 up to (not including) 1",
+            ));
+        }
+        if self.max_quote_age_secs > 86_400 * 30 {
+            return Err(invalid(
+                "stale.max_quote_age_secs",
+                "must be 0 (quotes never expire) or at most 30 days (2592000)",
             ));
         }
         if !(1024..=1024 * 1024).contains(&self.max_body_bytes) {
