@@ -362,7 +362,7 @@ pub static CONFIRMED_READ_NUDGED: LazyLock<IntCounter> = LazyLock::new(|| {
 pub static CONFIRMED_READ_FALLBACKS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter_vec(
         "vacancy_confirmed_read_fallbacks_total",
-        "Confirmed reads that fell back to reading the owner's rows, by cause (position_timeout, position_failed, apply_timeout, other_timeline, copy_behind)",
+        "Confirmed reads that fell back to reading the owner's rows, by cause (position_timeout, position_failed, apply_timeout, other_timeline, copy_behind; failed_before: an earlier round of the same search's page failed, so this one read rows at once)",
         &["cause"],
     )
 });
@@ -806,6 +806,7 @@ pub fn init() {
         "apply_timeout",
         "other_timeline",
         "copy_behind",
+        "failed_before",
     ] {
         CONFIRMED_READ_FALLBACKS.with_label_values(&[cause]);
     }

@@ -133,6 +133,10 @@ pub enum ConfirmError {
     /// does not hold it (a replica's bootstrap from an older checkpoint).
     #[error("the copy now read does not hold {0}")]
     CopyBehind(Position),
+    /// An earlier round of the same search failed to confirm: this one
+    /// reads the owner's rows at once, in what is left of the budget.
+    #[error("an earlier confirmed read of this search failed")]
+    FailedBefore,
 }
 
 impl ConfirmError {
@@ -143,6 +147,7 @@ impl ConfirmError {
             ConfirmError::ApplyTimeout(_) => "apply_timeout",
             ConfirmError::OtherTimeline => "other_timeline",
             ConfirmError::CopyBehind(_) => "copy_behind",
+            ConfirmError::FailedBefore => "failed_before",
         }
     }
 }

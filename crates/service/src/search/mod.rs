@@ -442,9 +442,9 @@ impl Search {
                     .await
             }
         };
-        let mut confirmed = None;
+        let mut fresh = FreshBudget::default();
         let mut page = self
-            .fill_page(ranked.from_offset, req, asked_at, position, &mut confirmed)
+            .fill_page(ranked.from_offset, req, asked_at, position, &mut fresh)
             .await;
         // After the last read that can change what the page shows.
         let owner_position = match position_before {
@@ -456,7 +456,7 @@ impl Search {
         };
         self.fill_names(&mut page.results);
         // Only a position some room type shown was read at.
-        let confirmed = confirmed.map(|at| at.lsn).filter(|_| {
+        let confirmed = fresh.confirmed.map(|at| at.lsn).filter(|_| {
             page.results
                 .iter()
                 .flat_map(|h| &h.room_types)
@@ -564,7 +564,7 @@ impl Search {
         req: &SearchRequest,
         asked_at: Instant,
         copied: Position,
-        confirmed: &mut Option<Position>,
+        fresh: &mut FreshBudget,
     ) -> Page {
         let mut results: Vec<HotelResult> = Vec::with_capacity(req.limit);
         let mut rest = from_offset.into_iter();
@@ -580,7 +580,7 @@ impl Search {
                 break;
             }
             next += taken.len();
-            self.read_few_units(&mut taken, req, asked_at, copied, confirmed)
+            self.read_few_units(&mut taken, req, asked_at, copied, fresh)
                 .await;
             let before = results.len();
             results.extend(
@@ -608,7 +608,7 @@ impl Search {
         req: &SearchRequest,
         asked_at: Instant,
         copied: Position,
-        confirmed: &mut Option<Position>,
+        fresh: &mut FreshBudget,
     ) {
         let smallest = smallest_room(&req.rooms);
         let few: Vec<CalendarKey> = taken
@@ -622,7 +622,7 @@ impl Search {
             .map(|t| t.key)
             .collect();
         for read in self
-            .fresh_nights(few, req.stay, asked_at, copied, confirmed)
+            .fresh_nights(few, req.stay, asked_at, copied, fresh)
             .await
             .into_iter()
             .flatten()
@@ -636,43 +636,68 @@ impl Search {
     /// after the search began (`confirmed` keeps it for the page's later
     /// rounds, which then need no wait); the owner's rows for hotels the
     /// divergence audit found diverging (a confirmed read trusts the copy),
-    /// with `fresh_reads = "rows"`, and as the fallback. The confirmed read
-    /// and its fallback share `owner_read_timeout_ms`. `copied` is the copy
-    /// the hotels were read from.
+    /// with `fresh_reads = "rows"`, and as the fallback. Every such read of
+    /// one search, over the page's rounds, shares `owner_read_timeout_ms`
+    /// (`fresh`); what is not read within it shows the copy's numbers as
+    /// `copy_fallback`. `copied` is the copy the hotels were read from.
     async fn fresh_nights(
         &self,
         keys: Vec<CalendarKey>,
         stay: Stay,
         asked_at: Instant,
         copied: Position,
-        confirmed: &mut Option<Position>,
+        fresh: &mut FreshBudget,
     ) -> [Option<OwnerNights>; 2] {
         if keys.is_empty() {
             return [None, None];
         }
+        let end = fresh.end(self.owner_budget);
         if self.fresh_reads == FreshReads::Rows {
-            return [
-                self.owner_nights(keys, stay, Reason::FewUnits, asked_at)
-                    .await,
-                None,
-            ];
+            return [self.owner_nights_by(keys, stay, asked_at, end).await, None];
         }
         let diverging = self.diverging(keys.iter().map(|k| k.hotel_id));
         let (rows, trusted): (Vec<CalendarKey>, Vec<CalendarKey>) = keys
             .into_iter()
             .partition(|k| diverging.contains(&k.hotel_id));
         let (by_rows, by_confirmed) = futures_util::future::join(
-            self.owner_nights(rows, stay, Reason::FewUnits, asked_at),
-            self.confirmed_nights(trusted, stay, asked_at, copied, confirmed),
+            self.owner_nights_by(rows, stay, asked_at, end),
+            self.confirmed_nights(trusted, stay, asked_at, copied, fresh),
         )
         .await;
         [by_rows, by_confirmed]
     }
 
+    /// The few-unit rows of `keys` from the owner, by `end`; the keys not
+    /// read by then are `Failed` (shown as the copy's, `copy_fallback`).
+    async fn owner_nights_by(
+        &self,
+        keys: Vec<CalendarKey>,
+        stay: Stay,
+        asked_at: Instant,
+        end: tokio::time::Instant,
+    ) -> Option<OwnerNights> {
+        if keys.is_empty() {
+            return None;
+        }
+        let failed = |mut keys: Vec<CalendarKey>| {
+            keys.sort_unstable();
+            Some(OwnerNights::Failed(keys))
+        };
+        if tokio::time::Instant::now() >= end {
+            return failed(keys);
+        }
+        let read = self.owner_nights(keys.clone(), stay, Reason::FewUnits, asked_at);
+        match tokio::time::timeout_at(end, read).await {
+            Ok(read) => read,
+            Err(_) => failed(keys),
+        }
+    }
+
     /// A confirmed read of `keys` (see `confirm`), falling back to the
-    /// owner's rows within what is left of the one budget: the confirmed
-    /// read may take the first half of `owner_read_timeout_ms`, so a
-    /// fallback always has the other half.
+    /// owner's rows within what is left of the search's one budget
+    /// (`fresh`): the confirmed read may take the first half of what is
+    /// left, so a fallback always has the other half. Once a confirmed read
+    /// of the search failed, its later rounds go to the rows at once.
     ///
     /// When the copy the hotels were read from (`copied`) is already at or
     /// past the confirmed position, its numbers are the confirmed ones and
@@ -684,17 +709,18 @@ impl Search {
         stay: Stay,
         asked_at: Instant,
         copied: Position,
-        confirmed: &mut Option<Position>,
+        fresh: &mut FreshBudget,
     ) -> Option<OwnerNights> {
         if keys.is_empty() {
             return None;
         }
         let started = tokio::time::Instant::now();
-        let budget_end = started + self.owner_budget;
-        let confirm_end = started + self.owner_budget / 2;
-        let reached = match *confirmed {
-            Some(at) => Ok(at),
-            None => self.confirm(asked_at, confirm_end).await,
+        let budget_end = fresh.end(self.owner_budget);
+        let confirm_end = started + budget_end.saturating_duration_since(started) / 2;
+        let reached = match (fresh.confirmed, fresh.confirm_failed) {
+            (Some(at), _) => Ok(at),
+            (None, false) => self.confirm(asked_at, confirm_end).await,
+            (None, true) => Err(ConfirmError::FailedBefore),
         };
         // The copy the numbers come from must hold the position, on its
         // timeline: a later round of the page reuses it, and a replica's
@@ -716,7 +742,7 @@ impl Search {
         });
         match read {
             Ok((at, t)) => {
-                *confirmed = Some(at);
+                fresh.confirmed = Some(at);
                 metrics::CONFIRMED_READS.inc();
                 if copied.lsn >= at.lsn && copied == Position::new(t.timeline, copied.lsn) {
                     let mut keys = keys;
@@ -729,19 +755,12 @@ impl Search {
                 }
             }
             Err(e) => {
+                fresh.confirm_failed = true;
                 metrics::CONFIRMED_READ_FALLBACKS
                     .with_label_values(&[e.cause()])
                     .inc();
                 tracing::debug!(error = %e, "confirmed read fell back to owner rows");
-                let rows = self.owner_nights(keys.clone(), stay, Reason::FewUnits, asked_at);
-                match tokio::time::timeout_at(budget_end, rows).await {
-                    Ok(read) => read,
-                    Err(_) => {
-                        let mut failed = keys;
-                        failed.sort_unstable();
-                        Some(OwnerNights::Failed(failed))
-                    }
-                }
+                self.owner_nights_by(keys, stay, asked_at, budget_end).await
             }
         }
     }
@@ -755,8 +774,18 @@ impl Search {
         deadline: tokio::time::Instant,
     ) -> Result<Position, ConfirmError> {
         let started = Instant::now();
+        // A copy being replaced applies nothing until the new one is in
+        // (a failover's snapshot, a replica's bootstrap): waiting for it
+        // would spend the confirm half of the budget for nothing, and leave
+        // the fallback only the rest.
+        if self.model.freshness.is_replacing() {
+            return Err(ConfirmError::OtherTimeline);
+        }
         let owner_position = self.confirmer.position(asked_at, deadline).await?;
         let at = owner_position.lsn;
+        // Checked before the wait too: a position of another timeline than
+        // the copy's is never reached by it.
+        self.on_the_copys_timeline(owner_position)?;
         let read_at = Instant::now();
         let prompt = deadline.min(tokio::time::Instant::now() + confirm::NUDGE_AFTER);
         let freshness = &self.model.freshness;
@@ -768,17 +797,32 @@ impl Search {
             // Slow to come: WAL unflushed past the last commit, or a held
             // in-progress transaction. A nudge's commit ends past `at` and
             // flushes it; a node that may not write waits for the stream.
+            // The copy is watched while the nudge is out: the stream often
+            // carries it past `at` before the nudge's answer comes back, and
+            // a slow nudge round must not hold an answer already there.
             metrics::CONFIRMED_READ_NUDGED.inc();
-            self.confirmer.nudge(read_at, deadline).await;
-            freshness
-                .wait_applied(at, confirm::left(deadline))
-                .await
-                .ok_or(ConfirmError::ApplyTimeout(at))?;
+            let applied = freshness.wait_applied(at, confirm::left(deadline));
+            tokio::pin!(applied);
+            let reached = tokio::select! {
+                biased;
+                reached = &mut applied => reached,
+                _ = self.confirmer.nudge(read_at, deadline) => applied.await,
+            };
+            reached.ok_or(ConfirmError::ApplyTimeout(at))?;
         }
-        // Checked after the wait, which may span a failover's session: an
-        // LSN of the new owner's timeline says nothing of an old copy. The
-        // position's own timeline is what the owner said as it read it; the
-        // pin is the stream's (a replica has none).
+        // Checked after the wait as well, which may span a failover's
+        // session: an LSN of the new owner's timeline says nothing of an
+        // old copy.
+        let copy_timeline = self.on_the_copys_timeline(owner_position)?;
+        metrics::CONFIRMED_READ_WAIT.observe(started.elapsed().as_secs_f64());
+        Ok(Position::new(copy_timeline, at))
+    }
+
+    /// The copy's timeline, when neither a replacement nor the owner's
+    /// position says the copy is of another one. The position's own
+    /// timeline is what the owner said as it read it; the pin is the
+    /// stream's (a replica has none).
+    fn on_the_copys_timeline(&self, owner_position: Position) -> Result<u32, ConfirmError> {
         let copy_timeline = self.model.read().timeline;
         let other =
             |owner: Option<u32>| owner.is_some_and(|t| copy_timeline != 0 && t != copy_timeline);
@@ -788,8 +832,7 @@ impl Search {
         {
             return Err(ConfirmError::OtherTimeline);
         }
-        metrics::CONFIRMED_READ_WAIT.observe(started.elapsed().as_secs_f64());
-        Ok(Position::new(copy_timeline, at))
+        Ok(copy_timeline)
     }
 
     /// The stay's nights of `keys` from one published copy, `t`.
@@ -1002,7 +1045,7 @@ impl Search {
         let lsn = position.lsn;
         let reason = owner_read_reason(lagging, caught_up && holds(position, req.min_lsn));
         let bypassed = self.bypassed(std::iter::once(hotel_id));
-        let mut confirmed = None;
+        let mut fresh = FreshBudget::default();
         if reason == Reason::FewUnits && !bypassed.contains(&hotel_id) {
             let few: Vec<CalendarKey> = hotel
                 .types
@@ -1014,7 +1057,7 @@ impl Search {
                 .map(|t| t.key)
                 .collect();
             for read in self
-                .fresh_nights(few, req.stay, asked_at, position, &mut confirmed)
+                .fresh_nights(few, req.stay, asked_at, position, &mut fresh)
                 .await
                 .into_iter()
                 .flatten()
@@ -1037,7 +1080,8 @@ impl Search {
                 .map(|rt| (rt.id, rt.name.clone()))
                 .collect()
         };
-        let confirmed = confirmed
+        let confirmed = fresh
+            .confirmed
             .map(|at| at.lsn)
             .filter(|_| hotel.types.iter().any(|t| t.source == Source::Confirmed));
         let quotes = QuoteContext {
@@ -1134,6 +1178,27 @@ pub struct NightAvailability {
     /// Null when the owner has no row for this night (not on sale).
     pub free_units: Option<i32>,
     pub price_cents: Option<i32>,
+}
+
+/// What one search's owner-fresh reads share across the page's rounds.
+#[derive(Debug, Default)]
+struct FreshBudget {
+    /// When they must be done: `owner_read_timeout_ms` after the first.
+    end: Option<tokio::time::Instant>,
+    /// The position a round confirmed: later rounds need no wait.
+    confirmed: Option<Position>,
+    /// A confirmed read failed: later rounds read the rows at once, in
+    /// what is left of the budget, rather than wait for the copy again.
+    confirm_failed: bool,
+}
+
+impl FreshBudget {
+    /// When the search's owner-fresh reads must be done, set by the first.
+    fn end(&mut self, budget: Duration) -> tokio::time::Instant {
+        *self
+            .end
+            .get_or_insert_with(|| tokio::time::Instant::now() + budget)
+    }
 }
 
 /// Puts the owner's rows (or the confirmed copy's) over the copy's for the
@@ -1826,11 +1891,14 @@ mod confirmed_tests {
             (50, 1, Position::new(1, Lsn(40)), false),
             (150, 2, Position::new(2, Lsn(150)), false),
         ];
-        let mut confirmed = Some(at);
+        let mut fresh = FreshBudget {
+            confirmed: Some(at),
+            ..FreshBudget::default()
+        };
         for (applied, timeline, copied, holds) in rounds {
             copy_at(applied, timeline);
             let nights = search
-                .confirmed_nights(vec![key], stay, Instant::now(), copied, &mut confirmed)
+                .confirmed_nights(vec![key], stay, Instant::now(), copied, &mut fresh)
                 .await;
             assert_eq!(
                 confirmed_by(&nights),
@@ -1838,5 +1906,107 @@ mod confirmed_tests {
                 "a copy at {timeline}/{applied}"
             );
         }
+    }
+
+    /// A search on `model` whose owner is `url`, with `budget_ms` for its
+    /// owner-fresh reads; the shipped defaults otherwise.
+    fn search_with_owner(url: String, budget_ms: u64, model: Arc<ReadModel>) -> Search {
+        let defaults = Figment::from(Toml::string(include_str!(
+            "../../../../config/default.toml"
+        )));
+        let mut owner: OwnerSettings = defaults.extract_inner("owner").unwrap();
+        let mut settings: SearchSettings = defaults.extract_inner("search").unwrap();
+        owner.url = url;
+        settings.owner_read_timeout_ms = budget_ms;
+        Search::new(
+            &owner,
+            &settings,
+            "public",
+            model,
+            HotelIndex::new().unwrap(),
+        )
+    }
+
+    fn few_units_key() -> (CalendarKey, Stay) {
+        (
+            CalendarKey {
+                hotel_id: 1,
+                room_type_id: 1,
+            },
+            Stay {
+                check_in: NaiveDate::from_ymd_opt(2030, 1, 1).unwrap(),
+                check_out: NaiveDate::from_ymd_opt(2030, 1, 3).unwrap(),
+            },
+        )
+    }
+
+    /// Every owner-fresh read of one search, over the page's three rounds,
+    /// shares one budget: an owner that accepts connections and never
+    /// answers costs the search the budget once, not once per round. On
+    /// tokio's paused clock, which moves only by the timers the search
+    /// waits on.
+    #[tokio::test(start_paused = true)]
+    async fn a_search_spends_one_owner_budget_over_the_pages_rounds() {
+        // Accepted by the kernel (the backlog), never read: the startup
+        // message goes unanswered.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!(
+            "postgresql://vacancy@127.0.0.1:{}/none",
+            silent.local_addr().unwrap().port()
+        );
+        let model = ReadModel::new();
+        model.replace(Tables {
+            applied: Lsn(100),
+            timeline: 1,
+            ..Tables::default()
+        });
+        let search = search_with_owner(url, 300, model);
+        let (key, stay) = few_units_key();
+        let copied = Position::new(1, Lsn(100));
+        let mut fresh = FreshBudget::default();
+        let began = tokio::time::Instant::now();
+        for round in 0..MAX_PAGE_ROUNDS {
+            let [rows, confirmed] = search
+                .fresh_nights(vec![key], stay, Instant::now(), copied, &mut fresh)
+                .await;
+            assert!(rows.is_none(), "no hotel diverges");
+            assert!(
+                matches!(confirmed, Some(OwnerNights::Failed(_))),
+                "round {round}: shown as the copy's, copy_fallback"
+            );
+        }
+        assert!(fresh.confirm_failed);
+        let spent = began.elapsed();
+        assert!(
+            spent <= Duration::from_millis(310),
+            "three rounds took {spent:?} of the clock, the budget is 300 ms"
+        );
+    }
+
+    /// A copy being replaced applies nothing until the new one is in: a
+    /// confirmed read gives up at once, without asking the owner (here an
+    /// owner that never answers) or waiting out half the budget.
+    #[tokio::test(start_paused = true)]
+    async fn a_copy_being_replaced_confirms_nothing_and_waits_for_nothing() {
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!(
+            "postgresql://vacancy@127.0.0.1:{}/none",
+            silent.local_addr().unwrap().port()
+        );
+        let model = ReadModel::new();
+        model.replace(Tables {
+            applied: Lsn(100),
+            timeline: 1,
+            ..Tables::default()
+        });
+        model.freshness.set_replacing(true);
+        let search = search_with_owner(url, 300, model);
+        let began = tokio::time::Instant::now();
+        let deadline = began + Duration::from_millis(150);
+        assert_eq!(
+            search.confirm(Instant::now(), deadline).await,
+            Err(ConfirmError::OtherTimeline)
+        );
+        assert_eq!(began.elapsed(), Duration::ZERO, "no wait");
     }
 }

@@ -226,16 +226,25 @@ impl OwnerReader {
         let key = ReadKey { keys, stay };
         let fresh_enough = |r: &OwnerCalendars| not_before.is_none_or(|t| r.read_at >= t);
         let sent = AtomicBool::new(false);
-        let mut result = self.shared_read(&key, reason, &sent).await;
-        if result.as_deref().is_ok_and(|r| !fresh_enough(r)) {
-            self.cache.invalidate(&key).await;
-            result = self.shared_read(&key, reason, &sent).await;
+        // One budget for every attempt: a search may join a shared read
+        // sent before it began, find it too old and read again, twice;
+        // each with a timeout of its own, that took up to three budgets.
+        let attempts = async {
+            let mut result = self.shared_read(&key, reason, &sent).await;
             if result.as_deref().is_ok_and(|r| !fresh_enough(r)) {
-                // Another search put back a read older than ours may be.
-                sent.store(true, Ordering::Relaxed);
-                result = self.counted_query(&key, reason).await.map(Arc::new);
+                self.cache.invalidate(&key).await;
+                result = self.shared_read(&key, reason, &sent).await;
+                if result.as_deref().is_ok_and(|r| !fresh_enough(r)) {
+                    // Another search put back a read older than ours may be.
+                    sent.store(true, Ordering::Relaxed);
+                    result = self.counted_query(&key, reason).await.map(Arc::new);
+                }
             }
-        }
+            result
+        };
+        let result = tokio::time::timeout(self.timeout, attempts)
+            .await
+            .unwrap_or(Err(OwnerReadError::Timeout(self.timeout)));
         let looked_up = if sent.load(Ordering::Relaxed) {
             "miss"
         } else {
