@@ -48,15 +48,22 @@ pub struct NightRangeQuery {
     to: Option<String>,
 }
 
-/// The nights a stream reports: `[from, to)`, or all when unbounded.
+/// The nights a stream reports: `[from, to)`, at most `MAX_WINDOW_DAYS`.
 #[derive(Debug, Clone, Copy)]
 struct NightRange {
-    from: Option<NaiveDate>,
-    to: Option<NaiveDate>,
+    from: NaiveDate,
+    to: NaiveDate,
 }
 
 impl NightRange {
-    fn parse(q: &NightRangeQuery) -> Result<NightRange, Problem> {
+    /// The window asked for; a bound left out is filled in so the window
+    /// is never wider than `MAX_WINDOW_DAYS`: `from` defaults to the day
+    /// before `today` (a guest's today, in any time zone), or to that many
+    /// days before `to`; `to` to that many days after `from`. Unbounded, a
+    /// stream's every `state` carried the hotel's whole calendar, past
+    /// nights the owner keeps included: megabytes per state and per
+    /// reconnect, held in the buffer of a client that stops reading.
+    fn parse(q: &NightRangeQuery, today: NaiveDate) -> Result<NightRange, Problem> {
         let date = |field: &'static str, v: &Option<String>| {
             v.as_deref()
                 .map(|s| {
@@ -69,29 +76,33 @@ impl NightRange {
                 })
                 .transpose()
         };
-        let w = NightRange {
-            from: date("from", &q.from)?,
-            to: date("to", &q.to)?,
+        let span = chrono::Days::new(MAX_WINDOW_DAYS as u64);
+        let (from, to) = match (date("from", &q.from)?, date("to", &q.to)?) {
+            (Some(from), Some(to)) => (from, to),
+            (Some(from), None) => (from, from.checked_add_days(span).unwrap_or(NaiveDate::MAX)),
+            (None, Some(to)) => (to.checked_sub_days(span).unwrap_or(NaiveDate::MIN), to),
+            (None, None) => {
+                let from = today.pred_opt().unwrap_or(today);
+                (from, from.checked_add_days(span).unwrap_or(NaiveDate::MAX))
+            }
         };
-        if let (Some(from), Some(to)) = (w.from, w.to) {
-            if to <= from {
-                return Err(Problem::InvalidParameter {
-                    field: "to",
-                    detail: "must be after `from`".into(),
-                });
-            }
-            if (to - from).num_days() > MAX_WINDOW_DAYS {
-                return Err(Problem::InvalidParameter {
-                    field: "to",
-                    detail: format!("the window may span at most {MAX_WINDOW_DAYS} days"),
-                });
-            }
+        if to <= from {
+            return Err(Problem::InvalidParameter {
+                field: "to",
+                detail: "must be after `from`".into(),
+            });
         }
-        Ok(w)
+        if (to - from).num_days() > MAX_WINDOW_DAYS {
+            return Err(Problem::InvalidParameter {
+                field: "to",
+                detail: format!("the window may span at most {MAX_WINDOW_DAYS} days"),
+            });
+        }
+        Ok(NightRange { from, to })
     }
 
     fn contains(&self, night: NaiveDate) -> bool {
-        self.from.is_none_or(|f| night >= f) && self.to.is_none_or(|t| night < t)
+        night >= self.from && night < self.to
     }
 }
 
@@ -183,8 +194,8 @@ impl Drop for StreamSlot {
 #[utoipa::path(get, path = "/v1/hotels/{hotel_id}/events", tag = "search",
     params(
         ("hotel_id" = i64, Path, description = "hotel id"),
-        ("from" = Option<String>, Query, description = "first night to report, YYYY-MM-DD (default: all)"),
-        ("to" = Option<String>, Query, description = "night after the last to report, YYYY-MM-DD"),
+        ("from" = Option<String>, Query, description = "first night to report, YYYY-MM-DD (default: yesterday, UTC, or 800 days before `to`)"),
+        ("to" = Option<String>, Query, description = "night after the last to report, YYYY-MM-DD (default: 800 days after `from`); a window spans at most 800 days"),
         ("Last-Event-ID" = Option<String>, Header, description = "the id (an LSN) of the last event received: resume after it"),
     ),
     responses(
@@ -201,7 +212,7 @@ pub async fn hotel_events(
 ) -> Result<Response, Problem> {
     let hotel_id = problem::hotel_id(hotel_id)?;
     let q = problem::query(q)?;
-    let window = NightRange::parse(&q)?;
+    let window = NightRange::parse(&q, chrono::Utc::now().date_naive())?;
     let model = state.model.clone();
     if !model.freshness.is_loaded() {
         return Err(Problem::NotReady {
@@ -389,10 +400,8 @@ impl HotelStream {
                 };
                 if let Some(c) = t.calendars.get(&key) {
                     // The window's days only, however far the calendar spans.
-                    let from = self.window.from.unwrap_or(NaiveDate::MIN);
-                    let to = self.window.to.unwrap_or(NaiveDate::MAX);
                     nights.extend(
-                        c.range(from, to)
+                        c.range(self.window.from, self.window.to)
                             .map(|(night, counts)| NightBody::new(rt.id, night, Some(counts))),
                     );
                 }
@@ -436,15 +445,37 @@ mod tests {
             from: from.map(str::to_string),
             to: to.map(str::to_string),
         };
-        let w = NightRange::parse(&q(Some("2030-01-02"), Some("2030-01-04"))).unwrap();
         let d = |n| NaiveDate::from_ymd_opt(2030, 1, n).unwrap();
+        let today = d(10);
+        let parse = |from, to| NightRange::parse(&q(from, to), today);
+        let w = parse(Some("2030-01-02"), Some("2030-01-04")).unwrap();
         assert!(!w.contains(d(1)));
         assert!(w.contains(d(2)) && w.contains(d(3)));
         assert!(!w.contains(d(4)));
-        assert!(NightRange::parse(&q(None, None)).unwrap().contains(d(1)));
-        assert!(NightRange::parse(&q(Some("2030-01-04"), Some("2030-01-04"))).is_err());
-        assert!(NightRange::parse(&q(Some("yesterday"), None)).is_err());
-        assert!(NightRange::parse(&q(Some("2030-01-01"), Some("2033-01-01"))).is_err());
+        assert!(parse(Some("2030-01-04"), Some("2030-01-04")).is_err());
+        assert!(parse(Some("yesterday"), None).is_err());
+        assert!(parse(Some("2030-01-01"), Some("2033-01-01")).is_err());
+        assert!(parse(Some("9999-12-31"), None).is_ok(), "no overflow");
+    }
+
+    /// A bound left out never widens the window past `MAX_WINDOW_DAYS`:
+    /// no bound at all watches yesterday and the 800 days from it.
+    #[test]
+    fn a_window_left_open_is_bounded() {
+        let q = |from: Option<&str>, to: Option<&str>| NightRangeQuery {
+            from: from.map(str::to_string),
+            to: to.map(str::to_string),
+        };
+        let today = NaiveDate::from_ymd_opt(2030, 1, 10).unwrap();
+        let days = |n| chrono::Days::new(n);
+        let open = NightRange::parse(&q(None, None), today).unwrap();
+        assert!(open.contains(today - days(1)) && !open.contains(today - days(2)));
+        assert!(open.contains(today + days(798)) && !open.contains(today + days(799)));
+        let w = NightRange::parse(&q(Some("1990-01-01"), None), today).unwrap();
+        assert_eq!((w.to - w.from).num_days(), MAX_WINDOW_DAYS);
+        let w = NightRange::parse(&q(None, Some("2040-01-01")), today).unwrap();
+        assert_eq!((w.to - w.from).num_days(), MAX_WINDOW_DAYS);
+        assert!(w.contains(NaiveDate::from_ymd_opt(2039, 12, 31).unwrap()));
     }
 
     #[test]
@@ -510,10 +541,13 @@ mod tests {
         };
         let model = ReadModel::new();
         model.replace(copy_at(1_000_000));
-        let window = NightRange::parse(&NightRangeQuery {
-            from: Some("2030-01-01".into()),
-            to: Some("2030-01-10".into()),
-        })
+        let window = NightRange::parse(
+            &NightRangeQuery {
+                from: Some("2030-01-01".into()),
+                to: Some("2030-01-10".into()),
+            },
+            NaiveDate::from_ymd_opt(2030, 1, 1).unwrap(),
+        )
         .unwrap();
         let mut stream = HotelStream {
             model: model.clone(),
