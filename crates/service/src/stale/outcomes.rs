@@ -550,6 +550,13 @@ pub struct Ledger {
     /// while a checkpoint's carry is taken or restored, so a carry is
     /// exactly "every outcome up to `applied`".
     stream: Option<Mutex<StreamPosition>>,
+    /// Held while a report posted to a standalone node is recorded (its id
+    /// taken, then counted) and while a checkpoint's carry is taken: a
+    /// carry between the two held the id without its counts, and a retry
+    /// after a restart from that checkpoint was answered as a replay and
+    /// never counted. (A shared ledger's `stream` lock does this for the
+    /// fleet.) Taken after `stream` where both are.
+    recording: Mutex<()>,
 }
 
 /// Whether a report was new or a retry.
@@ -582,6 +589,7 @@ impl Ledger {
             )),
             totals: Mutex::new(Totals::default()),
             stream: None,
+            recording: Mutex::new(()),
         }
     }
 
@@ -615,6 +623,7 @@ impl Ledger {
             !self.is_shared(),
             "a shared ledger records only the stream's outcomes"
         );
+        let _recording = self.recording.lock().unwrap_or_else(|p| p.into_inner());
         self.record_as(report, 0, Duration::ZERO, chrono::Utc::now())
     }
 
@@ -862,6 +871,7 @@ impl Ledger {
         // Held to the end: no outcome of the stream is recorded while the
         // state is read, so it is exactly every outcome up to `applied`.
         let position = self.position();
+        let _recording = self.recording.lock().unwrap_or_else(|p| p.into_inner());
         let buckets = self
             .window()
             .buckets(now)
@@ -1475,6 +1485,47 @@ mod tests {
         let mut b = body(key, Source::Copy, 3, outcome);
         b.attempt_id = Some(format!("id-{id}"));
         b.check(key).unwrap()
+    }
+
+    /// A carry taken while reports are recorded holds each id with its
+    /// counts or neither: an id carried without its counts would make a
+    /// retry after a restart a replay that is never counted.
+    #[test]
+    fn a_carry_never_holds_an_id_without_its_counts() {
+        let key = QuoteKey::random();
+        let reports = 4_000;
+        let l = Arc::new(Ledger::new(&LedgerSettings {
+            attempt_capacity: 10 * reports as u64,
+            attempt_ttl: Duration::from_secs(60),
+            bucket_width: Duration::from_secs(5),
+            buckets: 60,
+            max_hotels: 10,
+            max_quote_age: None,
+        }));
+        let sent: Vec<TakeReport> = (0..reports)
+            .map(|id| numbered(&key, id, Outcome::Taken))
+            .collect();
+        let recorder = {
+            let l = l.clone();
+            std::thread::spawn(move || {
+                for report in &sent {
+                    l.record(report).unwrap();
+                }
+            })
+        };
+        let mut carries = 0;
+        while !recorder.is_finished() || carries == 0 {
+            let carry = l.carry(Instant::now());
+            let counted = carry.totals.taken;
+            let in_window: u64 = carry.buckets.iter().map(|b| b.overall.takes).sum();
+            assert_eq!(
+                (carry.attempts.len() as u64, in_window),
+                (counted, counted),
+                "carry {carries}: ids, window and totals must agree"
+            );
+            carries += 1;
+        }
+        recorder.join().unwrap();
     }
 
     /// Past its capacity the ledger forgets the oldest ids, not the newest:
