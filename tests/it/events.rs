@@ -323,3 +323,76 @@ async fn events_send_each_change_once_in_order_and_resume_from_last_event_id() {
     drop(stale);
     app.stop(Duration::from_secs(10)).await;
 }
+
+/// With `http.max_event_streams_per_client`, one client holds at most that
+/// many streams (one more is a 429 problem with Retry-After) and gets its
+/// place back when it closes one; the per-client count follows the
+/// client's address, so a stream from another address is not refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_holds_at_most_its_share_of_the_streams() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load(&client).await;
+    let mut settings = Settings::defaults();
+    settings.owner.url = owner.url.clone();
+    settings.http.max_event_streams_per_client = 2;
+    settings.http.trust_forwarded_for = true;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let app = vacancy_service::start(settings, listener).expect("start vacancy");
+    wait_for("the snapshot", Duration::from_secs(60), || async {
+        app.model.freshness.is_loaded().then_some(())
+    })
+    .await;
+
+    let path = format!("/v1/hotels/1/events?from={}&to={}", day(0), day(10));
+    let mut first = SseClient::connect(app.addr, &path, None).await;
+    assert_eq!(first.next().await.event, "state");
+    let mut second = SseClient::connect(app.addr, &path, None).await;
+    assert_eq!(second.next().await.event, "state");
+    let refused = open_stream(app.addr, &path, None).await;
+    assert_eq!(refused.0, 429);
+    assert_eq!(refused.1.as_deref(), Some("2"), "Retry-After");
+    assert_eq!(refused.2["type"], "/problems/rate-limited");
+    // Another address (a trusted proxy's X-Forwarded-For) has its own share.
+    let other = open_stream(app.addr, &path, Some("203.0.113.9")).await;
+    assert_eq!(other.0, 200);
+
+    // A closed stream gives its place back (once the server sees it close).
+    drop(first);
+    wait_for("a place given back", Duration::from_secs(60), || async {
+        (open_stream(app.addr, &path, None).await.0 == 200).then_some(())
+    })
+    .await;
+    drop(second);
+    app.stop(Duration::from_secs(10)).await;
+}
+
+/// Opens a stream and closes it at once: its status, its Retry-After, and
+/// its body when it is a problem (a stream's body is never read).
+async fn open_stream(
+    addr: SocketAddr,
+    path: &str,
+    forwarded_for: Option<&str>,
+) -> (u16, Option<String>, Value) {
+    let api = HttpClient::new(addr, READ_TIMEOUT).expect("http client");
+    let mut request = api
+        .request(Method::GET, path)
+        .header(ACCEPT, "text/event-stream");
+    if let Some(address) = forwarded_for {
+        request = request.header("X-Forwarded-For", address);
+    }
+    let response = timed(request.send()).await.expect("the stream's answer");
+    let status = response.status().as_u16();
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let body = if status == 200 {
+        Value::Null
+    } else {
+        serde_json::from_slice(&timed(response.bytes()).await.expect("a problem body"))
+            .expect("problem+json")
+    };
+    (status, retry_after, body)
+}

@@ -15,12 +15,14 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use axum::Extension;
 use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::{ConnectInfo, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, header};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -28,7 +30,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast::error::RecvError;
 
-use super::{ApiState, Problem, problem};
+use super::{ApiState, Problem, access, problem};
 use crate::lsn::{Lsn, Position};
 use crate::model::feed::{FeedItem, NightChange};
 use crate::model::{CalendarKey, NightCounts, ReadModel};
@@ -181,12 +183,69 @@ pub struct SseEvent {
     retry: Option<u64>,
 }
 
-/// Counts the open streams; the count drops when the stream does.
-struct StreamSlot(Arc<ReadModel>);
+/// Counts the open streams, in all and per client when that is bounded;
+/// the counts drop when the stream does.
+struct StreamSlot {
+    model: Arc<ReadModel>,
+    client: Option<IpAddr>,
+}
+
+impl StreamSlot {
+    /// A place for one more stream of `client`, when the node holds fewer
+    /// than `MAX_STREAMS` and `client` fewer than `per_client` (0: no
+    /// bound per client, and none counted).
+    fn take(
+        model: &Arc<ReadModel>,
+        client: IpAddr,
+        per_client: usize,
+    ) -> Result<StreamSlot, Problem> {
+        let feed = &model.feed;
+        if feed.open_streams.fetch_add(1, Ordering::AcqRel) >= MAX_STREAMS {
+            feed.open_streams.fetch_sub(1, Ordering::AcqRel);
+            return Err(Problem::Overloaded {
+                setting: "the event streams a node keeps open (fixed)",
+                max_in_flight: MAX_STREAMS,
+            });
+        }
+        // Made now, so a refusal below gives the node's place back.
+        let mut slot = StreamSlot {
+            model: model.clone(),
+            client: None,
+        };
+        if per_client > 0 {
+            let mut by_client = feed
+                .streams_by_client
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let open = by_client.entry(client).or_insert(0);
+            if *open >= per_client {
+                return Err(Problem::RateLimited {
+                    retry_after_secs: RETRY.as_secs(),
+                });
+            }
+            *open += 1;
+            slot.client = Some(client);
+        }
+        Ok(slot)
+    }
+}
 
 impl Drop for StreamSlot {
     fn drop(&mut self) {
-        self.0.feed.open_streams.fetch_sub(1, Ordering::AcqRel);
+        let feed = &self.model.feed;
+        feed.open_streams.fetch_sub(1, Ordering::AcqRel);
+        if let Some(client) = self.client {
+            let mut by_client = feed
+                .streams_by_client
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if let Some(open) = by_client.get_mut(&client) {
+                *open = open.saturating_sub(1);
+                if *open == 0 {
+                    by_client.remove(&client);
+                }
+            }
+        }
     }
 }
 
@@ -202,12 +261,14 @@ impl Drop for StreamSlot {
         (status = 200, description = "text/event-stream: a `state` event (every room type and night of the window, id = the LSN it reflects), then one `change` event per committed owner transaction that changed this hotel's nights, in commit order, id = its LSN; a fresh `state` (reason `lagged`, `resync` or `resume_unavailable`) whenever the changes in between cannot be sent", content_type = "text/event-stream", body = SseEvent),
         (status = 400, description = "invalid parameter", content_type = "application/problem+json"),
         (status = 404, description = "no such hotel", content_type = "application/problem+json"),
+        (status = 429, description = "this client has `http.max_event_streams_per_client` streams open already", content_type = "application/problem+json"),
         (status = 503, description = "not ready, or too many streams open", content_type = "application/problem+json"),
     ))]
 pub async fn hotel_events(
     State(state): State<ApiState>,
     hotel_id: Result<Path<String>, PathRejection>,
     q: Result<Query<NightRangeQuery>, QueryRejection>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     headers: HeaderMap,
 ) -> Result<Response, Problem> {
     let hotel_id = problem::hotel_id(hotel_id)?;
@@ -222,14 +283,13 @@ pub async fn hotel_events(
     if !model.read().hotels.contains_key(&hotel_id) {
         return Err(Problem::HotelNotFound(hotel_id));
     }
-    if model.feed.open_streams.fetch_add(1, Ordering::AcqRel) >= MAX_STREAMS {
-        model.feed.open_streams.fetch_sub(1, Ordering::AcqRel);
-        return Err(Problem::Overloaded {
-            setting: "the event streams a node keeps open (fixed)",
-            max_in_flight: MAX_STREAMS,
-        });
-    }
-    let slot = StreamSlot(model.clone());
+    let http = &state.settings.http;
+    let client = access::client_key(
+        peer.as_ref().map(|Extension(p)| p),
+        &headers,
+        http.trust_forwarded_for,
+    );
+    let slot = StreamSlot::take(&model, client, http.max_event_streams_per_client)?;
     let last_seen = headers
         .get("last-event-id")
         .and_then(|v| v.to_str().ok())
@@ -478,6 +538,38 @@ mod tests {
         assert!(w.contains(NaiveDate::from_ymd_opt(2039, 12, 31).unwrap()));
     }
 
+    /// With a bound per client, one address cannot hold more streams than
+    /// it, others still can, and a closed stream gives its place back; the
+    /// map forgets an address with its last stream.
+    #[test]
+    fn a_client_holds_at_most_its_share_of_the_streams() {
+        let model = ReadModel::new();
+        let one = IpAddr::from([10, 0, 0, 1]);
+        let other = IpAddr::from([10, 0, 0, 2]);
+        let held: Vec<StreamSlot> = (0..3)
+            .map(|_| StreamSlot::take(&model, one, 3).unwrap())
+            .collect();
+        assert!(matches!(
+            StreamSlot::take(&model, one, 3),
+            Err(Problem::RateLimited { .. })
+        ));
+        let theirs = StreamSlot::take(&model, other, 3).unwrap();
+        assert_eq!(model.feed.open_streams.load(Ordering::Acquire), 4);
+        drop(held);
+        assert!(
+            StreamSlot::take(&model, one, 3).is_ok(),
+            "places given back"
+        );
+        drop(theirs);
+        assert_eq!(model.feed.open_streams.load(Ordering::Acquire), 0);
+        assert!(model.feed.streams_by_client.lock().unwrap().is_empty());
+        // No bound: nothing counted per client.
+        let _unbounded: Vec<StreamSlot> = (0..10)
+            .map(|_| StreamSlot::take(&model, one, 0).unwrap())
+            .collect();
+        assert!(model.feed.streams_by_client.lock().unwrap().is_empty());
+    }
+
     #[test]
     fn a_removed_night_has_no_counts() {
         let d = NaiveDate::from_ymd_opt(2030, 1, 1).unwrap();
@@ -556,7 +648,7 @@ mod tests {
             rx: model.feed.subscribe(),
             last: Lsn::ZERO,
             pending: VecDeque::new(),
-            _slot: StreamSlot(model.clone()),
+            _slot: StreamSlot::take(&model, IpAddr::from([127, 0, 0, 1]), 0).unwrap(),
         };
         stream.start(None);
         assert!(stream.next_event().await.is_some(), "the first state");

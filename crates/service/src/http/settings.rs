@@ -22,6 +22,10 @@ pub struct HttpSettings {
     pub rate_limit_per_sec: u32,
     pub rate_limit_burst: u32,
     pub rate_limit_max_clients: usize,
+    /// Event streams one client (its address, as the rate limit keys it)
+    /// may hold open at once; one more is answered 429. 0: no bound but
+    /// the node's (`events::MAX_STREAMS`).
+    pub max_event_streams_per_client: usize,
     pub shutdown_grace_ms: u64,
     /// Guest requests (search, availability, calendar, events) handled at
     /// once; one more is answered 503 `/problems/overloaded` at once

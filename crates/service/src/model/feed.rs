@@ -14,7 +14,8 @@
 //! or on the channel (lsn > S): no gap, and skipping items at or below S
 //! means no overlap.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::IpAddr;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 
@@ -232,6 +233,11 @@ pub struct Feed {
     closed: CancellationToken,
     /// Streams open now (see `crate::http::events` for the bound).
     pub open_streams: AtomicUsize,
+    /// Streams open now per client address, when the per-client bound is
+    /// on (`http.max_event_streams_per_client`); an address leaves with its
+    /// last stream, so at most `events::MAX_STREAMS` entries. Kept here,
+    /// beside the count, because a stream's slot drops with it.
+    pub streams_by_client: Mutex<HashMap<IpAddr, usize>>,
 }
 
 impl Default for Feed {
@@ -242,6 +248,7 @@ impl Default for Feed {
             ring: Mutex::default(),
             closed: CancellationToken::new(),
             open_streams: AtomicUsize::new(0),
+            streams_by_client: Mutex::default(),
         }
     }
 }
