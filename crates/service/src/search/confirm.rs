@@ -293,6 +293,13 @@ async fn wait_done<T: Clone>(
 /// read queued behind it).
 pub struct Confirmer {
     owner: OwnerSettings,
+    /// How long one round (a position read or a nudge) may take: the
+    /// search's owner budget, never more than the owner's query timeout.
+    /// A round a search began after cannot serve it, so it waits the round
+    /// out before sending its own: bounded by the query timeout (5 s), a
+    /// round stuck on a path that drops packets held every confirmed read
+    /// for that long. No search can use an answer later than its budget.
+    round_limit: Duration,
     positions: Lane,
     nudges: Lane,
     /// Whether this node may write the nudge: true for a standalone node,
@@ -321,21 +328,24 @@ impl Lane {
     async fn get(
         &self,
         owner: &OwnerSettings,
+        round_limit: Duration,
         began: Instant,
         deadline: tokio::time::Instant,
     ) -> Option<Result<Position, String>> {
         let send = || {
             let (owner, client, query) = (owner.clone(), self.client.clone(), self.query);
-            async move { query_owner(&owner, &client, query).await }
+            async move { query_owner(&owner, &client, query, round_limit).await }
         };
         self.rounds.get(began, deadline, send).await
     }
 }
 
 impl Confirmer {
-    pub fn new(owner: &OwnerSettings) -> Confirmer {
+    /// Rounds of at most `budget` (`search.owner_read_timeout_ms`).
+    pub fn new(owner: &OwnerSettings, budget: Duration) -> Confirmer {
         Confirmer {
             owner: owner.clone(),
+            round_limit: budget.min(owner.query_timeout()),
             positions: Lane::new(OwnerQuery::Position),
             nudges: Lane::new(OwnerQuery::Nudge),
             writes: Arc::new(AtomicBool::new(true)),
@@ -361,7 +371,11 @@ impl Confirmer {
         began: Instant,
         deadline: tokio::time::Instant,
     ) -> Result<Position, ConfirmError> {
-        match self.positions.get(&self.owner, began, deadline).await {
+        match self
+            .positions
+            .get(&self.owner, self.round_limit, began, deadline)
+            .await
+        {
             Some(Ok(position)) => Ok(position),
             Some(Err(e)) => Err(ConfirmError::PositionFailed(e)),
             None => Err(ConfirmError::PositionTimeout),
@@ -377,7 +391,9 @@ impl Confirmer {
             return false;
         }
         matches!(
-            self.nudges.get(&self.owner, read_at, deadline).await,
+            self.nudges
+                .get(&self.owner, self.round_limit, read_at, deadline)
+                .await,
             Some(Ok(_))
         )
     }
@@ -407,17 +423,17 @@ impl OwnerQuery {
     }
 }
 
-/// One owner query, counted like every owner read, bounded by the owner's
-/// query timeout so its round always ends.
+/// One owner query, counted like every owner read, bounded by `limit`
+/// (connecting included) so its round always ends.
 async fn query_owner(
     owner: &OwnerSettings,
     slot: &Mutex<Option<Arc<Client>>>,
     query: OwnerQuery,
+    limit: Duration,
 ) -> Result<Position, String> {
     let reason = query.reason();
     metrics::OWNER_READS.with_label_values(&[reason]).inc();
     let started = Instant::now();
-    let limit = owner.query_timeout();
     let result = match tokio::time::timeout(limit, query_position(owner, slot, query.sql())).await {
         Ok(r) => r,
         Err(_) => Err(format!("no answer within {limit:?}")),
@@ -525,6 +541,119 @@ mod tests {
                 })
             }
         }
+    }
+
+    /// An owner that speaks just enough of the protocol for the lanes: it
+    /// lets every connection in (no password), answers `SET`, and answers
+    /// the position query with 0/100 on timeline 1, except on its first
+    /// connection, where the query is left unanswered as on a path that
+    /// went dark.
+    async fn owner_whose_first_read_hangs() -> std::net::SocketAddr {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            for connection in 0.. {
+                let Ok((mut socket, _)) = listener.accept().await else {
+                    return;
+                };
+                tokio::spawn(async move {
+                    let ready: &[u8] = b"Z\0\0\0\x05I";
+                    // The startup message: its length, then the rest.
+                    let length = socket.read_u32().await.unwrap() as usize;
+                    let mut startup = vec![0; length - 4];
+                    socket.read_exact(&mut startup).await.unwrap();
+                    socket.write_all(b"R\0\0\0\x08\0\0\0\0").await.unwrap();
+                    socket.write_all(ready).await.unwrap();
+                    loop {
+                        let Ok(kind) = socket.read_u8().await else {
+                            return;
+                        };
+                        let length = socket.read_u32().await.unwrap() as usize;
+                        let mut body = vec![0; length - 4];
+                        socket.read_exact(&mut body).await.unwrap();
+                        if kind != b'Q' {
+                            return; // Terminate
+                        }
+                        let mut answer = Vec::new();
+                        if body.starts_with(b"SET") {
+                            answer.extend_from_slice(b"C\0\0\0\x08SET\0");
+                        } else if connection == 0 {
+                            // Dark: the socket stays open, nothing comes back.
+                            std::future::pending::<()>().await;
+                        } else {
+                            let mut fields = vec![0u8, 2];
+                            for name in [&b"p"[..], &b"substr"[..]] {
+                                fields.extend_from_slice(name);
+                                fields.push(0);
+                                fields.extend_from_slice(&0u32.to_be_bytes()); // table
+                                fields.extend_from_slice(&0u16.to_be_bytes()); // column
+                                fields.extend_from_slice(&25u32.to_be_bytes()); // text
+                                fields.extend_from_slice(&(-1i16).to_be_bytes());
+                                fields.extend_from_slice(&(-1i32).to_be_bytes());
+                                fields.extend_from_slice(&0u16.to_be_bytes());
+                            }
+                            let mut row = vec![0u8, 2];
+                            for value in [&b"0/100"[..], &b"00000001"[..]] {
+                                row.extend_from_slice(&(value.len() as u32).to_be_bytes());
+                                row.extend_from_slice(value);
+                            }
+                            for (kind, body) in
+                                [(b'T', fields), (b'D', row), (b'C', b"SELECT 1\0".to_vec())]
+                            {
+                                answer.push(kind);
+                                answer.extend_from_slice(&(body.len() as u32 + 4).to_be_bytes());
+                                answer.extend_from_slice(&body);
+                            }
+                        }
+                        answer.extend_from_slice(ready);
+                        socket.write_all(&answer).await.unwrap();
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    /// A position read that never comes back holds up the searches that
+    /// began after it was sent (they may not share it) only for the search
+    /// budget, not for the owner's query timeout (5 s): past the budget the
+    /// round ends, its connection is dropped, and the next search's read,
+    /// on a new connection, is answered.
+    #[tokio::test]
+    async fn a_read_that_never_answers_holds_later_searches_for_one_budget() {
+        let addr = owner_whose_first_read_hangs().await;
+        let defaults = figment::Figment::from(
+            <figment::providers::Toml as figment::providers::Format>::string(include_str!(
+                "../../../../config/default.toml"
+            )),
+        );
+        let mut owner: OwnerSettings = defaults.extract_inner("owner").unwrap();
+        owner.url = format!("postgresql://vacancy@{addr}/none?sslmode=disable");
+        assert!(owner.query_timeout() >= Duration::from_secs(5));
+        let confirmer = Confirmer::new(&owner, Duration::from_millis(200));
+        let first = confirmer
+            .position(
+                Instant::now(),
+                tokio::time::Instant::now() + Duration::from_millis(100),
+            )
+            .await;
+        assert_eq!(first, Err(ConfirmError::PositionTimeout));
+        // Begins after the dark read was sent: it waits that read out,
+        // then reads on a connection of its own.
+        let second = confirmer
+            .position(
+                Instant::now(),
+                tokio::time::Instant::now() + Duration::from_secs(3),
+            )
+            .await;
+        assert_eq!(
+            second,
+            Ok(Position {
+                timeline: Some(1),
+                lsn: Lsn(0x100)
+            })
+        );
     }
 
     /// A caller that began at `began`, in a task of its own.

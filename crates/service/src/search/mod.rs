@@ -294,7 +294,7 @@ impl Search {
             model,
             index,
             owner: OwnerReader::new(owner, settings, schema),
-            confirmer: Confirmer::new(owner),
+            confirmer: Confirmer::new(owner, Duration::from_millis(settings.owner_read_timeout_ms)),
             fresh_reads: settings.fresh_reads,
             owner_budget: Duration::from_millis(settings.owner_read_timeout_ms),
             few_units: settings.few_units_threshold,
