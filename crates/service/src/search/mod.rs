@@ -686,7 +686,7 @@ impl Search {
         if tokio::time::Instant::now() >= end {
             return failed(keys);
         }
-        let read = self.owner_nights(keys.clone(), stay, Reason::FewUnits, asked_at);
+        let read = self.owner_nights(keys.clone(), stay, Reason::FewUnits, asked_at, end);
         match tokio::time::timeout_at(end, read).await {
             Ok(read) => read,
             Err(_) => failed(keys),
@@ -927,9 +927,10 @@ impl Search {
                 bypass.extend(keys);
             }
         }
+        let end = tokio::time::Instant::now() + self.owner_budget;
         let (all, flagged) = futures_util::future::join(
-            self.owner_nights(wanted, stay, reason, asked_at),
-            self.owner_nights(bypass, stay, Reason::Bypass, asked_at),
+            self.owner_nights(wanted, stay, reason, asked_at, end),
+            self.owner_nights(bypass, stay, Reason::Bypass, asked_at, end),
         )
         .await;
         for read in [all, flagged].into_iter().flatten() {
@@ -937,14 +938,15 @@ impl Search {
         }
     }
 
-    /// Reads `keys` from the owner; `None` when there is nothing to read.
-    /// `asked_at` is when the search began.
+    /// Reads `keys` from the owner by `deadline`; `None` when there is
+    /// nothing to read. `asked_at` is when the search began.
     async fn owner_nights(
         &self,
         keys: Vec<CalendarKey>,
         stay: Stay,
         reason: Reason,
         asked_at: Instant,
+        deadline: tokio::time::Instant,
     ) -> Option<OwnerNights> {
         if keys.is_empty() {
             return None;
@@ -957,7 +959,11 @@ impl Search {
         // policy. Searches that begin together still share one read.
         let not_before = Some(asked_at);
         Some(
-            match self.owner.read(&keys, stay, reason, not_before).await {
+            match self
+                .owner
+                .read(&keys, stay, reason, not_before, deadline)
+                .await
+            {
                 Ok(read) => OwnerNights::Read(read),
                 Err(_) => {
                     let mut keys = keys;

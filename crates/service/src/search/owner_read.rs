@@ -213,13 +213,17 @@ impl OwnerReader {
         self.cache.entry_count()
     }
 
+    /// Every attempt, and the wait for a shared read, ends by `deadline`
+    /// (one query at most `owner_read_timeout_ms`).
     pub async fn read(
         &self,
         keys: &[CalendarKey],
         stay: Stay,
         reason: Reason,
         not_before: Option<Instant>,
+        deadline: tokio::time::Instant,
     ) -> Result<Arc<OwnerCalendars>, OwnerReadError> {
+        let deadline = deadline.min(tokio::time::Instant::now() + self.timeout);
         let mut keys = keys.to_vec();
         keys.sort_unstable();
         keys.dedup();
@@ -230,19 +234,25 @@ impl OwnerReader {
         // sent before it began, find it too old and read again, twice;
         // each with a timeout of its own, that took up to three budgets.
         let attempts = async {
-            let mut result = self.shared_read(&key, reason, &sent).await;
+            let mut result = self.shared_read(&key, reason, &sent, deadline).await;
             if result.as_deref().is_ok_and(|r| !fresh_enough(r)) {
                 self.cache.invalidate(&key).await;
-                result = self.shared_read(&key, reason, &sent).await;
+                result = self.shared_read(&key, reason, &sent, deadline).await;
                 if result.as_deref().is_ok_and(|r| !fresh_enough(r)) {
                     // Another search put back a read older than ours may be.
                     sent.store(true, Ordering::Relaxed);
-                    result = self.counted_query(&key, reason).await.map(Arc::new);
+                    result = self
+                        .counted_query(&key, reason, deadline)
+                        .await
+                        .map(Arc::new);
                 }
             }
             result
         };
-        let result = tokio::time::timeout(self.timeout, attempts)
+        // A query cut by the deadline ends by it on its own first (the same
+        // instant, polled first), so it is counted as failed; this bounds
+        // the wait for another search's shared read.
+        let result = tokio::time::timeout_at(deadline, attempts)
             .await
             .unwrap_or(Err(OwnerReadError::Timeout(self.timeout)));
         let looked_up = if sent.load(Ordering::Relaxed) {
@@ -263,11 +273,14 @@ impl OwnerReader {
         key: &ReadKey,
         reason: Reason,
         sent: &AtomicBool,
+        deadline: tokio::time::Instant,
     ) -> Result<Arc<OwnerCalendars>, OwnerReadError> {
         self.cache
             .try_get_with_by_ref(key, async {
                 sent.store(true, Ordering::Relaxed);
-                self.counted_query(key, reason).await.map(Arc::new)
+                self.counted_query(key, reason, deadline)
+                    .await
+                    .map(Arc::new)
             })
             .await
             .map_err(|e: Arc<OwnerReadError>| (*e).clone())
@@ -278,12 +291,13 @@ impl OwnerReader {
         &self,
         key: &ReadKey,
         reason: Reason,
+        deadline: tokio::time::Instant,
     ) -> Result<OwnerCalendars, OwnerReadError> {
         metrics::OWNER_READS
             .with_label_values(&[reason.label()])
             .inc();
         let started = Instant::now();
-        let result = self.query(key).await;
+        let result = self.query(key, deadline).await;
         metrics::OWNER_READ_DURATION
             .with_label_values(&[reason.label()])
             .observe(started.elapsed().as_secs_f64());
@@ -302,18 +316,22 @@ impl OwnerReader {
     /// the position a fresh read at this moment would reflect.
     pub async fn flushed_position(&self) -> Result<crate::lsn::Lsn, OwnerReadError> {
         let row = self
-            .on_a_client(|client, _| async move {
-                client
-                    .query_one("SELECT pg_current_wal_flush_lsn()", &[])
-                    .await
-            })
+            .on_a_client(
+                tokio::time::Instant::now() + self.timeout,
+                |client, _| async move {
+                    client
+                        .query_one("SELECT pg_current_wal_flush_lsn()", &[])
+                        .await
+                },
+            )
             .await?;
         row.try_get::<_, tokio_postgres::types::PgLsn>(0)
             .map(crate::lsn::Lsn::from)
             .map_err(|e| OwnerReadError::Failed(e.to_string()))
     }
 
-    /// Runs `read` on one of the connections, all within the read timeout.
+    /// Runs `read` on one of the connections, all by `deadline` (at most
+    /// the read timeout from the first attempt of a read).
     ///
     /// A connection whose read failed or timed out is dropped, never used
     /// again: tokio-postgres pipelines requests on a connection, so the
@@ -323,12 +341,15 @@ impl OwnerReader {
     /// kernel gave up (`owner.tcp_user_timeout_ms`, or about 15 minutes
     /// without it). The next read on the slot opens a new connection. So is
     /// one whose caller gave up first (`UnsettledRead`).
-    async fn on_a_client<T, F, Fut>(&self, read: F) -> Result<T, OwnerReadError>
+    async fn on_a_client<T, F, Fut>(
+        &self,
+        deadline: tokio::time::Instant,
+        read: F,
+    ) -> Result<T, OwnerReadError>
     where
         F: FnOnce(Arc<Client>, Statement) -> Fut,
         Fut: std::future::Future<Output = Result<T, tokio_postgres::Error>>,
     {
-        let deadline = tokio::time::Instant::now() + self.timeout;
         let timed_out = || OwnerReadError::Timeout(self.timeout);
         // A connect or prepare cut short stores nothing (`client`).
         let (slot, client, statement) = tokio::time::timeout_at(deadline, self.client())
@@ -381,13 +402,17 @@ impl OwnerReader {
         Ok((slot, c, s))
     }
 
-    async fn query(&self, key: &ReadKey) -> Result<OwnerCalendars, OwnerReadError> {
+    async fn query(
+        &self,
+        key: &ReadKey,
+        deadline: tokio::time::Instant,
+    ) -> Result<OwnerCalendars, OwnerReadError> {
         let read_at = Instant::now();
         let hotels: Vec<i64> = key.keys.iter().map(|k| k.hotel_id).collect();
         let room_types: Vec<i64> = key.keys.iter().map(|k| k.room_type_id).collect();
         let stay = key.stay;
         let found = self
-            .on_a_client(|client, statement| async move {
+            .on_a_client(deadline, |client, statement| async move {
                 client
                     .query(
                         &statement,
