@@ -1321,3 +1321,82 @@ async fn ttl_rereads_race_the_workload(owner: &TestOwner, vacancy_url: &str) {
     );
     app.stop(Duration::from_secs(5)).await;
 }
+
+/// A new session's walsender reads the WAL from the slot's restart
+/// position, held back by a transaction left open, and sends nothing of
+/// what committed before the session's start: here seconds of it, far
+/// past `stream.receive_timeout_ms`. The session waits for a walsender
+/// that reads on (its `sent_lsn` moves) and the copy catches up. Before,
+/// the silence ended the session as dead and the next one began the same
+/// silence again, for as long as the transaction stayed open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_walsender_catching_up_in_silence_is_not_taken_for_dead() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    let mut settings = settings_for(&owner);
+    settings.stream.receive_timeout_ms = 3 * settings.stream.heartbeat_interval_ms;
+    let app = start_app(settings).await;
+    caught_up(&app.model, &client).await;
+    let silent_before = silent_catch_ups(&app).await;
+
+    // An xid left open: the slot's restart position stays before it.
+    let open = owner.client().await;
+    open.batch_execute("BEGIN; CREATE TABLE held_open (x int)")
+        .await
+        .expect("a transaction left open");
+    // WAL of a table the copy does not follow: decoded all the same.
+    client
+        .batch_execute(
+            "CREATE TABLE filler (x int, pad text);
+             INSERT INTO filler SELECT g, repeat('x', 200) FROM generate_series(1, 1500000) g;",
+        )
+        .await
+        .expect("filler");
+    let past_filler = caught_up(&app.model, &client).await;
+    wait_for(
+        "the slot to be confirmed past the filler",
+        Duration::from_secs(120),
+        || async { (confirmed_flush(&client).await >= past_filler).then_some(()) },
+    )
+    .await;
+
+    // A new session starts past the filler but reads it again first.
+    let ended = client
+        .execute(
+            "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots WHERE slot_name = 'vacancy' AND active_pid IS NOT NULL",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(ended, 1, "one walsender to end");
+    client
+        .batch_execute(
+            "UPDATE inventory SET taken = taken + 1
+             WHERE hotel_id = 1 AND room_type_id = 1 AND night = DATE '2030-01-02'",
+        )
+        .await
+        .unwrap();
+    let target = slot::current_wal_lsn(&client).await.expect("current lsn");
+    wait_for(
+        "the copy to apply the change after the silent catch-up",
+        Duration::from_secs(120),
+        || async { (app.model.freshness.applied() >= target).then_some(()) },
+    )
+    .await;
+    assert!(
+        silent_catch_ups(&app).await > silent_before,
+        "the walsender caught up in silence for longer than the receive timeout"
+    );
+    assert_converged(&app.model, &client).await;
+    open.batch_execute("ROLLBACK").await.unwrap();
+    app.stop(Duration::from_secs(5)).await;
+}
+
+/// `vacancy_stream_silent_catch_up_total` as `app` reports it.
+async fn silent_catch_ups(app: &App) -> f64 {
+    let (code, _, text) = crate::api::get(app.addr, "/metrics").await;
+    assert_eq!(code, 200, "{text}");
+    vacancy_lab::bench::soak::gauge(&text, "vacancy_stream_silent_catch_up_total", None)
+        .expect("the counter is reported")
+}

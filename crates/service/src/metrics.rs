@@ -60,6 +60,12 @@ pub static STREAM_CONNECTED: LazyLock<IntGauge> = LazyLock::new(|| {
         "1 while the replication connection is streaming",
     )
 });
+pub static STREAM_SILENT_CATCH_UP: LazyLock<IntCounter> = LazyLock::new(|| {
+    counter(
+        "vacancy_stream_silent_catch_up_total",
+        "Receive timeouts (stream.receive_timeout_ms) not taken for a dead connection because the session's walsender was reading on through old WAL it sends nothing of (a long open transaction held the slot's restart position back)",
+    )
+});
 pub static CHANGES_APPLIED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter_vec(
         "vacancy_stream_changes_applied_total",
@@ -712,6 +718,7 @@ pub fn init() {
         .with_label_values(&[env!("CARGO_PKG_VERSION")])
         .set(1);
     STREAM_CONNECTED.set(0);
+    LazyLock::force(&STREAM_SILENT_CATCH_UP);
     for op in ["upsert", "delete", "truncate"] {
         CHANGES_APPLIED.with_label_values(&[op]);
     }

@@ -47,7 +47,7 @@ use crate::lsn::Lsn;
 use crate::metrics;
 use crate::model::{ApplyError, ReadModel};
 use crate::owner::identity::{Observed, OwnerPin, OwnerReport};
-use crate::owner::{Endpoint, OwnerError, OwnerIdentity, OwnerSettings};
+use crate::owner::{self, Endpoint, OwnerError, OwnerIdentity, OwnerSettings};
 
 /// A transaction that keeps the loop from the stream this long is logged
 /// (`vacancy_stream_loop_stalls_total`): a commit behind it waits that long.
@@ -77,6 +77,11 @@ pub enum StreamError {
         "nothing received from the owner for {0:?} (stream.receive_timeout_ms): the replication connection is taken for dead"
     )]
     ReceiveTimeout(Duration),
+    /// A position no server reaches (the last of the LSN space), from a
+    /// broken owner or something between: taken as the end of the WAL, it
+    /// would be acknowledged and every later commit skipped as a replay.
+    #[error("the owner sent the WAL position {0}, past any a server writes; the session is ended")]
+    ImpossiblePosition(Lsn),
 }
 
 /// What operators see of the stream in `/v1/status`.
@@ -749,6 +754,57 @@ impl Projector {
         Ok(())
     }
 
+    /// Where this session's walsender has read the WAL to, while that is
+    /// below `received` (where the session stands) and past `last_seen`:
+    /// it is alive and catching up, only sending nothing. Asked within
+    /// `limit` (the receive timeout), so a dead path is still found within
+    /// twice the receive timeout. That is how a
+    /// walsender catches up: a session starts at the slot's confirmed
+    /// position, but the walsender decodes from the slot's restart
+    /// position, held back by the oldest transaction open when the slot
+    /// last moved, and sends nothing of the commits before the start. An
+    /// open transaction of hours leaves gigabytes of that, decoded in
+    /// silence for longer than the receive timeout, and a session ended
+    /// for it began the same silence again, forever. `None` when the
+    /// walsender is not known, is gone, has not moved, or cannot be asked
+    /// (the path to the owner is down, likely the reason for the silence).
+    async fn walsender_busy(
+        &self,
+        received: Lsn,
+        last_seen: Option<Lsn>,
+        limit: Duration,
+    ) -> Option<Lsn> {
+        let walsender = (*self.own_walsender.lock().unwrap_or_else(|p| p.into_inner()))?;
+        let ask = async {
+            let client = owner::connect_configured(&self.owner, self.owner.connect_timeout())
+                .await
+                .ok()?;
+            tokio::time::timeout(
+                self.owner.query_timeout(),
+                slot::walsender_read_to(&client, walsender),
+            )
+            .await
+            .ok()?
+            .ok()?
+        };
+        let read_to = tokio::time::timeout(limit, ask).await.ok()??;
+        // Still below where the session stands (past it, the walsender
+        // sends what it reads: silence then means a dead path, whatever it
+        // thinks it sent), and on since the last look.
+        let catching_up = read_to < received && last_seen.is_none_or(|before| read_to > before);
+        if catching_up {
+            tracing::info!(
+                walsender = walsender.pid,
+                read_to = %read_to,
+                "the walsender sends nothing but reads on (old WAL before this session's start): waiting"
+            );
+            metrics::STREAM_SILENT_CATCH_UP.inc();
+            Some(read_to)
+        } else {
+            None
+        }
+    }
+
     /// Remembers which walsender serves the session just started (it holds
     /// the slot now). Best effort, bounded: without it, a later session
     /// waits for the owner to notice a dead one.
@@ -919,7 +975,11 @@ impl Projector {
                 self.status.request_resnapshot();
                 return Ok(());
             }
-            let boundary = Lsn(stream.current_lsn() + 1);
+            let received_end = stream.current_lsn();
+            let Some(past_received) = received_end.checked_add(1) else {
+                return Err(StreamError::ImpossiblePosition(Lsn(received_end)));
+            };
+            let boundary = Lsn(past_received);
             let between = assembler.is_idle() && !take_held;
             take_held = false;
             let read = async {
@@ -937,13 +997,26 @@ impl Projector {
             // A path that drops packets fails no read: the socket just stays
             // silent, and our feedback is all the kernel would retransmit.
             // The heartbeat makes the owner send something at least every
-            // interval, so silence past the timeout means the path is dead.
+            // interval once the walsender has caught up, so silence past
+            // the timeout means the path is dead, unless the walsender is
+            // still reading old WAL it sends nothing of (`walsender_busy`).
             // Dropping the read ends the session: it is never reused.
             let next = match receive_timeout {
-                Some(limit) => match tokio::time::timeout(limit, read).await {
-                    Ok(next) => next,
-                    Err(_) => return Err(StreamError::ReceiveTimeout(limit)),
-                },
+                Some(limit) => {
+                    let mut read = std::pin::pin!(read);
+                    let mut read_to = None;
+                    loop {
+                        match tokio::time::timeout(limit, &mut read).await {
+                            Ok(next) => break next,
+                            Err(_) => {
+                                match self.walsender_busy(Lsn(received_end), read_to, limit).await {
+                                    Some(further) => read_to = Some(further),
+                                    None => return Err(StreamError::ReceiveTimeout(limit)),
+                                }
+                            }
+                        }
+                    }
+                }
                 None => read.await,
             };
             let event = match next {

@@ -310,6 +310,25 @@ pub async fn walsender(client: &Client, slot: &str) -> Result<Option<Walsender>,
     }))
 }
 
+/// How far `walsender` (the very backend: pid and start) has read the WAL
+/// for its slot (`pg_stat_replication.sent_lsn`: a logical walsender moves
+/// it past every record it decodes, sent or not); `None` when that backend
+/// is gone.
+pub async fn walsender_read_to(
+    client: &Client,
+    walsender: Walsender,
+) -> Result<Option<Lsn>, SlotError> {
+    let row = client
+        .query_opt(
+            "SELECT r.sent_lsn FROM pg_stat_replication r
+             JOIN pg_stat_activity a ON a.pid = r.pid
+             WHERE r.pid = $1 AND a.backend_start = $2 AND r.sent_lsn IS NOT NULL",
+            &[&walsender.pid, &walsender.started],
+        )
+        .await?;
+    Ok(row.map(|r| Lsn::from(r.get::<_, PgLsn>(0))))
+}
+
 /// Ends `walsender` if it is the very backend (pid and start) that still
 /// holds `slot`; whether it was signalled. A backend that merely got its
 /// pid later is never touched.
