@@ -750,6 +750,79 @@ async fn a_checkpoint_of_a_stream_made_again_is_not_resumed_in_the_new_one() {
     drop(nats);
 }
 
+/// The change stream deleted and made again while a replica is cut off
+/// from NATS, then grown past the replica's position before it is back:
+/// the replica sees that the stream is another one (its identity, not its
+/// sequences, which pass) and bootstraps from a checkpoint of the new one.
+/// Before, it resumed at its old sequence in the new stream, ready, and
+/// missed every change the new stream held before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_away_while_the_stream_is_made_again_does_not_resume_in_it() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    let nats = start_nats().await;
+    let fleet = Fleet::new(&owner, &nats).await;
+    let projector = fleet.projector();
+    wait_ready(&projector, Duration::from_secs(60)).await;
+    let link = Link::to(([127, 0, 0, 1], nats.port()).into()).await;
+    let via = format!("nats://{}", link.addr);
+    let replica = Serve::start_with(
+        &fleet.owner_url,
+        fleet.logs(),
+        "replica",
+        &fleet_env(
+            "replica",
+            &via,
+            &fleet.tokens,
+            &[
+                ("VACANCY_FLEET__REQUEST_TIMEOUT_MS", "1000"),
+                ("VACANCY_HTTP__READY_MAX_LAG_MS", "200"),
+            ],
+        ),
+    );
+    wait_ready(&replica, Duration::from_secs(60)).await;
+    let seed = test_seed();
+    run_workload(&owner, seed, 2, 5).await;
+    assert_binary_converged(&replica, &client).await;
+    let old_end = change_stream_last_sequence(&fleet.nats_url).await;
+
+    link.cut();
+    async_nats::jetstream::new(async_nats::connect(&fleet.nats_url).await.expect("nats"))
+        .delete_stream("VACANCY_CHANGES")
+        .await
+        .expect("delete the change stream");
+    // The new stream grows well past the old one's end, where the replica
+    // would resume.
+    let mut round: u64 = 0;
+    wait_for(
+        "the new stream to grow past the old one's end",
+        Duration::from_secs(120),
+        || {
+            round += 1;
+            let owner = &owner;
+            let nats_url = fleet.nats_url.clone();
+            async move {
+                run_workload(owner, seed ^ round, 2, 20).await;
+                let client = async_nats::connect(&nats_url).await.ok()?;
+                let mut stream = async_nats::jetstream::new(client)
+                    .get_stream("VACANCY_CHANGES")
+                    .await
+                    .ok()?;
+                let last = stream.info().await.ok()?.state.last_sequence;
+                (last > old_end + 10).then_some(())
+            }
+        },
+    )
+    .await;
+    // The projector checkpoints every second: the replica finds one of the
+    // new stream to bootstrap from.
+    link.restore();
+    run_workload(&owner, seed ^ 99, 2, 5).await;
+    assert_binary_converged(&replica, &client).await;
+    drop(nats);
+}
+
 pub(crate) async fn slot_confirmed(client: &Client) -> vacancy_service::Lsn {
     let row = client
         .query_one(

@@ -246,6 +246,21 @@ impl<R: std::io::Read> std::io::Read for Abandonable<R> {
     }
 }
 
+/// What the client may hold of the stream ahead of the replica's apply.
+const PREFETCH_BYTES: usize = 64 << 20;
+
+/// Messages one pull of the ordered consumer asks for: as many as
+/// `PREFETCH_BYTES` holds at `fleet.max_chunk_bytes` each, from 16 up to
+/// the client's own 500. The client asks again at half a pull, so it holds
+/// at most one and a half pulls. Unbounded, it asked for 500 messages a
+/// pull whatever their size (an ordered consumer's pull sets no byte
+/// bound): about 675 MB of chunks at the default size, held while a slow
+/// replica spilled a large transaction to stay within its own bound.
+fn prefetch_batch(max_chunk_bytes: usize) -> i64 {
+    let fits = PREFETCH_BYTES / max_chunk_bytes.max(1);
+    fits.clamp(16, 500) as i64
+}
+
 /// Where a session left off, kept across sessions.
 #[derive(Debug, Default)]
 struct Cursor {
@@ -275,6 +290,20 @@ struct Cursor {
     /// a newer one than the copy's. An older checkpoint would take the copy
     /// back and meet the new epoch again, over and over.
     epoch_at_least: u64,
+    /// Which change stream `next_sequence` is a sequence of
+    /// (`StreamEnds::made_at_ns`; 0 before the first bootstrap). A stream
+    /// deleted and made again while this replica was away from NATS, then
+    /// grown past its position, passed both checks of sequences alone: the
+    /// replica resumed at its old number in the new stream, ready, and
+    /// missed every change before it.
+    stream: u64,
+}
+
+impl Cursor {
+    /// The stream now at NATS is not the one this cursor's sequences are of.
+    fn of_another_stream(&self, now: &StreamEnds) -> bool {
+        self.stream != 0 && self.stream != now.made_at_ns
+    }
 }
 
 impl Cursor {
@@ -362,9 +391,16 @@ impl Replica {
     ) -> Result<(), FleetError> {
         let log = ChangeLog::connect(&self.settings).await?;
         if !cursor.bootstrap {
-            let (first, last) = log.sequences().await?;
+            let ends = log.ends().await?;
+            let (first, last) = (ends.first, ends.last);
             let resume_at = cursor.resume_at();
-            if resume_at < first {
+            if cursor.of_another_stream(&ends) {
+                tracing::warn!(
+                    next = resume_at,
+                    "the change stream was made again since this replica read it; bootstrapping again"
+                );
+                cursor.bootstrap = true;
+            } else if resume_at < first {
                 tracing::warn!(
                     next = resume_at,
                     first,
@@ -420,7 +456,7 @@ impl Replica {
         if self.model.freshness.is_loaded() {
             self.model.freshness.set_replacing(true);
         }
-        let newest = loop {
+        let (newest, stream) = loop {
             let now = log.ends().await?;
             // The stream's end moves on while this copy applies nothing:
             // how far behind it falls is what readiness bounds
@@ -429,7 +465,9 @@ impl Replica {
             self.state.update(|p| p.stream_last_sequence = now.last);
             let newest = store::list(log).await?.pop();
             match loadable(newest, now, cursor.epoch_at_least) {
-                Ok(stored) => break stored,
+                // A checkpoint that does not say its stream was found to
+                // continue this one (`loadable`).
+                Ok(stored) => break (stored, stored.stream.unwrap_or(now.made_at_ns)),
                 Err(waiting_for) => self.waiting(waiting_for),
             }
             tokio::select! {
@@ -491,6 +529,7 @@ impl Replica {
         self.install(loaded, newest).await?;
         cursor.bootstrap = false;
         cursor.next_sequence = newest.sequence + 1;
+        cursor.stream = stream;
         cursor.held_from = None;
         cursor.held_rereads = 0;
         cursor.applied = None;
@@ -556,6 +595,7 @@ impl Replica {
                 deliver_policy: DeliverPolicy::ByStartSequence {
                     start_sequence: cursor.resume_at().max(1),
                 },
+                max_batch: prefetch_batch(log.settings.max_chunk_bytes),
                 ..Default::default()
             }))
             .await?
@@ -589,13 +629,14 @@ impl Replica {
                         return Err(FleetError::BootstrapAsked { asked });
                     }
                     // Where the stream ends, for readiness (`messages_behind`).
-                    let (_, last) = log.sequences().await?;
+                    let ends = log.ends().await?;
+                    let last = ends.last;
                     self.state.update(|p| p.stream_last_sequence = last);
                     // An ordered consumer made again after the stream was
                     // (deleted and made again) waits at this replica's next
                     // sequence of the new stream, which will hold other
                     // changes: bootstrap instead.
-                    if made_again(cursor.next_sequence, last) {
+                    if made_again(cursor.next_sequence, last) || cursor.of_another_stream(&ends) {
                         cursor.bootstrap = true;
                         return Err(FleetError::Nats(format!(
                             "the change stream ends at sequence {last}, before this replica's next ({}): it was made again; bootstrapping again",
@@ -886,6 +927,17 @@ mod tests {
 
     /// A copy of timeline 1 while the owner writes on 2 (a failover) is
     /// marked stale; on its own timeline, or of an unknown one, it is not.
+    /// A pull asks for what fits the prefetch bound at the largest chunk,
+    /// within the client's range: 74 chunks of the default 900,000 bytes
+    /// (about 67 MB, where 500 were 450 MB), 500 of the smallest.
+    #[test]
+    fn a_pull_asks_for_what_the_prefetch_bound_holds() {
+        assert_eq!(prefetch_batch(900_000), 74);
+        assert!(prefetch_batch(900_000) as usize * 900_000 <= PREFETCH_BYTES);
+        assert_eq!(prefetch_batch(4096), 500);
+        assert_eq!(prefetch_batch(16 << 20), 16);
+    }
+
     #[test]
     fn a_copy_of_another_timeline_than_the_owners_is_marked_stale() {
         let model = ReadModel::new();
