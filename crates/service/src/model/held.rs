@@ -52,10 +52,9 @@ use crate::metrics;
 /// too). That is the "about 60 B per changed row".
 pub const HELD_CHANGE_BYTES: usize = std::mem::size_of::<(u32, Change)>();
 
-/// A hotel's or room type's change holds its row boxed beside it: its
-/// strings and amenities, estimated (a hotel is about 150 B plus its
-/// strings' heap). These are rare; inventory rows are what a bulk update
-/// holds.
+/// A hotel's or room type's change holds its row boxed beside it: the box
+/// and what its strings and amenities hold on the heap (`boxed_bytes`).
+/// These are rare; inventory rows are what a bulk update holds.
 pub const BOXED_ROW_BYTES: usize = 256;
 
 /// One block of a spill file before it goes to the writer thread.
@@ -73,10 +72,6 @@ pub const SPILLING_BYTES: usize = BLOCK_BYTES * (QUEUED_BLOCKS + 1);
 /// the disk at commit: a disk stuck that long fails the session, which
 /// starts over from the slot.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// A block's payload larger than this is damage, not data (blocks are cut
-/// at `BLOCK_BYTES`; one change is far smaller).
-const MAX_BLOCK_BYTES: u32 = 64 * 1024 * 1024;
 
 /// The first bytes of every spill file, with the format's version.
 const MAGIC: &[u8; 8] = b"VSPILL01";
@@ -505,8 +500,17 @@ impl Records {
         let len = u32::from_le_bytes([l0, l1, l2, l3]);
         let count = u32::from_le_bytes([n0, n1, n2, n3]);
         let crc = u32::from_le_bytes([c0, c1, c2, c3]);
-        if len > MAX_BLOCK_BYTES {
-            return Err(SpillError::corrupt(path, format!("a block of {len} bytes")));
+        // Blocks are cut at `BLOCK_BYTES`, but one record larger than that
+        // (a hotel row with a huge text) makes a block of its own size, up
+        // to what the frame holds: a fixed bound below that refused, as
+        // damage, a block the writer had made, and the transaction never
+        // applied. A length past what was written is damage, refused
+        // before anything is allocated for it.
+        if u64::from(len) > file.bytes {
+            return Err(SpillError::corrupt(
+                path,
+                format!("a block of {len} bytes in a file of {}", file.bytes),
+            ));
         }
         self.payload.resize(len as usize, 0);
         if read_some(&mut self.reader, &mut self.payload, path)? < self.payload.len() {
@@ -703,9 +707,21 @@ fn is_night(change: &Change) -> bool {
     )
 }
 
+/// What a change holds beside its own size: a flat `BOXED_ROW_BYTES` for
+/// a boxed row, plus its text's heap. A flat figure alone let a hotel whose
+/// amenities run to megabytes (legal text) neither count against the bound
+/// nor make a transaction spill.
 fn boxed_bytes(change: &Change) -> usize {
     match change {
-        Change::UpsertHotel { .. } | Change::UpsertRoomType { .. } => BOXED_ROW_BYTES,
+        Change::UpsertHotel { hotel, .. } => {
+            let texts = hotel.name.capacity()
+                + hotel.city.capacity()
+                + hotel.country.as_ref().map_or(0, String::capacity)
+                + hotel.amenities.capacity() * std::mem::size_of::<String>()
+                + hotel.amenities.iter().map(String::capacity).sum::<usize>();
+            BOXED_ROW_BYTES + texts
+        }
+        Change::UpsertRoomType { room_type, .. } => BOXED_ROW_BYTES + room_type.name.capacity(),
         _ => 0,
     }
 }
@@ -1002,6 +1018,31 @@ mod tests {
         assert_eq!(files(dir.path()).len(), 1, "a clone keeps the file");
         drop(copy);
         assert!(files(dir.path()).is_empty(), "the last handle removes it");
+    }
+
+    /// One record larger than the old fixed bound on a block (64 MiB: a
+    /// hotel whose amenities run to 65 MiB of text, legal in PostgreSQL)
+    /// makes a block of its own size, read back whole. Before, the reader
+    /// refused the block the writer had made as damage, and the
+    /// transaction never applied.
+    #[tokio::test]
+    async fn a_record_larger_than_a_block_reads_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let budget = HeldBudget::new(4096, dir.path().to_path_buf());
+        let mut held = HeldChanges::new(budget.clone());
+        let Change::UpsertHotel { mut hotel, unsent } = hotel(1) else {
+            unreachable!()
+        };
+        hotel.amenities = vec!["x".repeat(65 << 20)];
+        let wide = Change::UpsertHotel { hotel, unsent };
+        let expected = vec![night(1), wide, night(2)];
+        for change in &expected {
+            held.push(1, change.clone()).await.unwrap();
+        }
+        assert!(held.is_spilled());
+        let changes = held.finish().await.unwrap();
+        assert!(changes.spilled_bytes().unwrap() > 65 << 20);
+        assert_eq!(changes.to_vec().unwrap(), expected);
     }
 
     /// The index skips the walk of a transaction of nights alone; one
