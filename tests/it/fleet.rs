@@ -879,6 +879,64 @@ async fn a_standby_takes_over_when_the_active_projector_is_killed() {
     assert_eq!(walsenders(&client).await, 1);
 }
 
+/// A projector that lost the slot (its owner path went away while
+/// another took over) stands by, and when the other one dies it takes the
+/// slot back and publishes again, its process running on. Before, its
+/// publisher found the other projector's takeover marker after its own
+/// (stored in its first activation) and stopped the process, leaving the
+/// fleet without a projector.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_projector_that_lost_the_slot_takes_it_back_and_publishes() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    let nats = start_nats().await;
+    let fleet = Fleet::new(&owner, &nats).await;
+    let owner_link = Link::to(([127, 0, 0, 1], owner.cluster.port()).into()).await;
+    let owner_via = owner.url.replace(
+        &format!(":{}/", owner.cluster.port()),
+        &format!(":{}/", owner_link.addr.port()),
+    );
+    let mut first = fleet.projector_via("projector-a", &owner_via, &fleet.nats_url);
+    wait_active(&first, Duration::from_secs(60)).await;
+    wait_ready(&first, Duration::from_secs(60)).await;
+    let second = fleet.projector_via("projector-b", &fleet.owner_url, &fleet.nats_url);
+    let replica = fleet.replica("replica");
+    wait_ready(&replica, Duration::from_secs(60)).await;
+    let seed = test_seed();
+    run_workload(&owner, seed, 2, 10).await;
+    assert_binary_converged(&replica, &client).await;
+
+    // The first loses the owner; the second takes the slot over.
+    owner_link.cut();
+    wait_active(&second, Duration::from_secs(60)).await;
+    run_workload(&owner, seed ^ 1, 2, 10).await;
+    assert_binary_converged(&replica, &client).await;
+    // Back on the owner, the first finds the slot taken and stands by.
+    owner_link.restore();
+    wait_for(
+        "the first projector to stand by",
+        Duration::from_secs(60),
+        || async { (!is_active(&first).await).then_some(()) },
+    )
+    .await;
+    run_workload(&owner, seed ^ 2, 2, 10).await;
+    assert_binary_converged(&first, &client).await;
+
+    // The second dies: the first takes the slot back and publishes.
+    drop(second);
+    wait_active(&first, Duration::from_secs(60)).await;
+    run_workload(&owner, seed ^ 3, 2, 20).await;
+    assert_binary_converged(&replica, &client).await;
+    assert!(
+        first.child.try_wait().expect("wait on the child").is_none(),
+        "the projector stopped; its log:\n{}",
+        first.log_tail()
+    );
+    assert_eq!(walsenders(&client).await, 1);
+    drop(nats);
+}
+
 /// A slot is not active while its creator loads the snapshot (PostgreSQL
 /// releases it at creation until `START_REPLICATION`): the creator's
 /// session lock is what says the slot is taken. Here a session holds that

@@ -196,6 +196,7 @@ pub fn start(settings: Settings, listener: TcpListener) -> Result<App, AppError>
                         refresh: refresh.clone(),
                         checkpoints: checkpoints.clone(),
                         active: fleet_status.active.clone(),
+                        outbox: outbox.state(),
                     };
                     // The uploader outlives the projector, whose last
                     // checkpoint is written after shutdown begins.

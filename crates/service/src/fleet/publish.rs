@@ -238,7 +238,9 @@ pub async fn run_publisher(
     // This process's mark on what it publishes; its takeover marker goes
     // first, once.
     let holder: u64 = rand::random();
-    let mut announced = false;
+    // The activation (`OutboxState::activation`) this process's takeover
+    // marker was stored in, once it was.
+    let mut announced: Option<u64> = None;
     loop {
         if shutdown.is_cancelled() && unsent.is_empty() && current.is_none() && outbox.is_empty() {
             return;
@@ -336,7 +338,7 @@ impl Session<'_> {
     /// its transaction.
     async fn run(
         &self,
-        announced: &mut bool,
+        announced: &mut Option<u64>,
         unsent: &mut VecDeque<Ready>,
         current: &mut Option<ItemMessages>,
         outbox: &mut mpsc::Receiver<Outgoing>,
@@ -363,7 +365,11 @@ impl Session<'_> {
         }
         // Where the stream ends now: anything at or below it is stored.
         let last = log.last_message().await?;
-        if *announced
+        // Fenced only by a marker after this process's own of the same
+        // activation: one stored while this process stood by is the
+        // projector it took the slot back from.
+        let activation = self.state.activation();
+        if *announced == Some(activation)
             && let Some((message, _)) = &last
             && message.holder != self.holder
         {
@@ -405,15 +411,16 @@ impl Session<'_> {
             // This process's first data goes after its takeover marker: only
             // the projector that holds the slot hands anything over, so a
             // standby's publisher announces nothing.
-            if !*announced && !pending.is_empty() {
-                match self.announce(last_sequence, stored.data).await {
+            let activation = self.state.activation();
+            if *announced != Some(activation) && !pending.is_empty() {
+                match self.announce(last_sequence, stored.data, activation).await {
                     Ok(sequence) => last_sequence = sequence,
                     Err(error) => {
                         requeue(unsent, in_flight, pending, None);
                         return Err(error);
                     }
                 }
-                *announced = true;
+                *announced = Some(activation);
             }
             // Send what is waiting, up to the bound.
             while in_flight.len() < max_in_flight
@@ -490,16 +497,25 @@ impl Session<'_> {
     /// Publishes this process's takeover marker after the stream's last
     /// message (at `last_sequence`, 0 for none; its data position is
     /// `after`); returns the marker's sequence.
+    /// Stores this process's takeover marker of `activation` after the
+    /// stream's message `last_sequence`; its sequence.
     async fn announce(
         &self,
         last_sequence: u64,
         after: Option<Position>,
+        activation: u64,
     ) -> Result<u64, FleetError> {
         let log = self.log;
         let marker = Message::takeover(self.holder, after);
+        // One id per activation: JetStream answers a message id it stored
+        // within its duplicate window as stored, at the old sequence,
+        // without checking the expected last sequence. A projector that
+        // took the slot back within two minutes had its second marker
+        // "stored" at its first's place, then found the other projector's
+        // marker after its own and stopped.
         let publish = PublishMessage::build()
             .payload(Bytes::from(marker.encode()))
-            .message_id(marker.message_id())
+            .message_id(format!("{}-{activation}", marker.message_id()))
             .expected_last_subject_sequence(last_sequence);
         let ack = log
             .jetstream
@@ -508,6 +524,12 @@ impl Session<'_> {
             .map_err(|e| FleetError::Nats(format!("takeover marker: {e}")))?
             .await
             .map_err(|e| FleetError::Nats(format!("takeover marker: {e}")))?;
+        if ack.duplicate {
+            return Err(FleetError::Nats(format!(
+                "takeover marker: taken for a duplicate of sequence {}, not stored",
+                ack.sequence
+            )));
+        }
         tracing::info!(
             holder = format!("{:x}", self.holder),
             ?after,

@@ -26,6 +26,7 @@ use crate::model::ReadModel;
 use crate::owner::{self, OwnerSettings};
 use crate::stream::Projector;
 use crate::stream::checkpoints::Checkpoints;
+use crate::stream::outbox::OutboxState;
 use crate::stream::refresh::Refresh;
 use crate::stream::replicate::RunEnd;
 use crate::stream::slot;
@@ -45,6 +46,8 @@ pub struct Standby {
     pub checkpoints: Arc<Checkpoints>,
     /// Set while this process runs the projector (`/v1/status`).
     pub active: Arc<std::sync::atomic::AtomicBool>,
+    /// The publisher's state: told of each activation.
+    pub outbox: Arc<OutboxState>,
 }
 
 impl Standby {
@@ -67,6 +70,7 @@ impl Standby {
                 self.checkpoints.copy_replaced();
             }
             self.refresh.set_paused(false);
+            self.outbox.activated(self.model.read().epoch);
             tracing::info!(slot = %self.slot, "the slot is free; this projector takes over");
             self.active
                 .store(true, std::sync::atomic::Ordering::Release);

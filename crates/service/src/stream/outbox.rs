@@ -118,6 +118,11 @@ pub struct OutboxState {
     /// The newest copy epoch found behind the stream's, so each is told
     /// once, not once per message dropped.
     behind_told: AtomicU64,
+    /// How many times this process took the slot over (`activated`): the
+    /// publisher announces itself once per activation, and a takeover
+    /// marker of another projector fences it only after its own of the
+    /// same activation.
+    activations: AtomicU64,
 }
 
 /// A sequence of the change stream, and which stream: one deleted and made
@@ -148,6 +153,24 @@ impl OutboxState {
 
     fn stored_item(&self) -> std::sync::MutexGuard<'_, StoredItem> {
         self.stored.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// This process holds the slot again, with a copy of `epoch` (its
+    /// follower's): its publisher announces itself anew, and nothing of
+    /// a newer copy than it stored before is taken for stored
+    /// (`copy_replaced`). Without it, a projector that lost the slot and
+    /// won it back found the other projector's marker after its own at its
+    /// first publish and stopped its process, leaving the fleet without a
+    /// projector until a supervisor started one.
+    pub fn activated(&self, epoch: u64) {
+        self.copy_replaced(epoch);
+        self.activations.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The activation the process is in (0 before the first, and for a
+    /// projector without standbys).
+    pub fn activation(&self) -> u64 {
+        self.activations.load(Ordering::Acquire)
     }
 
     /// The loop swapped in a new copy of `epoch`: nothing of it is stored
