@@ -437,6 +437,8 @@ struct Records {
     left: u32,
     /// Records read so far.
     found: u64,
+    /// Bytes of the file read so far (the magic, then whole blocks).
+    consumed: u64,
 }
 
 impl Records {
@@ -458,6 +460,7 @@ impl Records {
             at: 0,
             left: 0,
             found: 0,
+            consumed: MAGIC.len() as u64,
         })
     }
 
@@ -504,12 +507,15 @@ impl Records {
         // (a hotel row with a huge text) makes a block of its own size, up
         // to what the frame holds: a fixed bound below that refused, as
         // damage, a block the writer had made, and the transaction never
-        // applied. A length past what was written is damage, refused
-        // before anything is allocated for it.
-        if u64::from(len) > file.bytes {
+        // applied. A length past what is left of what was written is
+        // damage, refused before anything is allocated for it.
+        let left = file
+            .bytes
+            .saturating_sub(self.consumed + header.len() as u64);
+        if u64::from(len) > left {
             return Err(SpillError::corrupt(
                 path,
-                format!("a block of {len} bytes in a file of {}", file.bytes),
+                format!("a block of {len} bytes with {left} left of the file"),
             ));
         }
         self.payload.resize(len as usize, 0);
@@ -522,6 +528,7 @@ impl Records {
                 "a block's checksum does not match",
             ));
         }
+        self.consumed += header.len() as u64 + u64::from(len);
         self.at = 0;
         self.left = count;
         Ok(true)

@@ -293,8 +293,9 @@ async fn wait_done<T: Clone>(
 /// read queued behind it).
 pub struct Confirmer {
     owner: OwnerSettings,
-    /// How long one round (a position read or a nudge) may take: the
-    /// search's owner budget, never more than the owner's query timeout.
+    /// How long one round's statement (a position read or a nudge) may
+    /// take, a new connection's connect timeout besides: the search's
+    /// owner budget, never more than the owner's query timeout.
     /// A round a search began after cannot serve it, so it waits the round
     /// out before sending its own: bounded by the query timeout (5 s), a
     /// round stuck on a path that drops packets held every confirmed read
@@ -424,7 +425,8 @@ impl OwnerQuery {
 }
 
 /// One owner query, counted like every owner read, bounded by `limit`
-/// (connecting included) so its round always ends.
+/// (a new connection within the connect timeout besides) so its round
+/// always ends.
 async fn query_owner(
     owner: &OwnerSettings,
     slot: &Mutex<Option<Arc<Client>>>,
@@ -434,10 +436,7 @@ async fn query_owner(
     let reason = query.reason();
     metrics::OWNER_READS.with_label_values(&[reason]).inc();
     let started = Instant::now();
-    let result = match tokio::time::timeout(limit, query_position(owner, slot, query.sql())).await {
-        Ok(r) => r,
-        Err(_) => Err(format!("no answer within {limit:?}")),
-    };
+    let result = query_position(owner, slot, query.sql(), limit).await;
     metrics::OWNER_READ_DURATION
         .with_label_values(&[reason])
         .observe(started.elapsed().as_secs_f64());
@@ -453,11 +452,18 @@ async fn query_owner(
 
 /// The LSN in the first column of `sql`'s row, and the timeline in hex in
 /// its second when it has one.
+/// Connecting is bounded by the connect timeout, not `limit`: an owner a
+/// few round trips away (TLS, SCRAM) takes longer to connect to than a
+/// search's budget, and a round that gave up connecting would leave every
+/// confirmed read without a connection for good. Once connected, each
+/// statement is bounded by `limit`.
 async fn query_position(
     owner: &OwnerSettings,
     slot: &Mutex<Option<Arc<Client>>>,
     sql: &'static str,
+    limit: Duration,
 ) -> Result<Position, String> {
+    let in_time = |e: tokio::time::error::Elapsed| format!("no answer within {limit:?}: {e}");
     let existing = slot.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let client = match existing.filter(|c| !c.is_closed()) {
         Some(c) => c,
@@ -469,8 +475,9 @@ async fn query_position(
             // asynchronous commit would leave the walsender waiting for the
             // WAL writer, a synchronous standby would add its round trip.
             // (Only the nudge commits; the position read writes nothing.)
-            c.batch_execute("SET synchronous_commit = local")
+            tokio::time::timeout(limit, c.batch_execute("SET synchronous_commit = local"))
                 .await
+                .map_err(in_time)?
                 .map_err(|e| e.to_string())?;
             let c = Arc::new(c);
             *slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(c.clone());
@@ -479,7 +486,10 @@ async fn query_position(
     };
     // The simple protocol: one round trip, where an unnamed prepared
     // statement would take two (parse, then bind and execute).
-    let messages = client.simple_query(sql).await.map_err(|e| e.to_string())?;
+    let messages = tokio::time::timeout(limit, client.simple_query(sql))
+        .await
+        .map_err(in_time)?
+        .map_err(|e| e.to_string())?;
     let row = messages
         .iter()
         .find_map(|m| match m {

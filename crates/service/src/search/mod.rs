@@ -683,7 +683,10 @@ impl Search {
             keys.sort_unstable();
             Some(OwnerNights::Failed(keys))
         };
-        if tokio::time::Instant::now() >= end {
+        // With almost nothing left a query would be cut before its
+        // answer, and its connection dropped with it (`on_a_client`): a
+        // healthy connection lost for an answer no search could use.
+        if end.saturating_duration_since(tokio::time::Instant::now()) < self.owner_budget / 10 {
             return failed(keys);
         }
         let read = self.owner_nights(keys.clone(), stay, Reason::FewUnits, asked_at, end);

@@ -868,10 +868,10 @@ impl Ledger {
     /// not in it: they are the process's, and start again from zero like
     /// any restarted process's.
     pub fn carry(&self, now: Instant) -> StaleCarry {
-        // Held to the end: no outcome of the stream is recorded while the
-        // state is read, so it is exactly every outcome up to `applied`.
+        // Held until the state is read: no outcome of the stream is recorded
+        // meanwhile, so it is exactly every outcome up to `applied`.
         let position = self.position();
-        let _recording = self.recording.lock().unwrap_or_else(|p| p.into_inner());
+        let recording = self.recording.lock().unwrap_or_else(|p| p.into_inner());
         let buckets = self
             .window()
             .buckets(now)
@@ -893,6 +893,12 @@ impl Ledger {
                 })
             })
             .collect();
+        let totals = OutcomeTotals::from(&self.totals());
+        let outcomes_sequence = position.as_ref().map(|p| p.applied);
+        // What follows reads nothing the recorders change: reports wait no
+        // longer than the walk above.
+        drop(recording);
+        drop(position);
         let capacity = usize::try_from(self.attempt_capacity).unwrap_or(usize::MAX);
         if attempts.len() > capacity {
             // The youngest are the likeliest to be retried.
@@ -903,8 +909,8 @@ impl Ledger {
         StaleCarry {
             buckets,
             attempts,
-            totals: OutcomeTotals::from(&self.totals()),
-            outcomes_sequence: position.map(|p| p.applied),
+            totals,
+            outcomes_sequence,
         }
     }
 

@@ -223,6 +223,11 @@ pub struct Projector {
     /// until the owner's `wal_sender_timeout` (60 s by default) notices;
     /// the next session ends it rather than wait (`wait_slot_released`).
     own_walsender: Mutex<Option<slot::Walsender>>,
+    /// Where the last streaming session asked to start: the walsender
+    /// sends nothing of what committed before it (`walsender_busy`). Above
+    /// the slot's confirmed position when a checkpoint is ahead of it, so
+    /// not what the stream's first keepalive says.
+    session_start: Mutex<Lsn>,
     /// A session saw the owner change and the copy has not been replaced
     /// by a snapshot of the new one yet: set until that snapshot is in, so
     /// a session that fails before it does not resume the old copy there.
@@ -301,6 +306,7 @@ impl Projector {
             outbox: None,
             yield_when_slot_busy: false,
             own_walsender: Mutex::new(None),
+            session_start: Mutex::new(Lsn::ZERO),
             owner_change_pending: AtomicBool::new(false),
         }
     }
@@ -633,6 +639,7 @@ impl Projector {
             }
         };
         stream.start(Some(start_at.0)).await?;
+        *self.session_start.lock().unwrap_or_else(|p| p.into_inner()) = start_at;
         self.note_own_walsender(&client).await;
         drop(client);
         self.status.connected.store(true, Ordering::Release);
@@ -755,7 +762,8 @@ impl Projector {
     }
 
     /// Where this session's walsender has read the WAL to, while that is
-    /// below `received` (where the session stands) and past `last_seen`:
+    /// below where the session stands (`received`, or the session's start
+    /// when that is higher) and past `last_seen`:
     /// it is alive and catching up, only sending nothing. Asked within
     /// `limit` (the receive timeout), so a dead path is still found within
     /// twice the receive timeout. That is how a
@@ -775,6 +783,8 @@ impl Projector {
         limit: Duration,
     ) -> Option<Lsn> {
         let walsender = (*self.own_walsender.lock().unwrap_or_else(|p| p.into_inner()))?;
+        let session_start = *self.session_start.lock().unwrap_or_else(|p| p.into_inner());
+        let received = received.max(session_start);
         let ask = async {
             let client = owner::connect_configured(&self.owner, self.owner.connect_timeout())
                 .await
