@@ -1936,6 +1936,25 @@ mod confirmed_tests {
         )
     }
 
+    /// A search with a budget of 300 ms on a copy at 1/100, whose owner
+    /// (the listener returned, kept open) lets connections in, by the
+    /// kernel's backlog, and never reads them: the startup message goes
+    /// unanswered.
+    fn search_of_a_silent_owner() -> (Search, Arc<ReadModel>, std::net::TcpListener) {
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!(
+            "postgresql://vacancy@127.0.0.1:{}/none",
+            silent.local_addr().unwrap().port()
+        );
+        let model = ReadModel::new();
+        model.replace(Tables {
+            applied: Lsn(100),
+            timeline: 1,
+            ..Tables::default()
+        });
+        (search_with_owner(url, 300, model.clone()), model, silent)
+    }
+
     fn few_units_key() -> (CalendarKey, Stay) {
         (
             CalendarKey {
@@ -1956,20 +1975,7 @@ mod confirmed_tests {
     /// waits on.
     #[tokio::test(start_paused = true)]
     async fn a_search_spends_one_owner_budget_over_the_pages_rounds() {
-        // Accepted by the kernel (the backlog), never read: the startup
-        // message goes unanswered.
-        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!(
-            "postgresql://vacancy@127.0.0.1:{}/none",
-            silent.local_addr().unwrap().port()
-        );
-        let model = ReadModel::new();
-        model.replace(Tables {
-            applied: Lsn(100),
-            timeline: 1,
-            ..Tables::default()
-        });
-        let search = search_with_owner(url, 300, model);
+        let (search, _model, _silent) = search_of_a_silent_owner();
         let (key, stay) = few_units_key();
         let copied = Position::new(1, Lsn(100));
         let mut fresh = FreshBudget::default();
@@ -1997,19 +2003,8 @@ mod confirmed_tests {
     /// owner that never answers) or waiting out half the budget.
     #[tokio::test(start_paused = true)]
     async fn a_copy_being_replaced_confirms_nothing_and_waits_for_nothing() {
-        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!(
-            "postgresql://vacancy@127.0.0.1:{}/none",
-            silent.local_addr().unwrap().port()
-        );
-        let model = ReadModel::new();
-        model.replace(Tables {
-            applied: Lsn(100),
-            timeline: 1,
-            ..Tables::default()
-        });
+        let (search, model, _silent) = search_of_a_silent_owner();
         model.freshness.set_replacing(true);
-        let search = search_with_owner(url, 300, model);
         let began = tokio::time::Instant::now();
         let deadline = began + Duration::from_millis(150);
         assert_eq!(

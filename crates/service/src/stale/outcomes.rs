@@ -1089,6 +1089,18 @@ mod tests {
     }
 
     fn body(key: &QuoteKey, source: Source, free: i32, outcome: Outcome) -> TakeOutcomeBody {
+        body_shown(key, source, free, outcome, chrono::TimeDelta::zero())
+    }
+
+    /// A report of a take of `free` units shown by `source`, its quote
+    /// shown `ago` before now.
+    fn body_shown(
+        key: &QuoteKey,
+        source: Source,
+        free: i32,
+        outcome: Outcome,
+        ago: chrono::TimeDelta,
+    ) -> TakeOutcomeBody {
         let quote = key
             .sign(&Quote {
                 source,
@@ -1098,7 +1110,7 @@ mod tests {
                 check_out: day(3),
                 free_units: free,
                 lsn: Lsn(99),
-                shown_at: Utc::now(),
+                shown_at: Utc::now() - ago,
                 lag_ms: 40,
             })
             .unwrap();
@@ -1115,32 +1127,6 @@ mod tests {
         }
     }
 
-    /// `body`, its quote shown `ago` before now.
-    fn body_shown(
-        key: &QuoteKey,
-        source: Source,
-        outcome: Outcome,
-        ago: chrono::TimeDelta,
-    ) -> TakeOutcomeBody {
-        let quote = key
-            .sign(&Quote {
-                source,
-                hotel_id: 1,
-                room_type_id: 2,
-                check_in: day(1),
-                check_out: day(3),
-                free_units: 2,
-                lsn: Lsn(99),
-                shown_at: Utc::now() - ago,
-                lag_ms: 40,
-            })
-            .unwrap();
-        TakeOutcomeBody {
-            quote: Some(quote),
-            ..body(key, source, 2, outcome)
-        }
-    }
-
     /// A conflict long after a copy showing counts as a take without a
     /// quote, not as a stale read; its retry, later still, gets the same
     /// answer; a quote within the age is counted under its source.
@@ -1149,7 +1135,7 @@ mod tests {
         let key = QuoteKey::random();
         let l = ledger();
         let minutes = chrono::TimeDelta::minutes;
-        let old = body_shown(&key, Source::Copy, Outcome::Conflict, minutes(16))
+        let old = body_shown(&key, Source::Copy, 2, Outcome::Conflict, minutes(16))
             .check(&key)
             .unwrap();
         let Ok(Recording::New(answer)) = l.record(&old) else {
@@ -1168,7 +1154,7 @@ mod tests {
 
         let fresh = TakeOutcomeBody {
             attempt_id: Some("a-2".into()),
-            ..body_shown(&key, Source::Copy, Outcome::Conflict, minutes(14))
+            ..body_shown(&key, Source::Copy, 2, Outcome::Conflict, minutes(14))
         }
         .check(&key)
         .unwrap();
@@ -1188,7 +1174,7 @@ mod tests {
         let l = ledger().shared();
         l.begin_consuming();
         let minutes = chrono::TimeDelta::minutes;
-        let report = body_shown(&key, Source::Copy, Outcome::Conflict, minutes(20))
+        let report = body_shown(&key, Source::Copy, 2, Outcome::Conflict, minutes(20))
             .check(&key)
             .unwrap();
         // Stored by the stream 19 minutes ago: judged then, on every node.
@@ -1214,7 +1200,7 @@ mod tests {
     fn quotes_expire_only_past_a_set_limit() {
         let key = QuoteKey::random();
         let days = chrono::TimeDelta::days;
-        let mut r = body_shown(&key, Source::Copy, Outcome::Conflict, days(3))
+        let mut r = body_shown(&key, Source::Copy, 2, Outcome::Conflict, days(3))
             .check(&key)
             .unwrap();
         r.expire_quote(Utc::now(), None);
