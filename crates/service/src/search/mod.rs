@@ -219,6 +219,14 @@ enum OwnerNights {
     Failed(Vec<CalendarKey>),
 }
 
+impl OwnerNights {
+    /// The read of `keys` failed (or was not sent in time).
+    fn failed(mut keys: Vec<CalendarKey>) -> OwnerNights {
+        keys.sort_unstable();
+        OwnerNights::Failed(keys)
+    }
+}
+
 /// One room type's nights over the stay, as read from the copy.
 #[derive(Debug, Clone)]
 struct TypeNights {
@@ -679,21 +687,15 @@ impl Search {
         if keys.is_empty() {
             return None;
         }
-        let failed = |mut keys: Vec<CalendarKey>| {
-            keys.sort_unstable();
-            Some(OwnerNights::Failed(keys))
-        };
         // With almost nothing left a query would be cut before its
         // answer, and its connection dropped with it (`on_a_client`): a
         // healthy connection lost for an answer no search could use.
         if end.saturating_duration_since(tokio::time::Instant::now()) < self.owner_budget / 10 {
-            return failed(keys);
+            return Some(OwnerNights::failed(keys));
         }
-        let read = self.owner_nights(keys.clone(), stay, Reason::FewUnits, asked_at, end);
-        match tokio::time::timeout_at(end, read).await {
-            Ok(read) => read,
-            Err(_) => failed(keys),
-        }
+        // Bounded by `end` inside: a read not done by then is `Failed`.
+        self.owner_nights(keys, stay, Reason::FewUnits, asked_at, end)
+            .await
     }
 
     /// A confirmed read of `keys` (see `confirm`), falling back to the
@@ -968,11 +970,7 @@ impl Search {
                 .await
             {
                 Ok(read) => OwnerNights::Read(read),
-                Err(_) => {
-                    let mut keys = keys;
-                    keys.sort_unstable();
-                    OwnerNights::Failed(keys)
-                }
+                Err(_) => OwnerNights::failed(keys),
             },
         )
     }
