@@ -1400,3 +1400,53 @@ async fn silent_catch_ups(app: &App) -> f64 {
     vacancy_lab::bench::soak::gauge(&text, "vacancy_stream_silent_catch_up_total", None)
         .expect("the counter is reported")
 }
+
+/// A new slot waits for every transaction open on the owner. An `idle in
+/// transaction` session held it back for good, silently: `/v1/status` said
+/// nothing and the session never ended. Now the status names the session
+/// while the slot waits, the wait ends at `stream.slot_create_timeout_ms`
+/// with it in the error, and once it commits the copy loads and converges.
+#[tokio::test]
+async fn a_slot_held_back_by_an_open_transaction_names_it_and_gives_up_in_time() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    let open = owner.client().await;
+    let open_pid: i32 = open
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    open.batch_execute("BEGIN; SELECT txid_current()")
+        .await
+        .expect("a transaction with an xid left open");
+
+    let mut settings = settings_for(&owner);
+    settings.stream.slot_create_timeout_ms = 3_000;
+    let app = start_app(settings).await;
+    let named = format!("pid {open_pid} (xid");
+    let waiting = wait_for(
+        "the status to name the open transaction",
+        Duration::from_secs(30),
+        || async { app.status.waiting_for().filter(|w| w.contains(&named)) },
+    )
+    .await;
+    assert!(waiting.contains("idle in transaction"), "{waiting}");
+    let error = wait_for(
+        "the slot's wait to end in an error",
+        Duration::from_secs(30),
+        || async {
+            app.status
+                .last_error()
+                .filter(|e| e.contains("stream.slot_create_timeout_ms"))
+        },
+    )
+    .await;
+    assert!(error.contains(&named), "{error}");
+    assert!(!app.model.freshness.is_loaded());
+
+    open.batch_execute("COMMIT").await.unwrap();
+    assert_converged(&app.model, &client).await;
+    assert_eq!(app.status.waiting_for(), None);
+    app.stop(Duration::from_secs(5)).await;
+}

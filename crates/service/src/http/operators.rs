@@ -111,6 +111,9 @@ pub(super) struct StatusBody {
     ready: bool,
     slot: SlotBody,
     last_error: Option<String>,
+    /// What the replication session waits for on the owner, while it
+    /// waits: a new slot behind transactions open on the owner, named.
+    waiting_for: Option<String>,
     model: ModelBody,
     checkpoint: CheckpointBody,
     fleet: crate::fleet::FleetReport,
@@ -207,6 +210,7 @@ pub(super) async fn status(State(state): State<ApiState>) -> Json<StatusBody> {
             retained_wal_bytes: slot.as_ref().and_then(|s| s.retained_bytes),
         },
         last_error: state.status.last_error(),
+        waiting_for: state.status.waiting_for(),
         model: model_body(&state.model),
         checkpoint: checkpoint_body(&state),
         fleet: state.fleet.report(),

@@ -69,6 +69,16 @@ pub enum StreamError {
     Apply(#[from] ApplyError),
     #[error("the slot was created but exported no snapshot")]
     NoSnapshotExported,
+    /// `CREATE_REPLICATION_SLOT` did not return within
+    /// `stream.slot_create_timeout_ms`: transactions open on the owner.
+    #[error(
+        "creating slot {slot:?} waited {after:?} (stream.slot_create_timeout_ms) for transactions open on the owner to end: {open}"
+    )]
+    SlotCreateTimeout {
+        slot: String,
+        after: Duration,
+        open: String,
+    },
     #[error("slot {slot:?} is still held by walsender pid {pid:?}; waiting for it to exit")]
     SlotBusy { slot: String, pid: Option<i32> },
     #[error("the outbox's carrier (the fleet's publisher) has stopped")]
@@ -84,6 +94,11 @@ pub enum StreamError {
     ImpossiblePosition(Lsn),
 }
 
+/// How often a session whose new slot waits on open transactions reads
+/// which they are (`Projector::create_slot`): often enough for an operator
+/// looking at `/v1/status`, one cheap query a second.
+const SLOT_WAIT_LOOK_EVERY: Duration = Duration::from_secs(1);
+
 /// What operators see of the stream in `/v1/status`.
 #[derive(Debug, Default)]
 pub struct StreamStatus {
@@ -93,6 +108,9 @@ pub struct StreamStatus {
     /// resumed: the old copy keeps serving, marked stale.
     pub resnapshotting: AtomicBool,
     last_error: Mutex<Option<String>>,
+    /// What the session waits for on the owner, while it waits (a new slot
+    /// behind open transactions).
+    waiting_for: Mutex<Option<String>>,
     slot: Mutex<Option<SlotInfo>>,
     /// Resnapshots asked for by an operator, and how many of those asks the
     /// last completed snapshot answered. Counters, not a flag: an ask that
@@ -127,6 +145,17 @@ impl StreamStatus {
 
     pub(crate) fn set_last_error(&self, error: Option<String>) {
         *self.last_error.lock().unwrap_or_else(|p| p.into_inner()) = error;
+    }
+
+    pub fn waiting_for(&self) -> Option<String> {
+        self.waiting_for
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn set_waiting_for(&self, what: Option<String>) {
+        *self.waiting_for.lock().unwrap_or_else(|p| p.into_inner()) = what;
     }
 
     pub fn slot(&self) -> Option<SlotInfo> {
@@ -576,7 +605,7 @@ impl Projector {
             // The snapshot is the owner as of the slot's creation: its
             // age from here is the copy's lag until a commit is applied.
             let consistent_at = Utc::now();
-            stream.ensure_replication_slot().await?;
+            self.create_slot(&mut stream, &client).await?;
             let name = stream
                 .exported_snapshot_name()
                 .ok_or(StreamError::NoSnapshotExported)?
@@ -647,6 +676,60 @@ impl Projector {
         metrics::STREAM_CONNECTED.set(1);
         tracing::info!(slot = %s.slot, from = %start_at, "streaming");
         Ok(stream)
+    }
+
+    /// Creates the session's slot (`CREATE_REPLICATION_SLOT`), which
+    /// returns only once every transaction open on the owner when it began
+    /// has ended. While it waits, `/v1/status` `waiting_for` names the
+    /// oldest of them (read on `client` every `SLOT_WAIT_LOOK_EVERY`); past
+    /// `stream.slot_create_timeout_ms` the session ends with them as its
+    /// error. Dropping the request closes the replication connection, and
+    /// the owner then drops the half-made slot with its walsender.
+    async fn create_slot(
+        &self,
+        stream: &mut LogicalReplicationStream,
+        client: &tokio_postgres::Client,
+    ) -> Result<(), StreamError> {
+        let limit = self.stream.slot_create_timeout();
+        let deadline = tokio::time::Instant::now() + limit;
+        let create = stream.ensure_replication_slot();
+        tokio::pin!(create);
+        let mut open = String::from("none seen");
+        let created = loop {
+            let look_at = (tokio::time::Instant::now() + SLOT_WAIT_LOOK_EVERY).min(deadline);
+            if let Ok(created) = tokio::time::timeout_at(look_at, &mut create).await {
+                break created;
+            }
+            // Bounded like every other query, so a look never holds the
+            // wait past its own bound by more than one query timeout.
+            let looked = tokio::time::timeout(
+                self.owner.query_timeout(),
+                slot::open_transactions(client, 3),
+            )
+            .await;
+            if let Ok(Ok(found)) = looked {
+                open = if found.is_empty() {
+                    "none with an xid now".to_string()
+                } else {
+                    found.join("; ")
+                };
+            }
+            if tokio::time::Instant::now() >= deadline {
+                self.status.set_waiting_for(None);
+                return Err(StreamError::SlotCreateTimeout {
+                    slot: self.stream.slot.clone(),
+                    after: limit,
+                    open,
+                });
+            }
+            tracing::warn!(slot = %self.stream.slot, %open, "creating the slot waits for transactions open on the owner");
+            self.status.set_waiting_for(Some(format!(
+                "creating slot {:?}: transactions open on the owner must end first: {open}",
+                self.stream.slot
+            )));
+        };
+        self.status.set_waiting_for(None);
+        created.map_err(StreamError::from)
     }
 
     /// Notes the owner this session reached (`owner::identity`) and says
@@ -837,12 +920,16 @@ impl Projector {
     async fn lock_slot(&self, client: &tokio_postgres::Client) -> Result<(), StreamError> {
         let deadline = Instant::now() + self.owner.connect_timeout();
         // A dead peer's session is ended by the owner's keepalives, not
-        // its default of hours: its lock goes with it.
+        // its default of hours: its lock goes with it. Every setup
+        // statement on this connection is bounded by the query timeout (a
+        // publication fix waits for locks behind open transactions); the
+        // snapshot load lifts the bound for its own transaction.
         client
-            .batch_execute(
+            .batch_execute(&format!(
                 "SET tcp_keepalives_idle = 15; SET tcp_keepalives_interval = 5; \
-                 SET tcp_keepalives_count = 3",
-            )
+                 SET tcp_keepalives_count = 3; SET statement_timeout = {}",
+                self.owner.query_timeout().as_millis()
+            ))
             .await
             .map_err(SlotError::from)?;
         while !slot::try_lock_slot(client, &self.stream.slot).await? {

@@ -25,6 +25,10 @@ pub struct StreamSettings {
     /// A replication read that receives nothing for this long ends the
     /// session as dead (0: never); see `receive_timeout`.
     pub receive_timeout_ms: u64,
+    /// The longest a session waits for its new slot: `CREATE_REPLICATION_SLOT`
+    /// waits for every transaction open on the owner to end (see
+    /// `slot_create_timeout`).
+    pub slot_create_timeout_ms: u64,
     /// Past this many bytes in memory, held transactions spill to
     /// `spill_dir` (`model::held`).
     pub max_held_bytes: u64,
@@ -70,6 +74,12 @@ impl StreamSettings {
                 "must be above 0",
             ));
         }
+        if self.slot_create_timeout_ms == 0 {
+            return Err(InvalidSetting::new(
+                "stream.slot_create_timeout_ms",
+                "must be above 0",
+            ));
+        }
         if self.max_held_bytes < MIN_HELD_BYTES {
             return Err(InvalidSetting::new(
                 "stream.max_held_bytes",
@@ -106,6 +116,19 @@ impl StreamSettings {
     pub fn receive_timeout(&self) -> Option<Duration> {
         (self.receive_timeout_ms > 0 && self.heartbeat_interval_ms > 0)
             .then(|| Duration::from_millis(self.receive_timeout_ms))
+    }
+
+    /// How long a session waits for `CREATE_REPLICATION_SLOT`, which
+    /// returns only once every transaction open on the owner when it began
+    /// has ended (the snapshot it exports must see all or nothing of each).
+    /// An `idle in transaction` session left open holds it for good; past
+    /// this, the session ends with an error naming the oldest open
+    /// transactions and the next one tries again. Generous on purpose: each
+    /// try waits afresh for the transactions open at its own start, so on an
+    /// owner whose long transactions overlap, a short bound would never let
+    /// one finish.
+    pub fn slot_create_timeout(&self) -> Duration {
+        Duration::from_millis(self.slot_create_timeout_ms)
     }
 
     pub fn spill_dir(&self) -> PathBuf {
@@ -160,6 +183,7 @@ mod tests {
             stream_in_progress: true,
             slot_watch_interval_ms: 5000,
             receive_timeout_ms,
+            slot_create_timeout_ms: 1_800_000,
             max_held_bytes: 256 << 20,
             spill_dir: String::new(),
         }

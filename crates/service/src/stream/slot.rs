@@ -444,6 +444,40 @@ pub async fn columns_fingerprint(client: &Client, publication: &str) -> Result<V
     Ok(hash.finalize().to_vec())
 }
 
+/// The oldest transactions open on the owner that hold an xid, as
+/// `CREATE_REPLICATION_SLOT` waits for them: "pid 4711 (xid 829, open
+/// 312 s, idle in transaction)", at most `limit`, oldest first. What an
+/// operator needs to find the session holding a new slot back; never the
+/// query text, which may carry guests' data.
+pub async fn open_transactions(client: &Client, limit: i64) -> Result<Vec<String>, SlotError> {
+    let rows = client
+        .query(
+            "SELECT pid, backend_xid::text,
+                    extract(epoch FROM now() - xact_start)::float8,
+                    coalesce(state, '')
+             FROM pg_stat_activity
+             WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()
+             ORDER BY xact_start NULLS LAST
+             LIMIT $1",
+            &[&limit],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|row| {
+            let pid: i32 = row.get(0);
+            let xid: Option<String> = row.get(1);
+            let open: Option<f64> = row.get(2);
+            let state: String = row.get(3);
+            format!(
+                "pid {pid} (xid {}, open {:.0} s, {state})",
+                xid.as_deref().unwrap_or("?"),
+                open.unwrap_or(0.0)
+            )
+        })
+        .collect())
+}
+
 /// The owner's current WAL insert position: once the copy has applied it,
 /// every change committed before this call is in the copy.
 pub async fn current_wal_lsn(client: &Client) -> Result<Lsn, SlotError> {

@@ -159,6 +159,19 @@ async fn import_snapshot<'c>(
         .await?;
     tx.batch_execute(&format!("SET TRANSACTION SNAPSHOT '{snapshot_name}'"))
         .await?;
+    // The session's setup statements are bounded (`statement_timeout`,
+    // set by the projector); the load is not: copying 73M rows takes
+    // minutes. A path that goes dark meanwhile is noticed by the
+    // connection's TCP keepalives instead. Its wait for a table's lock
+    // keeps that bound: a transaction that took `ACCESS EXCLUSIVE` after
+    // the slot was made (an `ALTER TABLE`, a `TRUNCATE`) and stays open
+    // would otherwise hold the load, silently, for as long as it lives;
+    // this way the session ends with the error and the next one retries.
+    tx.batch_execute(
+        "SELECT set_config('lock_timeout', current_setting('statement_timeout'), true);
+         SET LOCAL statement_timeout = 0",
+    )
+    .await?;
     Ok(tx)
 }
 
