@@ -158,6 +158,12 @@ pub struct HotelIndex {
     /// rebuild readers now see. Equal: every hotel of the loaded copy is
     /// searchable (what `/readyz` waits for).
     copies_loaded: AtomicU64,
+    /// Copies swapped into the model so far (`mark_all`): what a rebuild
+    /// may claim. Not `copies_loaded`, which counts a copy before its swap:
+    /// a rebuild that read that count, then the model before the swap,
+    /// claimed the new copy with the old one's hotels, and `/readyz`
+    /// answered 200 while searches found the old copy's candidates.
+    copies_swapped: AtomicU64,
     copies_indexed: AtomicU64,
     synced: AtomicU64,
     /// `synced`, for searches that wait for it (`wait_synced`).
@@ -233,6 +239,7 @@ impl HotelIndex {
             dirty: Mutex::new(HashSet::new()),
             rebuild: AtomicBool::new(false),
             copies_loaded: AtomicU64::new(0),
+            copies_swapped: AtomicU64::new(0),
             copies_indexed: AtomicU64::new(0),
             synced: AtomicU64::new(0),
             synced_watch: tokio::sync::watch::Sender::new(0),
@@ -321,10 +328,13 @@ impl HotelIndex {
     }
 
     /// Everything must be re-indexed: the copy announced by `copy_coming`
-    /// was swapped into the model (call it after the swap). A sync that
-    /// takes this flag reads the count after it, and the model after that:
-    /// the new copy, counted.
+    /// was swapped into the model (call it after the swap). Counted before
+    /// the flag is set: a sync that takes this flag reads the count after
+    /// it, and the model after that, so it sees the new copy and may claim
+    /// it. A sync that took an earlier flag reads a count without it and
+    /// leaves this flag for the next sync.
     pub fn mark_all(&self) {
+        self.copies_swapped.fetch_add(1, Ordering::AcqRel);
         self.rebuild.store(true, Ordering::Release);
     }
 
@@ -348,7 +358,7 @@ impl HotelIndex {
         let rebuild = self.rebuild.swap(false, Ordering::AcqRel);
         // After the flag, before the model is read: every copy counted here
         // was swapped in before this count, so the read below sees it.
-        let copies_loaded = self.copies_loaded.load(Ordering::Acquire);
+        let copies_swapped = self.copies_swapped.load(Ordering::Acquire);
         let dirty: Vec<i64> =
             std::mem::take(&mut *self.dirty.lock().unwrap_or_else(|p| p.into_inner()))
                 .into_iter()
@@ -362,7 +372,7 @@ impl HotelIndex {
         // and dropped, a failed rebuild left readiness waiting for another
         // copy, and failed hotels stale in the index while ready.
         let retry = (!rebuild).then(|| dirty.clone());
-        let synced = self.sync_taken(model, at, rebuild, copies_loaded, dirty);
+        let synced = self.sync_taken(model, at, rebuild, copies_swapped, dirty);
         if synced.is_err() {
             if rebuild {
                 self.rebuild.store(true, Ordering::Release);
@@ -383,7 +393,7 @@ impl HotelIndex {
         model: &ReadModel,
         at: Lsn,
         rebuild: bool,
-        copies_loaded: u64,
+        copies_swapped: u64,
         dirty: Vec<i64>,
     ) -> Result<usize, IndexError> {
         let f = self.fields;
@@ -437,7 +447,7 @@ impl HotelIndex {
         self.generation.fetch_add(1, Ordering::AcqRel);
         if rebuild {
             self.copies_indexed
-                .fetch_max(copies_loaded, Ordering::AcqRel);
+                .fetch_max(copies_swapped, Ordering::AcqRel);
         }
         metrics::INDEX_COMMIT_DURATION.observe(started.elapsed().as_secs_f64());
         let searcher = self.reader.searcher();
@@ -871,5 +881,38 @@ mod tests {
         index.sync(&model).unwrap();
         assert!(index.holds_current_copy());
         assert_eq!(ids(&index.candidates(&in_city("porto")).unwrap()), vec![1]);
+    }
+
+    /// A rebuild still pending (an earlier copy's, or a truncate's) when
+    /// the next copy is announced, taken by a tick before that copy's
+    /// swap: it indexes the copy before and must not claim the new one.
+    /// It did: `/readyz` answered 200 while searches found the old copy's
+    /// hotels (here, none in Porto).
+    #[test]
+    fn a_rebuild_pending_before_a_swap_does_not_claim_the_new_copy() {
+        let model = ReadModel::new();
+        let index = HotelIndex::new().unwrap();
+        let copy = |id, city: &str, lsn| {
+            let mut t = crate::model::Tables::default();
+            t.apply_change(&hotel(id, city)).unwrap();
+            t.applied = Lsn(lsn);
+            t
+        };
+        index.copy_coming();
+        model.replace(copy(1, "Lisbon", 10));
+        index.mark_all();
+        index.copy_coming();
+        // The indexer's tick, between the announcement and the swap.
+        index.sync(&model).unwrap();
+        model.replace(copy(2, "Porto", 20));
+        assert!(
+            !index.holds_current_copy(),
+            "copy 2 swapped in, never indexed"
+        );
+        assert!(ids(&index.candidates(&in_city("porto")).unwrap()).is_empty());
+        index.mark_all();
+        index.sync(&model).unwrap();
+        assert!(index.holds_current_copy());
+        assert_eq!(ids(&index.candidates(&in_city("porto")).unwrap()), vec![2]);
     }
 }
