@@ -514,31 +514,8 @@ async fn take_outcomes_posted_to_any_replica_are_counted_once_by_every_node() {
 /// (below what it had counted in the old one) and never counted them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outcome_stream_made_again_is_counted_from_its_start_by_every_node() {
-    let owner = TestOwner::start().await;
-    let client = owner.client().await;
-    load_inventory(&client).await;
-    let nats = start_nats().await;
-    let fleet = Fleet::new(&owner, &nats).await;
-    let (projector, a, b, nats_link, _) = start_nodes(
-        &fleet,
-        &nats,
-        &[("VACANCY_FLEET__REQUEST_TIMEOUT_MS", "5000")],
-    )
-    .await;
-    let (on_a, on_b) = (offers(&a).await, offers(&b).await);
-    let outcome_of = ["conflict", "taken", "error"];
-
-    // Outcomes in the first stream: every node's position is past the
-    // sequences the new stream will give.
-    let mut expected = Expected::default();
-    for i in 0..6usize {
-        let (node, offered) = if i % 2 == 0 { (&a, &on_a) } else { (&b, &on_b) };
-        let hotel = i % 3;
-        let offer = &offered[hotel][0];
-        post_new(node, &report(&format!("old-{i}"), offer, outcome_of[hotel])).await;
-        expected.add(offer, outcome_of[hotel]);
-    }
-    agree(&[&a, &b, &projector], expected, "the first stream").await;
+    let (_owner, nats, fleet, projector, a, b, nats_link, on_a, mut expected) =
+        six_outcomes_agreed().await;
 
     nats_link.cut();
     async_nats::jetstream::new(async_nats::connect(&fleet.nats_url).await.expect("nats"))
@@ -564,6 +541,108 @@ async fn an_outcome_stream_made_again_is_counted_from_its_start_by_every_node() 
         || async { figures(&b).await.filter(|f| expected.shown_by(f)) },
     )
     .await;
+    agree(&[&a, &b, &projector], expected, "the stream made again").await;
+    drop(nats);
+}
+
+/// A fleet (a projector, replica A and replica B, B behind a link the test
+/// can cut) that has counted six outcomes, alike, in the first outcome
+/// stream: every node's position is past the sequences a new stream gives.
+/// Returns A's offers and what the six showed.
+async fn six_outcomes_agreed() -> (
+    TestOwner,
+    NatsServer,
+    Fleet,
+    Serve,
+    Serve,
+    Serve,
+    Link,
+    Vec<Vec<Offer>>,
+    Expected,
+) {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    let nats = start_nats().await;
+    let fleet = Fleet::new(&owner, &nats).await;
+    let (projector, a, b, nats_link, _) = start_nodes(
+        &fleet,
+        &nats,
+        &[("VACANCY_FLEET__REQUEST_TIMEOUT_MS", "5000")],
+    )
+    .await;
+    let (on_a, on_b) = (offers(&a).await, offers(&b).await);
+    let outcome_of = ["conflict", "taken", "error"];
+    let mut expected = Expected::default();
+    for i in 0..6usize {
+        let (node, offered) = if i % 2 == 0 { (&a, &on_a) } else { (&b, &on_b) };
+        let hotel = i % 3;
+        let offer = &offered[hotel][0];
+        post_new(node, &report(&format!("old-{i}"), offer, outcome_of[hotel])).await;
+        expected.add(offer, outcome_of[hotel]);
+    }
+    agree(&[&a, &b, &projector], expected, "the first stream").await;
+    (
+        owner, nats, fleet, projector, a, b, nats_link, on_a, expected,
+    )
+}
+
+/// The outcome stream deleted and made again at once, by someone else: a
+/// node that has not yet noticed (it looks every 2 s) took the new stream's
+/// first sequence for one it had counted, and answered 200 a report it had
+/// not counted. Now it answers 503 until it reads the new stream, and a
+/// 200 means the report is in its figures.
+#[tokio::test]
+async fn a_report_to_a_node_behind_a_stream_made_again_is_answered_only_once_counted() {
+    let (_owner, nats, fleet, projector, a, b, _nats_link, on_a, mut expected) =
+        six_outcomes_agreed().await;
+    let jetstream =
+        async_nats::jetstream::new(async_nats::connect(&fleet.nats_url).await.expect("nats"));
+    let config = jetstream
+        .get_stream("VACANCY_OUTCOMES")
+        .await
+        .expect("the outcome stream")
+        .cached_info()
+        .config
+        .clone();
+    jetstream
+        .delete_stream("VACANCY_OUTCOMES")
+        .await
+        .expect("delete the outcome stream");
+    jetstream
+        .create_stream(config)
+        .await
+        .expect("make it again");
+
+    let offer = &on_a[1][0];
+    let body = report("after-remake", offer, "taken");
+    expected.add(offer, "taken");
+    let refused = std::cell::Cell::new(0);
+    wait_for(
+        "B to take the report once it reads the new stream",
+        Duration::from_secs(60),
+        || async {
+            let answer = post(&b, &body).await;
+            if answer.status == 503 {
+                assert_eq!(answer.json()["type"], "/problems/outcomes-unavailable");
+                refused.set(refused.get() + 1);
+                return None;
+            }
+            assert_eq!(answer.status, 200, "{}", answer.text());
+            // Answered: counted here, now, not once B looks again.
+            let shown = figures(&b).await.expect("B's figures");
+            assert!(
+                expected.shown_by(&shown),
+                "answered 200 before counting it: {shown:#}"
+            );
+            Some(())
+        },
+    )
+    .await;
+    println!(
+        "B refused the report {} times before it read the new stream",
+        refused.get()
+    );
     agree(&[&a, &b, &projector], expected, "the stream made again").await;
     drop(nats);
 }

@@ -91,6 +91,42 @@ pub enum OutcomeError {
         "the outcome was stored (sequence {sequence}) but not yet counted by this node within {waited:?}"
     )]
     NotApplied { sequence: u64, waited: Duration },
+    /// Stored in an outcome stream this node has not read yet: the stream
+    /// was deleted and made again meanwhile. Its sequence says nothing of
+    /// what this node counted; a retry, once the node reads the new
+    /// stream, is answered from it.
+    #[error(
+        "the outcome stream was made again (sequence {sequence} is of a stream this node has not read yet); retry"
+    )]
+    StreamMadeAgain { sequence: u64 },
+}
+
+/// How far a node has counted the outcome stream: every outcome up to
+/// `sequence` of the stream made at `stream` (`log::StreamEnds::made_at_ns`;
+/// 0 before the first session, and known from this process's sessions only:
+/// a checkpoint's carried sequence does not name its stream). One watch
+/// for both, so a request never pairs a sequence with another stream's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Applied {
+    stream: u64,
+    sequence: u64,
+}
+
+impl Applied {
+    /// Whether an acknowledged publish is of the stream this count is of,
+    /// so waiting for `sequence` here waits for that message. A stored
+    /// message gets a sequence past every one its stream held, which this
+    /// node counted up to at most: one at or below the count was stored in
+    /// another stream, made again. A duplicate's sequence is the first
+    /// message's, below the count as often as not: only the stream that
+    /// holds it (`holder`, read after the acknowledgement) can tell.
+    fn holds_ack(&self, sequence: u64, duplicate: bool, holder: Option<u64>) -> bool {
+        if duplicate {
+            holder == Some(self.stream)
+        } else {
+            sequence > self.sequence
+        }
+    }
 }
 
 /// The outcome stream as one node uses it: the HTTP handler publishes
@@ -104,15 +140,10 @@ pub struct OutcomeStream {
     /// waits for, bounded). Cloned out of the watch, never borrowed
     /// across an await.
     publisher: watch::Sender<Option<jetstream::Context>>,
-    /// The sequence the ledger holds every outcome up to, for requests
-    /// waiting on their own.
-    applied: watch::Sender<u64>,
-    /// Which outcome stream `applied` is of (`log::StreamEnds::made_at_ns`;
-    /// 0 before the first session): one deleted and made again under the
-    /// same name starts its sequences over. Known from this process's
-    /// sessions only: a checkpoint's carried sequence does not name its
-    /// stream.
-    stream_made_at: std::sync::atomic::AtomicU64,
+    /// What the ledger holds every outcome up to, and of which stream (one
+    /// deleted and made again under the same name starts its sequences
+    /// over), for requests waiting on their own.
+    applied: watch::Sender<Applied>,
     progress: Mutex<OutcomesProgress>,
 }
 
@@ -147,8 +178,7 @@ impl OutcomeStream {
             stale,
             model,
             publisher: watch::Sender::new(None),
-            applied: watch::Sender::new(0),
-            stream_made_at: std::sync::atomic::AtomicU64::new(0),
+            applied: watch::Sender::new(Applied::default()),
             progress: Mutex::new(OutcomesProgress::default()),
         })
     }
@@ -187,14 +217,17 @@ impl OutcomeStream {
             .map_err(|_| OutcomeError::Unavailable("the outcome task stopped".into()))?
             .clone()
             .ok_or_else(|| OutcomeError::Unavailable("not connected to NATS".into()))?;
+        // Before the publish: the count its acknowledgement is judged by.
+        let before = *self.applied.borrow();
         let payload = serde_json::to_vec(body)
             .map_err(|e| OutcomeError::Unavailable(format!("the report does not encode: {e}")))?;
         let publish = PublishMessage::build()
             .message_id(message_id(&report.attempt_id))
             .payload(payload.into());
         let subject = self.settings.outcomes_subject.clone();
+        let publisher = context.clone();
         let acknowledged = tokio::time::timeout_at(deadline, async move {
-            context.send_publish(subject, publish).await?.await
+            publisher.send_publish(subject, publish).await?.await
         })
         .await;
         let ack = match acknowledged {
@@ -218,14 +251,31 @@ impl OutcomeStream {
             .with_label_values(&[if ack.duplicate { "duplicate" } else { "stored" }])
             .inc();
         let sequence = ack.sequence;
+        // A retry's only: which stream holds the id now.
+        let holder = if ack.duplicate {
+            self.stream_made_at(&context, deadline).await?
+        } else {
+            None
+        };
+        if !before.holds_ack(sequence, ack.duplicate, holder) {
+            return Err(OutcomeError::StreamMadeAgain { sequence });
+        }
         let mut applied = self.applied.subscribe();
-        tokio::time::timeout_at(deadline, applied.wait_for(|a| *a >= sequence))
-            .await
-            .map_err(|_| OutcomeError::NotApplied {
-                sequence,
-                waited: started.elapsed(),
-            })?
-            .map_err(|_| OutcomeError::Unavailable("the outcome consumer stopped".into()))?;
+        let reached = *tokio::time::timeout_at(
+            deadline,
+            applied.wait_for(|a| a.sequence >= sequence || a.stream != before.stream),
+        )
+        .await
+        .map_err(|_| OutcomeError::NotApplied {
+            sequence,
+            waited: started.elapsed(),
+        })?
+        .map_err(|_| OutcomeError::Unavailable("the outcome consumer stopped".into()))?;
+        // Made again while this request waited: the count reached is of
+        // another stream than the acknowledgement's.
+        if reached.stream != before.stream {
+            return Err(OutcomeError::StreamMadeAgain { sequence });
+        }
         // The answer as the ledger counted it: its quote judged at the
         // stream's time of the winning message (`apply`); an id the ledger
         // no longer holds, at this moment, just after that time.
@@ -254,6 +304,24 @@ impl OutcomeStream {
         } else {
             Recording::Replay(answer)
         })
+    }
+
+    /// When the outcome stream now under its name was made, by `deadline`.
+    async fn stream_made_at(
+        &self,
+        context: &jetstream::Context,
+        deadline: tokio::time::Instant,
+    ) -> Result<Option<u64>, OutcomeError> {
+        let name = &self.settings.outcomes_stream;
+        let stream = tokio::time::timeout_at(deadline, context.get_stream(name))
+            .await
+            .map_err(|_| OutcomeError::Unavailable(format!("{name} did not answer in time")))?
+            .map_err(|e| OutcomeError::Unavailable(format!("reading {name}: {e}")))?;
+        Ok(
+            u64::try_from(stream.cached_info().created.unix_timestamp_nanos())
+                .ok()
+                .map(|ns| ns.max(1)),
+        )
     }
 
     /// Counts the message the stream stored at `sequence`, published at
@@ -302,7 +370,7 @@ impl OutcomeStream {
             .with_label_values(&[result])
             .inc();
         debug_assert_eq!(ledger.applied(), sequence);
-        self.applied.send_replace(sequence);
+        self.applied.send_modify(|a| a.sequence = sequence);
         self.update(|p| p.applied_sequence = sequence);
     }
 
@@ -312,9 +380,7 @@ impl OutcomeStream {
         let log = ChangeLog::connect_outcomes(&self.settings).await?;
         let ends = log.outcome_ends().await?;
         let ledger = &self.stale.ledger;
-        let known = self
-            .stream_made_at
-            .swap(ends.made_at_ns, std::sync::atomic::Ordering::AcqRel);
+        let known = self.applied.borrow().stream;
         // Another stream than the last session's, or one that ends before
         // what this node counted: made again. Read from its start, since
         // this node counted none of it: read from its end, as before, the
@@ -329,8 +395,15 @@ impl OutcomeStream {
                 "the outcome stream is not the one this node counted: it was made again; reading it from its start"
             );
             ledger.rebase(before_first);
-            self.applied.send_replace(before_first);
         }
+        // Stream and count together, before any publish goes through
+        // this session: a request never sees one without the other.
+        self.applied.send_modify(|a| {
+            *a = Applied {
+                stream: ends.made_at_ns,
+                sequence: ledger.applied(),
+            }
+        });
         self.publisher.send_replace(Some(log.jetstream.clone()));
         let stream = log.outcomes().await?;
         let start_sequence = ledger.applied() + 1;
@@ -428,7 +501,7 @@ pub async fn run(outcomes: Arc<OutcomeStream>, shutdown: CancellationToken) {
         }
     }
     let after = outcomes.stale.ledger.begin_consuming();
-    outcomes.applied.send_replace(after);
+    outcomes.applied.send_modify(|a| a.sequence = after);
     outcomes.update(|p| {
         p.started_after = Some(after);
         p.applied_sequence = after;
@@ -468,6 +541,33 @@ pub async fn run(outcomes: Arc<OutcomeStream>, shutdown: CancellationToken) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A node that has not yet noticed its outcome stream was made again
+    /// took a new stream's small sequence for one it had counted, and
+    /// answered a report it had not counted (or a retry another node
+    /// stored differently, 200 where every other node says 409).
+    #[test]
+    fn an_acknowledgement_of_a_stream_made_again_is_never_waited_on() {
+        let counted = Applied {
+            stream: 11,
+            sequence: 500,
+        };
+        // Stored: past everything its stream held, which this node counted.
+        assert!(counted.holds_ack(501, false, None));
+        assert!(
+            !counted.holds_ack(3, false, None),
+            "stored at 3: another stream"
+        );
+        assert!(!counted.holds_ack(500, false, None));
+        // A retry's duplicate: the first message's sequence, often below
+        // the count; only the stream holding it tells.
+        assert!(counted.holds_ack(7, true, Some(11)));
+        assert!(
+            !counted.holds_ack(7, true, Some(12)),
+            "held by a new stream"
+        );
+        assert!(!counted.holds_ack(7, true, None));
+    }
 
     #[test]
     fn message_ids_are_fixed_length_hex_of_the_attempt_id() {

@@ -321,11 +321,11 @@ impl From<OutcomeError> for Problem {
     fn from(e: OutcomeError) -> Problem {
         match e {
             OutcomeError::Report(report) => Problem::from(report),
-            unavailable @ (OutcomeError::Unavailable(_) | OutcomeError::NotApplied { .. }) => {
-                Problem::OutcomesUnavailable {
-                    detail: unavailable.to_string(),
-                }
-            }
+            unavailable @ (OutcomeError::Unavailable(_)
+            | OutcomeError::NotApplied { .. }
+            | OutcomeError::StreamMadeAgain { .. }) => Problem::OutcomesUnavailable {
+                detail: unavailable.to_string(),
+            },
         }
     }
 }
