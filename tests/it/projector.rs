@@ -1405,7 +1405,8 @@ async fn silent_catch_ups(app: &App) -> f64 {
 /// transaction` session held it back for good, silently: `/v1/status` said
 /// nothing and the session never ended. Now the status names the session
 /// while the slot waits, the wait ends at `stream.slot_create_timeout_ms`
-/// with it in the error, and once it commits the copy loads and converges.
+/// with it in the error, the next session tries again (the half-made slot
+/// is not left busy), and once it commits the copy loads and converges.
 #[tokio::test]
 async fn a_slot_held_back_by_an_open_transaction_names_it_and_gives_up_in_time() {
     let owner = TestOwner::start().await;
@@ -1444,6 +1445,16 @@ async fn a_slot_held_back_by_an_open_transaction_names_it_and_gives_up_in_time()
     .await;
     assert!(error.contains(&named), "{error}");
     assert!(!app.model.freshness.is_loaded());
+    // The next session tries again, the transaction still open: the
+    // creation given up on was cancelled, so the slot is not found busy.
+    wait_for(
+        "a second try at the slot, waiting on the same transaction",
+        Duration::from_secs(30),
+        || async { app.status.waiting_for().filter(|w| w.contains(&named)) },
+    )
+    .await;
+    let last = app.status.last_error().unwrap_or_default();
+    assert!(!last.contains("still held by walsender"), "{last}");
 
     open.batch_execute("COMMIT").await.unwrap();
     assert_converged(&app.model, &client).await;

@@ -154,9 +154,9 @@ pub struct HotelIndex {
     fields: Fields,
     dirty: Mutex<HashSet<i64>>,
     rebuild: AtomicBool,
-    /// Copies swapped in so far (`mark_all`), and the newest of them whose
-    /// rebuild readers now see. Equal: every hotel of the loaded copy is
-    /// searchable (what `/readyz` waits for).
+    /// Copies announced so far (`copy_coming`, right before each swap), and
+    /// the newest of them whose rebuild readers now see. Equal: every hotel
+    /// of the loaded copy is searchable (what `/readyz` waits for).
     copies_loaded: AtomicU64,
     /// Copies swapped into the model so far (`mark_all`): what a rebuild
     /// may claim. Not `copies_loaded`, which counts a copy before its swap:

@@ -99,6 +99,23 @@ pub enum StreamError {
 /// looking at `/v1/status`, one cheap query a second.
 const SLOT_WAIT_LOOK_EVERY: Duration = Duration::from_secs(1);
 
+/// What the session is waiting for, in `/v1/status` while it waits: cleared
+/// when the wait ends however it ends (done, failed, or dropped at
+/// shutdown).
+struct WaitingFor<'s>(&'s StreamStatus);
+
+impl WaitingFor<'_> {
+    fn set(&self, what: String) {
+        self.0.set_waiting_for(Some(what));
+    }
+}
+
+impl Drop for WaitingFor<'_> {
+    fn drop(&mut self) {
+        self.0.set_waiting_for(None);
+    }
+}
+
 /// What operators see of the stream in `/v1/status`.
 #[derive(Debug, Default)]
 pub struct StreamStatus {
@@ -683,8 +700,12 @@ impl Projector {
     /// has ended. While it waits, `/v1/status` `waiting_for` names the
     /// oldest of them (read on `client` every `SLOT_WAIT_LOOK_EVERY`); past
     /// `stream.slot_create_timeout_ms` the session ends with them as its
-    /// error. Dropping the request closes the replication connection, and
-    /// the owner then drops the half-made slot with its walsender.
+    /// error. The walsender creating the slot waits on those transactions
+    /// and does not notice its client is gone, so given up on it is
+    /// cancelled (`slot::cancel_creation`): its error drops the half-made
+    /// slot, and the next session's try is not refused as a busy slot. Not
+    /// at shutdown, which drops the wait where it is: the next start finds
+    /// the slot busy (`SlotBusy`, retried) until those transactions end.
     async fn create_slot(
         &self,
         stream: &mut LogicalReplicationStream,
@@ -694,6 +715,7 @@ impl Projector {
         let deadline = tokio::time::Instant::now() + limit;
         let create = stream.ensure_replication_slot();
         tokio::pin!(create);
+        let waiting = WaitingFor(&self.status);
         let mut open = String::from("none seen");
         let created = loop {
             let look_at = (tokio::time::Instant::now() + SLOT_WAIT_LOOK_EVERY).min(deadline);
@@ -715,7 +737,14 @@ impl Projector {
                 };
             }
             if tokio::time::Instant::now() >= deadline {
-                self.status.set_waiting_for(None);
+                let cancelled = tokio::time::timeout(
+                    self.owner.query_timeout(),
+                    slot::cancel_creation(client, &self.stream.slot),
+                )
+                .await;
+                if !matches!(cancelled, Ok(Ok(()))) {
+                    tracing::warn!(slot = %self.stream.slot, "could not cancel the slot's creation; the next session may find the slot busy until the owner's transactions end");
+                }
                 return Err(StreamError::SlotCreateTimeout {
                     slot: self.stream.slot.clone(),
                     after: limit,
@@ -723,12 +752,12 @@ impl Projector {
                 });
             }
             tracing::warn!(slot = %self.stream.slot, %open, "creating the slot waits for transactions open on the owner");
-            self.status.set_waiting_for(Some(format!(
+            waiting.set(format!(
                 "creating slot {:?}: transactions open on the owner must end first: {open}",
                 self.stream.slot
-            )));
+            ));
         };
-        self.status.set_waiting_for(None);
+        drop(waiting);
         created.map_err(StreamError::from)
     }
 

@@ -446,18 +446,23 @@ pub async fn columns_fingerprint(client: &Client, publication: &str) -> Result<V
 
 /// The oldest transactions open on the owner that hold an xid, as
 /// `CREATE_REPLICATION_SLOT` waits for them: "pid 4711 (xid 829, open
-/// 312 s, idle in transaction)", at most `limit`, oldest first. What an
-/// operator needs to find the session holding a new slot back; never the
-/// query text, which may carry guests' data.
+/// 312 s, idle in transaction)", or a prepared one left behind, "prepared
+/// 'gid' (xid 830, open 90000 s)"; at most `limit`, oldest first. What an
+/// operator needs to find what holds a new slot back; never the query
+/// text, which may carry guests' data.
 pub async fn open_transactions(client: &Client, limit: i64) -> Result<Vec<String>, SlotError> {
     let rows = client
         .query(
-            "SELECT pid, backend_xid::text,
-                    extract(epoch FROM now() - xact_start)::float8,
-                    coalesce(state, '')
-             FROM pg_stat_activity
-             WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()
-             ORDER BY xact_start NULLS LAST
+            "SELECT what, xid, extract(epoch FROM now() - since)::float8, state FROM (
+               SELECT format('pid %s', pid) AS what, backend_xid::text AS xid,
+                      xact_start AS since, coalesce(state, '') AS state
+               FROM pg_stat_activity
+               WHERE backend_xid IS NOT NULL AND pid <> pg_backend_pid()
+               UNION ALL
+               SELECT format('prepared %L', gid), transaction::text, prepared, 'prepared'
+               FROM pg_prepared_xacts
+             ) t
+             ORDER BY since NULLS LAST
              LIMIT $1",
             &[&limit],
         )
@@ -465,17 +470,32 @@ pub async fn open_transactions(client: &Client, limit: i64) -> Result<Vec<String
     Ok(rows
         .iter()
         .map(|row| {
-            let pid: i32 = row.get(0);
+            let what: String = row.get(0);
             let xid: Option<String> = row.get(1);
             let open: Option<f64> = row.get(2);
             let state: String = row.get(3);
             format!(
-                "pid {pid} (xid {}, open {:.0} s, {state})",
+                "{what} (xid {}, open {:.0} s, {state})",
                 xid.as_deref().unwrap_or("?"),
                 open.unwrap_or(0.0)
             )
         })
         .collect())
+}
+
+/// Cancels the walsender still creating `slot` (a creation this process
+/// gave up on: the walsender waits on the owner's open transactions and
+/// does not notice its client is gone), so the half-made slot goes with
+/// its error instead of holding the name until those transactions end.
+pub async fn cancel_creation(client: &Client, slot: &str) -> Result<(), SlotError> {
+    client
+        .execute(
+            "SELECT pg_cancel_backend(active_pid) FROM pg_replication_slots
+             WHERE slot_name = $1 AND active_pid IS NOT NULL",
+            &[&slot],
+        )
+        .await?;
+    Ok(())
 }
 
 /// The owner's current WAL insert position: once the copy has applied it,
