@@ -28,6 +28,13 @@ pub struct StreamEnds {
     pub made_at_ns: u64,
 }
 
+/// A stream's identity from its `created` time in nanoseconds since 1970,
+/// which fit a u64 until 2554; a time before 1970 (a clock gone wrong)
+/// reads as 1, still not "unknown" (0).
+pub(super) fn made_at_ns(created_ns: i128) -> u64 {
+    u64::try_from(created_ns).unwrap_or(1).max(1)
+}
+
 /// A connected JetStream context and the names it works with.
 #[derive(Clone)]
 pub struct ChangeLog {
@@ -183,11 +190,7 @@ impl ChangeLog {
         Ok(StreamEnds {
             first: info.state.first_sequence,
             last: info.state.last_sequence,
-            // Nanoseconds since 1970 fit a u64 until 2554; a time before
-            // 1970 (a clock gone wrong) reads as 1, still not "unknown".
-            made_at_ns: u64::try_from(info.created.unix_timestamp_nanos())
-                .unwrap_or(1)
-                .max(1),
+            made_at_ns: made_at_ns(info.created.unix_timestamp_nanos()),
         })
     }
 

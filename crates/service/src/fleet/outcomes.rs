@@ -114,18 +114,18 @@ struct Applied {
 
 impl Applied {
     /// Whether an acknowledged publish is of the stream this count is of,
-    /// so waiting for `sequence` here waits for that message. A stored
-    /// message gets a sequence past every one its stream held, which this
-    /// node counted up to at most: one at or below the count was stored in
-    /// another stream, made again. A duplicate's sequence is the first
-    /// message's, below the count as often as not: only the stream that
-    /// holds it (`holder`, read after the acknowledgement) can tell.
-    fn holds_ack(&self, sequence: u64, duplicate: bool, holder: Option<u64>) -> bool {
-        if duplicate {
-            holder == Some(self.stream)
-        } else {
-            sequence > self.sequence
-        }
+    /// so waiting for `sequence` here waits for that message. `holder` is
+    /// the stream under the name when read after the acknowledgement: the
+    /// acknowledgement's, or one made later still. It must be this count's.
+    /// A sequence alone does not tell: NATS's ordered consumer, its stream
+    /// deleted and made again, attaches itself to the new one from the
+    /// sequence after its last, so a node counts on in the new stream
+    /// under the old one's name until its own check (`STREAM_CHECK`) ends
+    /// the session. Past that, a stored message gets a sequence past every
+    /// one its stream held, which this node counted up to at most; a
+    /// duplicate's is the first message's, below the count as often as not.
+    fn holds_ack(&self, sequence: u64, duplicate: bool, holder: u64) -> bool {
+        holder == self.stream && (duplicate || sequence > self.sequence)
     }
 }
 
@@ -251,12 +251,9 @@ impl OutcomeStream {
             .with_label_values(&[if ack.duplicate { "duplicate" } else { "stored" }])
             .inc();
         let sequence = ack.sequence;
-        // A retry's only: which stream holds the id now.
-        let holder = if ack.duplicate {
-            self.stream_made_at(&context, deadline).await?
-        } else {
-            None
-        };
+        // Which stream holds it: one request more per report, the price of
+        // never answering from another stream's count.
+        let holder = self.stream_made_at(&context, deadline).await?;
         if !before.holds_ack(sequence, ack.duplicate, holder) {
             return Err(OutcomeError::StreamMadeAgain { sequence });
         }
@@ -306,22 +303,21 @@ impl OutcomeStream {
         })
     }
 
-    /// When the outcome stream now under its name was made, by `deadline`.
+    /// When the outcome stream now under its name was made, by `deadline`,
+    /// as `log::StreamEnds::made_at_ns` says it.
     async fn stream_made_at(
         &self,
         context: &jetstream::Context,
         deadline: tokio::time::Instant,
-    ) -> Result<Option<u64>, OutcomeError> {
+    ) -> Result<u64, OutcomeError> {
         let name = &self.settings.outcomes_stream;
         let stream = tokio::time::timeout_at(deadline, context.get_stream(name))
             .await
             .map_err(|_| OutcomeError::Unavailable(format!("{name} did not answer in time")))?
             .map_err(|e| OutcomeError::Unavailable(format!("reading {name}: {e}")))?;
-        Ok(
-            u64::try_from(stream.cached_info().created.unix_timestamp_nanos())
-                .ok()
-                .map(|ns| ns.max(1)),
-        )
+        Ok(super::log::made_at_ns(
+            stream.cached_info().created.unix_timestamp_nanos(),
+        ))
     }
 
     /// Counts the message the stream stored at `sequence`, published at
@@ -553,20 +549,19 @@ mod tests {
             sequence: 500,
         };
         // Stored: past everything its stream held, which this node counted.
-        assert!(counted.holds_ack(501, false, None));
+        assert!(counted.holds_ack(501, false, 11));
         assert!(
-            !counted.holds_ack(3, false, None),
+            !counted.holds_ack(3, false, 11),
             "stored at 3: another stream"
         );
-        assert!(!counted.holds_ack(500, false, None));
+        assert!(!counted.holds_ack(500, false, 11));
+        // Past the count, but the stream under the name is a new one (the
+        // ordered consumer may already count it under the old one's name).
+        assert!(!counted.holds_ack(501, false, 12));
         // A retry's duplicate: the first message's sequence, often below
         // the count; only the stream holding it tells.
-        assert!(counted.holds_ack(7, true, Some(11)));
-        assert!(
-            !counted.holds_ack(7, true, Some(12)),
-            "held by a new stream"
-        );
-        assert!(!counted.holds_ack(7, true, None));
+        assert!(counted.holds_ack(7, true, 11));
+        assert!(!counted.holds_ack(7, true, 12), "held by a new stream");
     }
 
     #[test]
