@@ -580,6 +580,7 @@ fn decode(
         commit_time: header.commit_time(),
         epoch: header.epoch,
         timeline: header.identity.timeline,
+        generation: 0,
     };
     Ok(Loaded {
         header,

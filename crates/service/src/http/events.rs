@@ -304,6 +304,7 @@ pub async fn hotel_events(
         window,
         rx,
         last: Lsn::ZERO,
+        generation: 0,
         pending: VecDeque::new(),
         _slot: slot,
     };
@@ -330,6 +331,12 @@ struct HotelStream {
     rx: tokio::sync::broadcast::Receiver<Arc<FeedItem>>,
     /// The LSN of the last event sent: nothing at or below it is sent again.
     last: Lsn,
+    /// The `Tables::generation` of the copy the stream's last state (or
+    /// resume) came from. Items of an older copy still queued after a swap
+    /// are skipped: sent after the new copy's state, a replaced copy's
+    /// change (one a failover lost, say) showed over it until the reset
+    /// behind it arrived, and its id went past the state's.
+    generation: u64,
     pending: VecDeque<Event>,
     _slot: StreamSlot,
 }
@@ -348,7 +355,10 @@ impl HotelStream {
     }
 
     fn queue_first_events(&mut self, last_seen: Option<Position>) {
-        let timeline = self.model.read().timeline;
+        let (timeline, generation) = {
+            let t = self.model.read();
+            (t.timeline, t.generation)
+        };
         let resumable = last_seen
             // LSNs compare only within a timeline: an id of another one (the
             // owner failed over since) or without one (a release before ids
@@ -358,7 +368,10 @@ impl HotelStream {
             .map(|p| p.lsn)
             // An id from the future (another history, or made up) cannot be trusted.
             .filter(|l| *l <= self.model.freshness.applied())
-            .and_then(|l| self.model.feed.since(l).map(|items| (l, items)));
+            .and_then(|l| self.model.feed.since(l).map(|items| (l, items)))
+            // The ring of a copy replaced since the read above, its reset
+            // not yet in: its items are not this copy's changes.
+            .filter(|(_, items)| items.iter().all(|i| i.generation == generation));
         let Some((from, items)) = resumable else {
             let reason = if last_seen.is_some() {
                 "resume_unavailable"
@@ -369,6 +382,7 @@ impl HotelStream {
             return;
         };
         self.last = from;
+        self.generation = generation;
         for item in items {
             self.push_item(&item);
         }
@@ -406,6 +420,9 @@ impl HotelStream {
     }
 
     fn push_item(&mut self, item: &FeedItem) {
+        if item.generation < self.generation {
+            return;
+        }
         if item.lsn <= self.last && !item.reset {
             return;
         }
@@ -445,6 +462,7 @@ impl HotelStream {
         let body = {
             let t = self.model.read();
             timeline = t.timeline;
+            self.generation = t.generation;
             let hotel = t.hotels.get(&self.hotel_id);
             let mut room_types = Vec::new();
             let mut nights = Vec::new();
@@ -590,49 +608,57 @@ mod tests {
         assert!(v.get("removed").is_none());
     }
 
-    /// A copy replaced by one below what a stream sent (a replica's
-    /// bootstrap from an older checkpoint, a failover), its reset item lost
-    /// in a lag: the lagged state says where the stream stands now, and
-    /// the changes after it go out.
-    #[tokio::test]
-    async fn a_reset_lost_in_a_lag_does_not_hide_the_changes_after_it() {
-        use crate::model::{CalendarKey, Change, Tables, Transaction};
-        let night = NaiveDate::from_ymd_opt(2030, 1, 2).unwrap();
-        let counts = |taken| NightCounts {
+    fn stream_night() -> NaiveDate {
+        NaiveDate::from_ymd_opt(2030, 1, 2).unwrap()
+    }
+
+    fn stream_counts(taken: i32) -> NightCounts {
+        NightCounts {
             total: 5,
             taken,
             sell_limit: None,
             price_cents: Some(100),
-        };
-        let key = |hotel_id| CalendarKey {
+        }
+    }
+
+    fn stream_key(hotel_id: i64) -> crate::model::CalendarKey {
+        crate::model::CalendarKey {
             hotel_id,
             room_type_id: 1,
-        };
-        let copy_at = |applied: u64| {
-            let mut t = Tables::default();
-            t.apply_change(&Change::UpsertNight {
-                key: key(1),
-                night,
-                counts: counts(0),
-            })
-            .unwrap();
-            t.applied = Lsn(applied);
-            t
-        };
-        let transaction = |lsn: u64, hotel_id: i64| Transaction {
+        }
+    }
+
+    /// A copy at `applied` with one night of hotel 1.
+    fn copy_at(applied: u64) -> crate::model::Tables {
+        let mut t = crate::model::Tables::default();
+        t.apply_change(&crate::model::Change::UpsertNight {
+            key: stream_key(1),
+            night: stream_night(),
+            counts: stream_counts(0),
+        })
+        .unwrap();
+        t.applied = Lsn(applied);
+        t
+    }
+
+    /// A transaction at `lsn` that takes a unit of `hotel_id`'s night.
+    fn transaction(lsn: u64, hotel_id: i64) -> crate::model::Transaction {
+        crate::model::Transaction {
             xid: 7,
             commit_lsn: Lsn(lsn),
             end_lsn: Lsn(lsn + 1),
             commit_time: chrono::Utc::now(),
-            changes: vec![Change::UpsertNight {
-                key: key(hotel_id),
-                night,
-                counts: counts(1),
+            changes: vec![crate::model::Change::UpsertNight {
+                key: stream_key(hotel_id),
+                night: stream_night(),
+                counts: stream_counts(1),
             }]
             .into(),
-        };
-        let model = ReadModel::new();
-        model.replace(copy_at(1_000_000));
+        }
+    }
+
+    /// A stream of hotel 1 over the first ten nights of 2030, subscribed now.
+    fn stream_of(model: &Arc<ReadModel>) -> HotelStream {
         let window = NightRange::parse(
             &NightRangeQuery {
                 from: Some("2030-01-01".into()),
@@ -641,15 +667,27 @@ mod tests {
             NaiveDate::from_ymd_opt(2030, 1, 1).unwrap(),
         )
         .unwrap();
-        let mut stream = HotelStream {
+        HotelStream {
             model: model.clone(),
             hotel_id: 1,
             window,
             rx: model.feed.subscribe(),
             last: Lsn::ZERO,
+            generation: 0,
             pending: VecDeque::new(),
-            _slot: StreamSlot::take(&model, IpAddr::from([127, 0, 0, 1]), 0).unwrap(),
-        };
+            _slot: StreamSlot::take(model, IpAddr::from([127, 0, 0, 1]), 0).unwrap(),
+        }
+    }
+
+    /// A copy replaced by one below what a stream sent (a replica's
+    /// bootstrap from an older checkpoint, a failover), its reset item lost
+    /// in a lag: the lagged state says where the stream stands now, and
+    /// the changes after it go out.
+    #[tokio::test]
+    async fn a_reset_lost_in_a_lag_does_not_hide_the_changes_after_it() {
+        let model = ReadModel::new();
+        model.replace(copy_at(1_000_000));
+        let mut stream = stream_of(&model);
         stream.start(None);
         assert!(stream.next_event().await.is_some(), "the first state");
         assert_eq!(stream.last, Lsn(1_000_000));
@@ -664,5 +702,31 @@ mod tests {
         let change = tokio::time::timeout(Duration::from_secs(1), stream.next_event()).await;
         assert!(matches!(change, Ok(Some(_))), "the change at 5000 goes out");
         assert_eq!(stream.last, Lsn(5_001));
+    }
+
+    /// A replaced copy's change still queued when a stream read its state
+    /// from the new copy (a resync of the hotel, here) went out after that
+    /// state: a failover's lost booking shown over the new copy, its id
+    /// past the state's, until the reset queued behind it arrived.
+    #[tokio::test]
+    async fn an_old_copys_change_never_follows_a_new_copys_state() {
+        let model = ReadModel::new();
+        model.replace(copy_at(1_000));
+        let mut stream = stream_of(&model);
+        let mut resync = transaction(1_050, 1);
+        resync.changes = vec![crate::model::Change::DeleteRoomType { hotel_id: 1, id: 9 }].into();
+        model.apply(&resync).unwrap();
+        model.apply(&transaction(1_100, 1)).unwrap();
+        model.replace(copy_at(500));
+        stream.start(None);
+        assert!(stream.next_event().await.is_some(), "the state");
+        assert_eq!(stream.last, Lsn(500));
+        // The resync, then the old copy's change, then the reset: only the
+        // reset's state may follow.
+        while let Ok(Some(_)) =
+            tokio::time::timeout(Duration::from_millis(200), stream.next_event()).await
+        {
+            assert_eq!(stream.last, Lsn(500), "an old copy's item went out");
+        }
     }
 }

@@ -96,6 +96,9 @@ pub struct FeedItem {
     /// The owner timeline of the copy `lsn` is a position of (0: unknown):
     /// an event id says it, so a reconnect after a failover is not resumed.
     pub timeline: u32,
+    /// The copy's `Tables::generation`: an event stream whose state came
+    /// from a newer copy skips it.
+    pub generation: u64,
 }
 
 impl FeedItem {
@@ -192,6 +195,7 @@ impl FeedItem {
             resync,
             reset: false,
             timeline: 0,
+            generation: 0,
         })
     }
 
@@ -284,7 +288,7 @@ impl Feed {
     /// Everything since a new copy was swapped in, or since a repair the
     /// stream did not deliver, is a full-state matter: every open page starts
     /// over, and no client may resume from a position at or before `at`.
-    pub fn reset(&self, at: Lsn, timeline: u32) {
+    pub fn reset(&self, at: Lsn, timeline: u32, generation: u64) {
         let mut ring = self.ring.lock().unwrap_or_else(|p| p.into_inner());
         ring.items.clear();
         ring.nights = 0;
@@ -297,6 +301,7 @@ impl Feed {
             resync: Resync::All,
             reset: true,
             timeline,
+            generation,
         }));
     }
 
@@ -459,7 +464,7 @@ mod tests {
     #[test]
     fn the_ring_resumes_until_it_evicts_and_not_across_a_reset() {
         let feed = Feed::default();
-        feed.reset(Lsn(100), 1);
+        feed.reset(Lsn(100), 1, 1);
         assert!(
             feed.since(Lsn(100)).is_none(),
             "nothing seen after the reset"
@@ -479,7 +484,7 @@ mod tests {
         assert!(tail.windows(2).all(|w| w[0].lsn < w[1].lsn));
         let newest = 200 + RING_ITEMS as u64 + 9;
         assert!(feed.since(Lsn(newest)).unwrap().is_empty());
-        feed.reset(Lsn(newest + 5), 1);
+        feed.reset(Lsn(newest + 5), 1, 1);
         assert!(feed.since(Lsn(newest)).is_none());
     }
 }

@@ -200,6 +200,12 @@ pub struct Tables {
     /// within one timeline, so positions handed to guests carry it
     /// (`crate::lsn::Position`).
     pub timeline: u32,
+    /// Copies swapped into this process's model before this one
+    /// (`ReadModel::replace_behind`; 0 for one not swapped in): what a feed
+    /// item and an event stream's state say they came from, so a stream
+    /// never sends a replaced copy's change after a newer copy's state.
+    /// Kept by every transaction, never written to a checkpoint.
+    pub generation: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -573,7 +579,9 @@ impl ReadModel {
         {
             // The copy that holds it: only this writer replaces copies, so
             // none came in between.
-            item.timeline = self.published.load().timeline;
+            let holder = self.published.load();
+            item.timeline = holder.timeline;
+            item.generation = holder.generation;
             self.feed.publish(item);
         }
         Ok(applied)
@@ -647,7 +655,8 @@ impl ReadModel {
         let (repairs, at) = merged;
         if let Some(at) = at {
             // The stream did not deliver these values: open pages start over.
-            self.feed.reset(at, self.published.load().timeline);
+            let holder = self.published.load();
+            self.feed.reset(at, holder.timeline, holder.generation);
         }
         repairs
     }
@@ -673,7 +682,8 @@ impl ReadModel {
             (Ok(true), Publish::Yes)
         })?;
         if applied {
-            self.feed.reset(at, self.published.load().timeline);
+            let holder = self.published.load();
+            self.feed.reset(at, holder.timeline, holder.generation);
         }
         Ok(applied)
     }
@@ -700,9 +710,11 @@ impl ReadModel {
         // The swap publishes the applied position with a plain store: a
         // resnapshot may land at a position before what a lost slot once
         // reported, so it resets rather than maxes.
-        self.write(move |tables| {
+        let generation = self.write(move |tables| {
+            let generation = tables.generation + 1;
             *tables = fresh;
-            ((), Publish::Yes)
+            tables.generation = generation;
+            (generation, Publish::Yes)
         });
         self.freshness
             .commit_time_us
@@ -720,7 +732,7 @@ impl ReadModel {
             .catch_up_to
             .store(catch_up_to.0, Ordering::Release);
         self.freshness.loaded.store(true, Ordering::Release);
-        self.feed.reset(at, timeline);
+        self.feed.reset(at, timeline, generation);
     }
 }
 
