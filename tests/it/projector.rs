@@ -1461,3 +1461,55 @@ async fn a_slot_held_back_by_an_open_transaction_names_it_and_gives_up_in_time()
     assert_eq!(app.status.waiting_for(), None);
     app.stop(Duration::from_secs(5)).await;
 }
+
+/// Slot names are the cluster's. A node pointed at another database of the
+/// same cluster, with the slot name of the node that follows the first,
+/// took that slot for its own: it dropped it to take its snapshot (the
+/// other node lost its place in the WAL), and with a checkpoint of the
+/// first database on hand it would have loaded that copy and served it as
+/// this database's. Now the session refuses the slot and touches nothing.
+#[tokio::test]
+async fn a_slot_of_another_database_is_neither_used_nor_dropped() {
+    let owner = TestOwner::start().await;
+    let client = owner.client().await;
+    load_inventory(&client).await;
+    let first = start_app(settings_for(&owner)).await;
+    caught_up(&first.model, &client).await;
+    first.stop(Duration::from_secs(5)).await;
+
+    let second_url = owner
+        .cluster
+        .create_database("second")
+        .expect("a second database");
+    let second = vacancy_service::connect(&second_url, Duration::from_secs(10))
+        .await
+        .expect("connect to the second database");
+    vacancy_lab::schema::apply(&second)
+        .await
+        .expect("the owner schema");
+    let mut settings = settings_for(&owner);
+    settings.owner.url = second_url;
+    let app = start_app(settings).await;
+    let error = wait_for(
+        "the session to refuse the other database's slot",
+        Duration::from_secs(30),
+        || async {
+            app.status
+                .last_error()
+                .filter(|e| e.contains("belongs to database"))
+        },
+    )
+    .await;
+    assert!(error.contains("\"second\""), "{error}");
+    assert!(!app.model.freshness.is_loaded());
+    let database: String = client
+        .query_one(
+            "SELECT database::text FROM pg_replication_slots WHERE slot_name = 'vacancy'",
+            &[],
+        )
+        .await
+        .expect("the first database's slot is still there")
+        .get(0);
+    assert_ne!(database, "second");
+    app.stop(Duration::from_secs(5)).await;
+}

@@ -491,6 +491,12 @@ impl Projector {
         self.lock_slot(&client).await?;
         slot::ensure_publication(&client, &s.publication, &s.schema).await?;
         let mut info = slot::slot_info(&client, &s.slot).await?;
+        // Before anything is decided from it (a checkpoint made on it
+        // loaded, the slot dropped to be made again): a slot of this name
+        // in another database of the cluster is not ours to use or drop.
+        if let Some(found) = &info {
+            found.check_database(&s.slot)?;
+        }
         if info.as_ref().is_some_and(|i| i.active) {
             // Held by a walsender: usually the last process's, which has
             // not noticed its client is gone. Wait for it (bounded; the

@@ -47,6 +47,17 @@ pub enum SlotError {
         columns: String,
         key: String,
     },
+    /// A slot of this name belongs to another database of the owner's
+    /// cluster (slot names are the cluster's, not a database's): it is
+    /// neither resumed nor replaced, and no checkpoint made on it is loaded.
+    #[error(
+        "slot {slot:?} belongs to database {database:?}, not to this one ({ours:?}): its changes are not this database's, and replacing it would break whoever follows it; give this node its own stream.slot"
+    )]
+    OtherDatabase {
+        slot: String,
+        database: String,
+        ours: String,
+    },
     #[error("owner query failed: {0}")]
     Query(#[from] tokio_postgres::Error),
 }
@@ -66,9 +77,27 @@ pub struct SlotInfo {
     /// the server remove what this slot needs (`safe_wal_size`; none when
     /// that setting is unlimited).
     pub safe_wal_bytes: Option<i64>,
+    /// The database the slot decodes (none for a physical slot), and the
+    /// one this connection reached.
+    pub database: Option<String>,
+    pub current_database: String,
 }
 
 impl SlotInfo {
+    /// `OtherDatabase` unless the slot decodes this connection's database.
+    pub fn check_database(&self, slot: &str) -> Result<(), SlotError> {
+        match &self.database {
+            Some(database) if *database == self.current_database => Ok(()),
+            other => Err(SlotError::OtherDatabase {
+                slot: slot.to_string(),
+                database: other
+                    .clone()
+                    .unwrap_or_else(|| "none (a physical slot)".into()),
+                ours: self.current_database.clone(),
+            }),
+        }
+    }
+
     pub fn is_lost(&self) -> bool {
         self.wal_status.as_deref() == Some("lost")
     }
@@ -270,7 +299,8 @@ pub async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>, 
     let row = client
         .query_opt(
             "SELECT active, active_pid, wal_status, confirmed_flush_lsn,
-                    (pg_current_wal_lsn() - restart_lsn)::bigint, safe_wal_size
+                    (pg_current_wal_lsn() - restart_lsn)::bigint, safe_wal_size,
+                    database::text, current_database()::text
              FROM pg_replication_slots WHERE slot_name = $1",
             &[&slot],
         )
@@ -283,6 +313,8 @@ pub async fn slot_info(client: &Client, slot: &str) -> Result<Option<SlotInfo>, 
         confirmed_flush: row.get::<_, Option<PgLsn>>(3).map(Lsn::from),
         retained_bytes: row.get(4),
         safe_wal_bytes: row.get(5),
+        database: row.get(6),
+        current_database: row.get(7),
     }))
 }
 
