@@ -60,9 +60,17 @@ pub const BOXED_ROW_BYTES: usize = 256;
 /// One block of a spill file before it goes to the writer thread.
 const BLOCK_BYTES: usize = 256 * 1024;
 
-/// Blocks queued to the writer thread at most: a slow disk slows the
-/// stream instead of growing memory.
+/// Blocks queued to the writer thread at most, and their bytes: a slow
+/// disk slows the stream instead of growing memory. A block larger than
+/// `QUEUED_BYTES` (one record past it: a hotel row with megabytes of text)
+/// waits for the queue to be empty and then fills it alone, so the queue
+/// holds at most `QUEUED_BYTES` or that one block; counted in blocks
+/// alone, four such blocks could wait at once.
 const QUEUED_BLOCKS: usize = 4;
+const QUEUED_BYTES: usize = QUEUED_BLOCKS * BLOCK_BYTES;
+
+/// A block's frame before its payload: length, records, CRC32C.
+const FRAME_HEADER: usize = 12;
 
 /// What a spilled transaction keeps in memory meanwhile (the block being
 /// filled and the queue), counted against the bound.
@@ -742,9 +750,17 @@ struct SpillWriter {
     /// sharing the directory, in a PID namespace of its own) that the file
     /// is in use.
     lock: std::fs::File,
+    /// The frame being filled: `FRAME_HEADER` bytes kept for its header,
+    /// then the records (framed in place: no copy of the block to send it).
     block: Vec<u8>,
     block_records: u32,
-    sender: Option<mpsc::Sender<Vec<u8>>>,
+    /// The queue's bytes (`QUEUED_BYTES` permits): a block holds
+    /// `min(its length, QUEUED_BYTES)` of them until the writer wrote it.
+    queued_bytes: Arc<tokio::sync::Semaphore>,
+    sender: Option<mpsc::Sender<(Vec<u8>, tokio::sync::OwnedSemaphorePermit)>>,
+    /// Closed by a test to stall the writer thread before each block.
+    #[cfg(test)]
+    gate: Arc<TestGate>,
     done: Option<oneshot::Receiver<io::Result<()>>>,
     records: u64,
     live: u64,
@@ -767,17 +783,26 @@ impl SpillWriter {
         let lock = file.try_clone().map_err(|e| SpillError::io(&path, e))?;
         lock.try_lock()
             .map_err(|e| SpillError::io(&path, io::Error::other(e)))?;
-        let (sender, mut receiver) = mpsc::channel::<Vec<u8>>(QUEUED_BLOCKS);
+        let (sender, mut receiver) =
+            mpsc::channel::<(Vec<u8>, tokio::sync::OwnedSemaphorePermit)>(QUEUED_BLOCKS);
         let (report, done) = oneshot::channel();
         let thread_path = path.to_path_buf();
+        #[cfg(test)]
+        let gate = Arc::new(TestGate::default());
+        #[cfg(test)]
+        let thread_gate = gate.clone();
         std::thread::Builder::new()
             .name("vacancy-spill".into())
             .spawn(move || {
                 let mut out = BufWriter::with_capacity(BLOCK_BYTES, file);
                 let written = (|| {
                     out.write_all(MAGIC)?;
-                    while let Some(block) = receiver.blocking_recv() {
+                    while let Some((block, queued)) = receiver.blocking_recv() {
+                        #[cfg(test)]
+                        thread_gate.pass();
                         out.write_all(&block)?;
+                        // Out of the queue: its bytes may be taken again.
+                        drop(queued);
                     }
                     out.flush()
                 })();
@@ -791,9 +816,12 @@ impl SpillWriter {
         Ok(SpillWriter {
             path,
             lock,
-            block: Vec::with_capacity(BLOCK_BYTES + 1024),
+            block: new_frame(),
             block_records: 0,
+            queued_bytes: Arc::new(tokio::sync::Semaphore::new(QUEUED_BYTES)),
             sender: Some(sender),
+            #[cfg(test)]
+            gate,
             done: Some(done),
             records: 0,
             live: 0,
@@ -813,7 +841,7 @@ impl SpillWriter {
         self.live += 1;
         self.not_nights += u64::from(!is_night(change));
         *self.per_sub.entry(sub).or_default() += 1;
-        if self.block.len() >= BLOCK_BYTES {
+        if self.block.len() >= FRAME_HEADER + BLOCK_BYTES {
             self.send_block().await?;
         }
         Ok(())
@@ -823,20 +851,30 @@ impl SpillWriter {
         if self.block_records == 0 {
             return Ok(());
         }
-        let payload = std::mem::replace(&mut self.block, Vec::with_capacity(BLOCK_BYTES + 1024));
+        let mut framed = std::mem::replace(&mut self.block, new_frame());
+        let (header, payload) = framed.split_at_mut(FRAME_HEADER);
         let len = u32::try_from(payload.len())
             .map_err(|_| SpillError::corrupt(&self.path, "a block past 4 GiB"))?;
-        let mut framed = Vec::with_capacity(payload.len() + 12);
-        framed.extend_from_slice(&len.to_le_bytes());
-        framed.extend_from_slice(&self.block_records.to_le_bytes());
-        framed.extend_from_slice(&crc32c::crc32c(&payload).to_le_bytes());
-        framed.extend_from_slice(&payload);
+        header[0..4].copy_from_slice(&len.to_le_bytes());
+        header[4..8].copy_from_slice(&self.block_records.to_le_bytes());
+        header[8..12].copy_from_slice(&crc32c::crc32c(payload).to_le_bytes());
         self.bytes += framed.len() as u64;
         self.block_records = 0;
         let Some(sender) = &self.sender else {
             return Err(self.stopped("already finished".into()));
         };
-        match tokio::time::timeout(WRITE_TIMEOUT, sender.send(framed)).await {
+        // At most QUEUED_BYTES, so a block past it takes the whole queue.
+        let permits = u32::try_from(framed.len().min(QUEUED_BYTES)).unwrap_or(u32::MAX);
+        let send = async {
+            let queued = self
+                .queued_bytes
+                .clone()
+                .acquire_many_owned(permits)
+                .await
+                .map_err(|_| ())?;
+            sender.send((framed, queued)).await.map_err(|_| ())
+        };
+        match tokio::time::timeout(WRITE_TIMEOUT, send).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(_)) => Err(self.writer_error().await),
             Err(_) => Err(self.stopped(format!("no block taken for {WRITE_TIMEOUT:?}"))),
@@ -891,6 +929,36 @@ impl SpillWriter {
             not_nights: self.not_nights,
         })
     }
+}
+
+/// A gate a test closes to stall a spill writer's thread: the thread
+/// waits at it before writing each block, without anyone holding a lock
+/// across an await.
+#[cfg(test)]
+#[derive(Default)]
+struct TestGate {
+    closed: std::sync::Mutex<bool>,
+    opened: std::sync::Condvar,
+}
+
+#[cfg(test)]
+impl TestGate {
+    fn set_closed(&self, closed: bool) {
+        *self.closed.lock().unwrap() = closed;
+        self.opened.notify_all();
+    }
+
+    fn pass(&self) {
+        let closed = self.closed.lock().unwrap();
+        drop(self.opened.wait_while(closed, |closed| *closed).unwrap());
+    }
+}
+
+/// An empty frame: room for its header, then a block's records.
+fn new_frame() -> Vec<u8> {
+    let mut frame = Vec::with_capacity(FRAME_HEADER + BLOCK_BYTES + 1024);
+    frame.resize(FRAME_HEADER, 0);
+    frame
 }
 
 /// This process in spill file names: its pid and its start time (in clock
@@ -1050,6 +1118,45 @@ mod tests {
         let changes = held.finish().await.unwrap();
         assert!(changes.spilled_bytes().unwrap() > 65 << 20);
         assert_eq!(changes.to_vec().unwrap(), expected);
+    }
+
+    /// Blocks past the queue's bytes, one record each: while the writer is
+    /// stuck on the first, the second waits for the queue to empty instead
+    /// of joining it. Counted in blocks alone, four such blocks (megabytes
+    /// each, and copied once more to be framed) could wait at once, past
+    /// what `SPILLING_BYTES` counts against `stream.max_held_bytes`.
+    #[tokio::test]
+    async fn a_block_past_the_queues_bytes_waits_for_the_queue_to_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut writer = SpillWriter::create(dir.path()).unwrap();
+        let wide = |i| {
+            let Change::UpsertHotel { mut hotel, unsent } = hotel(i) else {
+                unreachable!()
+            };
+            hotel.amenities = vec!["x".repeat(QUEUED_BYTES * 2)];
+            Change::UpsertHotel { hotel, unsent }
+        };
+        let gate = writer.gate.clone();
+        gate.set_closed(true);
+        writer.write(1, &wide(1)).await.unwrap();
+        let second_change = wide(2);
+        {
+            let second = writer.write(1, &second_change);
+            tokio::pin!(second);
+            let waited = tokio::time::timeout(Duration::from_millis(300), second.as_mut()).await;
+            assert!(waited.is_err(), "queued beside a block past the bound");
+            gate.set_closed(false);
+            second.await.unwrap();
+        }
+        writer.write(1, &night(3)).await.unwrap();
+        let file = writer.finish().await.unwrap();
+        let mut read = Vec::new();
+        file.read(|_, change| {
+            read.push(change.clone());
+            Ok::<(), SpillError>(())
+        })
+        .unwrap();
+        assert_eq!(read, vec![wide(1), wide(2), night(3)]);
     }
 
     /// The index skips the walk of a transaction of nights alone; one
