@@ -503,6 +503,10 @@ impl Projector {
             // session retries) rather than take the slot from whoever holds
             // it or decide anything from a position still moving.
             info = self.wait_slot_released(&client).await?;
+            // Read again: what holds the name now may be another database's.
+            if let Some(found) = &info {
+                found.check_database(&s.slot)?;
+            }
         }
         let streaming = if s.stream_in_progress {
             StreamingMode::On
@@ -743,6 +747,10 @@ impl Projector {
                 };
             }
             if tokio::time::Instant::now() >= deadline {
+                // The look took a while: the slot may have been made meanwhile.
+                if let Ok(created) = tokio::time::timeout(Duration::ZERO, &mut create).await {
+                    break created;
+                }
                 let cancelled = tokio::time::timeout(
                     self.owner.query_timeout(),
                     slot::cancel_creation(client, &self.stream.slot),

@@ -415,13 +415,15 @@ pub async fn drop_slot(client: &Client, slot: &str) -> Result<(), SlotError> {
         client
             .execute(
                 "SELECT pg_terminate_backend(active_pid) FROM pg_replication_slots
-                 WHERE slot_name = $1 AND active_pid IS NOT NULL",
+                 WHERE slot_name = $1 AND active_pid IS NOT NULL
+                   AND database = current_database()",
                 &[&slot],
             )
             .await?;
         match client
             .execute(
-                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1",
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+                 WHERE slot_name = $1 AND database = current_database()",
                 &[&slot],
             )
             .await
@@ -479,7 +481,7 @@ pub async fn columns_fingerprint(client: &Client, publication: &str) -> Result<V
 /// The oldest transactions open on the owner that hold an xid, as
 /// `CREATE_REPLICATION_SLOT` waits for them: "pid 4711 (xid 829, open
 /// 312 s, idle in transaction)", or a prepared one left behind, "prepared
-/// 'gid' (xid 830, open 90000 s)"; at most `limit`, oldest first. What an
+/// 'gid' (xid 830, open 90000 s, prepared)"; at most `limit`, oldest first. What an
 /// operator needs to find what holds a new slot back; never the query
 /// text, which may carry guests' data.
 pub async fn open_transactions(client: &Client, limit: i64) -> Result<Vec<String>, SlotError> {
@@ -519,11 +521,14 @@ pub async fn open_transactions(client: &Client, limit: i64) -> Result<Vec<String
 /// gave up on: the walsender waits on the owner's open transactions and
 /// does not notice its client is gone), so the half-made slot goes with
 /// its error instead of holding the name until those transactions end.
+/// Only a slot of this database still being made (no `confirmed_flush_lsn`
+/// until its start point is found): never another's walsender.
 pub async fn cancel_creation(client: &Client, slot: &str) -> Result<(), SlotError> {
     client
         .execute(
             "SELECT pg_cancel_backend(active_pid) FROM pg_replication_slots
-             WHERE slot_name = $1 AND active_pid IS NOT NULL",
+             WHERE slot_name = $1 AND active_pid IS NOT NULL
+               AND database = current_database() AND confirmed_flush_lsn IS NULL",
             &[&slot],
         )
         .await?;
